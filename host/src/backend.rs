@@ -1,0 +1,141 @@
+//! The seam between the HTTP protocol and the guest runtime: what a storage
+//! backend can do, in plain Rust types. The protocol layer calls [`Storage`];
+//! the runtime implements it with wasmtime; the benchmark implements it
+//! natively. Neither side sees the other's types.
+
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::time::Duration;
+
+/// Terraform's `LockInfo`, with Terraform's exact JSON field names.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct LockInfo {
+    /// Unique lock id chosen by the client.
+    #[serde(rename = "ID")]
+    pub id: String,
+    /// What the holder is doing, e.g. `OperationTypeApply`.
+    #[serde(rename = "Operation", default)]
+    pub operation: String,
+    /// Free-form text from the holder.
+    #[serde(rename = "Info", default)]
+    pub info: String,
+    /// `user@host` of the holder.
+    #[serde(rename = "Who", default)]
+    pub who: String,
+    /// Terraform version of the holder.
+    #[serde(rename = "Version", default)]
+    pub version: String,
+    /// RFC 3339 time the lock was taken.
+    #[serde(rename = "Created", default)]
+    pub created: String,
+    /// Path of the state as the client reported it.
+    #[serde(rename = "Path", default)]
+    pub path: String,
+}
+
+/// One problem in a backend's configuration, reported by its guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// The key at fault, when one key is.
+    pub key: Option<String>,
+    /// What is wrong, in one line.
+    pub message: String,
+}
+
+impl std::fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.key {
+            Some(key) => write!(f, "config.{key}: {}", self.message),
+            None => write!(f, "{}", self.message),
+        }
+    }
+}
+
+/// Why a storage operation failed: the guest's own typed errors, plus the
+/// ways the sandbox can stop a guest.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StorageError {
+    /// The workspace does not exist.
+    #[error("workspace not found")]
+    NotFound,
+    /// Someone else holds the lock.
+    #[error("workspace is locked by {} (lock id {})", .0.who, .0.id)]
+    Locked(LockInfo),
+    /// The presented lock id is not the holder's; `None`: nothing is locked.
+    #[error("lock id does not match")]
+    LockMismatch(Option<LockInfo>),
+    /// The guest cannot serve the request as asked.
+    #[error("{0}")]
+    InvalidInput(String),
+    /// The guest's configuration is unusable.
+    #[error("invalid configuration: {}", join(.0))]
+    InvalidConfig(Vec<Diagnostic>),
+    /// Storage is unreachable or busy; a retry may succeed.
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+    /// The guest reported an internal error.
+    #[error("storage error: {0}")]
+    Internal(String),
+    /// The guest trapped (crashed); its instance was discarded.
+    #[error("guest crashed: {0}")]
+    GuestTrapped(String),
+    /// The guest ran past its deadline and was stopped.
+    #[error("guest exceeded its time limit of {} ms", .0.as_millis())]
+    GuestTimedOut(Duration),
+    /// The guest tried to grow past its memory limit and was stopped.
+    #[error("guest exceeded its memory limit of {} MiB", .0 / (1024 * 1024))]
+    GuestOutOfMemory(u64),
+}
+
+fn join(diagnostics: &[Diagnostic]) -> String {
+    let lines: Vec<String> = diagnostics.iter().map(ToString::to_string).collect();
+    lines.join("; ")
+}
+
+/// Result of a storage operation.
+pub type StorageResult<T> = Result<T, StorageError>;
+
+/// One backend's storage: the operations of the WIT `storage` and
+/// `workspaces` interfaces. Workspace names are validated before they get
+/// here. Every method must be safe to retry.
+pub trait Storage: Send + Sync + 'static {
+    /// The latest state, `None` when there is none.
+    fn read(&self, workspace: &str) -> impl Future<Output = StorageResult<Option<Vec<u8>>>> + Send;
+    /// Replace the state atomically, honouring the lock.
+    fn write(
+        &self,
+        workspace: &str,
+        state: Vec<u8>,
+        lock_id: Option<&str>,
+    ) -> impl Future<Output = StorageResult<()>> + Send;
+    /// Delete the state, honouring the lock.
+    fn delete(
+        &self,
+        workspace: &str,
+        lock_id: Option<&str>,
+    ) -> impl Future<Output = StorageResult<()>> + Send;
+    /// Take the lock.
+    fn lock(
+        &self,
+        workspace: &str,
+        info: LockInfo,
+    ) -> impl Future<Output = StorageResult<()>> + Send;
+    /// Release the lock held under `id`.
+    fn unlock(&self, workspace: &str, id: &str) -> impl Future<Output = StorageResult<()>> + Send;
+    /// The current holder, if any.
+    fn current_lock(
+        &self,
+        workspace: &str,
+    ) -> impl Future<Output = StorageResult<Option<LockInfo>>> + Send;
+    /// Release the lock whoever holds it; the removed holder.
+    fn force_unlock(
+        &self,
+        workspace: &str,
+    ) -> impl Future<Output = StorageResult<Option<LockInfo>>> + Send;
+    /// Every workspace.
+    fn list_workspaces(&self) -> impl Future<Output = StorageResult<Vec<String>>> + Send;
+    /// Create a workspace; `true` when it is new.
+    fn create_workspace(&self, name: &str) -> impl Future<Output = StorageResult<bool>> + Send;
+    /// Delete a workspace and its state.
+    fn delete_workspace(&self, name: &str) -> impl Future<Output = StorageResult<()>> + Send;
+}

@@ -1,0 +1,136 @@
+//! Command-line interface.
+
+use crate::client::Client;
+use crate::config::{self, Config, Overrides};
+use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// A Terraform/OpenTofu HTTP state backend whose storage drivers are
+/// sandboxed WebAssembly components.
+#[derive(Debug, Parser)]
+#[command(name = "wasmstate", version, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve Terraform's `backend "http"` protocol.
+    ///
+    /// Without --config, serves one backend named `default` on the embedded
+    /// `local` guest, storing state under --data-dir.
+    Serve {
+        /// TOML config file with [backends.NAME] tables.
+        #[arg(long, short, env = "WASMSTATE_CONFIG")]
+        config: Option<PathBuf>,
+        /// Address to listen on (overrides the config file) [default: 127.0.0.1:6061].
+        #[arg(long, env = "WASMSTATE_LISTEN")]
+        listen: Option<SocketAddr>,
+        /// Directory for state files and the compiled-guest cache (overrides
+        /// the config file) [default: ./wasmstate-data].
+        #[arg(long, env = "WASMSTATE_DATA_DIR")]
+        data_dir: Option<PathBuf>,
+    },
+    /// Check a config file and print what it would serve, without serving.
+    CheckConfig {
+        /// The TOML config file.
+        config: PathBuf,
+    },
+    /// List, create or delete workspaces on a running server.
+    Workspace {
+        /// Which operation.
+        #[command(subcommand)]
+        action: WorkspaceAction,
+        /// Backend whose workspaces to manage.
+        #[arg(long, short, global = true, default_value = "default")]
+        backend: String,
+        /// URL of the running server.
+        #[arg(
+            long,
+            global = true,
+            env = "WASMSTATE_SERVER",
+            default_value = "http://127.0.0.1:6061"
+        )]
+        server: String,
+    },
+}
+
+/// Workspace operations.
+#[derive(Debug, Subcommand)]
+pub enum WorkspaceAction {
+    /// Print every workspace, `default` first.
+    List,
+    /// Create a workspace (no error if it exists).
+    Create {
+        /// Workspace name.
+        name: String,
+    },
+    /// Delete a workspace and its state (refused while it is locked).
+    Delete {
+        /// Workspace name.
+        name: String,
+    },
+}
+
+/// Run the parsed command.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve {
+            config,
+            listen,
+            data_dir,
+        } => {
+            let config = Config::load(config.as_deref(), Overrides { listen, data_dir })?;
+            crate::server::serve(config).await
+        }
+        Command::CheckConfig { config } => {
+            let config = Config::load(Some(&config), Overrides::default())?;
+            println!(
+                "listen {}\ndata_dir {}",
+                config.listen,
+                config.data_dir.display()
+            );
+            for b in &config.backends {
+                println!(
+                    "backend {}: guest {}, memory {} MiB, timeout {} ms, dir {}",
+                    b.name,
+                    b.guest,
+                    b.limits.memory_bytes >> 20,
+                    b.limits.timeout.as_millis(),
+                    config
+                        .granted_dir(b)
+                        .map_or("(none)".to_string(), |d| d.display().to_string())
+                );
+            }
+            Ok(())
+        }
+        Command::Workspace {
+            action,
+            backend,
+            server,
+        } => {
+            let client = Client::new(&server);
+            match action {
+                WorkspaceAction::List => {
+                    for name in client.list(&backend).await? {
+                        println!("{name}");
+                    }
+                }
+                WorkspaceAction::Create { name } => {
+                    println!("{}", client.create(&backend, &name).await?)
+                }
+                WorkspaceAction::Delete { name } => {
+                    println!("{}", client.delete(&backend, &name).await?)
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The default listen address, for help texts.
+pub const DEFAULT_LISTEN: &str = config::DEFAULT_LISTEN;

@@ -1,0 +1,462 @@
+//! Server configuration in two stages: the raw TOML as written, then a
+//! validated [`Config`] the rest of the host trusts without re-checking.
+//!
+//! ```toml
+//! listen = "127.0.0.1:6061"
+//! data_dir = "./wasmstate-data"
+//! max_body_mib = 64
+//!
+//! [backends.default]
+//! guest = "local"          # an embedded guest, or a path to a .wasm file
+//! memory_mib = 256         # per-request memory cap
+//! timeout_ms = 10000       # per-request deadline
+//! [backends.default.config]
+//! fsync = true             # handed to the guest as strings
+//! ```
+
+use crate::guests;
+use crate::names::check_name;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Address served when neither the config file nor `--listen` names one.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:6061";
+/// Data directory used when neither the config file nor `--data-dir` names one.
+pub const DEFAULT_DATA_DIR: &str = "./wasmstate-data";
+const DEFAULT_MAX_BODY_MIB: u64 = 64;
+const DEFAULT_MEMORY_MIB: u64 = 256;
+const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+const DEFAULT_MAX_INSTANCES: u32 = 64;
+
+/// Validated server configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Where backends' files and the compiled-guest cache live.
+    pub data_dir: PathBuf,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// Most guest instances alive at once (the pooling allocator's size);
+    /// further requests wait for a free slot.
+    pub max_instances: u32,
+    /// The configured backends, by name.
+    pub backends: Vec<BackendConfig>,
+}
+
+/// One `[backends.NAME]` table, validated.
+#[derive(Debug, Clone)]
+pub struct BackendConfig {
+    /// The name used in URLs: `/states/{name}/{workspace}`.
+    pub name: String,
+    /// Which guest component serves it.
+    pub guest: GuestSource,
+    /// Host directory granted to the guest at `/data`, if any.
+    pub dir: Option<PathBuf>,
+    /// Sandbox limits for each request.
+    pub limits: Limits,
+    /// Key/value configuration handed to the guest.
+    pub guest_config: Vec<(String, String)>,
+}
+
+/// Where a guest's component comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestSource {
+    /// One of the guests compiled into this binary.
+    Embedded(&'static str),
+    /// A component file on disk.
+    File(PathBuf),
+}
+
+impl std::fmt::Display for GuestSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GuestSource::Embedded(name) => write!(f, "{name} (embedded)"),
+            GuestSource::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// Per-request sandbox limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Total linear memory one instance may use.
+    pub memory_bytes: u64,
+    /// Wall-clock deadline for one request's guest call.
+    pub timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes: DEFAULT_MEMORY_MIB * 1024 * 1024,
+            timeout: Duration::from_millis(DEFAULT_TIMEOUT_MS),
+        }
+    }
+}
+
+/// Values from the command line; they win over the config file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--listen`
+    pub listen: Option<SocketAddr>,
+    /// `--data-dir`
+    pub data_dir: Option<PathBuf>,
+}
+
+/// A configuration problem, phrased for the operator: file, key, reason.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen: Option<String>,
+    data_dir: Option<PathBuf>,
+    max_body_mib: Option<u64>,
+    max_instances: Option<u32>,
+    #[serde(default)]
+    backends: BTreeMap<String, RawBackend>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBackend {
+    guest: String,
+    dir: Option<PathBuf>,
+    memory_mib: Option<u64>,
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    config: toml::Table,
+}
+
+impl Config {
+    /// Load `path` (or the built-in default when `None`) and apply `overrides`.
+    pub fn load(path: Option<&Path>, overrides: Overrides) -> Result<Config, ConfigError> {
+        let Some(path) = path else {
+            return Ok(Config::default_with(overrides));
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read config file {}: {e}", path.display())))?;
+        Config::parse(&text, path, overrides)
+    }
+
+    /// Parse config text; `path` names the file in errors and anchors
+    /// relative paths.
+    pub fn parse(text: &str, path: &Path, overrides: Overrides) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let at = e
+                .span()
+                .map(|span| line_col(text, span.start))
+                .map(|(line, col)| format!(":{line}:{col}"))
+                .unwrap_or_default();
+            ConfigError(format!("{file}{at}: {}", e.message().trim()))
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        validate(raw, base, &file, overrides)
+    }
+
+    /// One `default` backend on the embedded `local` guest: what `serve`
+    /// runs without a config file.
+    pub fn default_with(overrides: Overrides) -> Config {
+        Config {
+            listen: overrides
+                .listen
+                .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default")),
+            data_dir: overrides
+                .data_dir
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            max_body_bytes: mib(DEFAULT_MAX_BODY_MIB) as usize,
+            max_instances: DEFAULT_MAX_INSTANCES,
+            backends: vec![BackendConfig {
+                name: "default".into(),
+                guest: GuestSource::Embedded("local"),
+                dir: None,
+                limits: Limits::default(),
+                guest_config: Vec::new(),
+            }],
+        }
+    }
+
+    /// The directory granted to `backend`'s guest: its `dir`, or for the
+    /// embedded `local` guest a folder of its own in the data directory.
+    pub fn granted_dir(&self, backend: &BackendConfig) -> Option<PathBuf> {
+        match (&backend.dir, &backend.guest) {
+            (Some(dir), _) => Some(dir.clone()),
+            (None, GuestSource::Embedded("local")) => {
+                Some(self.data_dir.join("backends").join(&backend.name))
+            }
+            _ => None,
+        }
+    }
+
+    /// Where compiled guests are cached.
+    pub fn cache_dir(&self) -> PathBuf {
+        self.data_dir.join("cache")
+    }
+}
+
+fn mib(n: u64) -> u64 {
+    n * 1024 * 1024
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    (line, col)
+}
+
+fn in_range(file: &str, key: &str, value: u64, min: u64, max: u64) -> Result<u64, ConfigError> {
+    if (min..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(ConfigError(format!(
+            "{file}: {key} = {value}: must be between {min} and {max}"
+        )))
+    }
+}
+
+fn validate(
+    raw: RawConfig,
+    base: &Path,
+    file: &str,
+    overrides: Overrides,
+) -> Result<Config, ConfigError> {
+    let listen = match (overrides.listen, raw.listen) {
+        (Some(addr), _) => addr,
+        (None, Some(text)) => text.parse().map_err(|_| {
+            ConfigError(format!(
+                "{file}: listen = {text:?}: not an address; write IP:PORT, e.g. \"{DEFAULT_LISTEN}\""
+            ))
+        })?,
+        (None, None) => DEFAULT_LISTEN.parse().expect("valid default"),
+    };
+    let data_dir = overrides.data_dir.unwrap_or_else(|| {
+        raw.data_dir
+            .map(|d| base.join(d))
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR))
+    });
+    let max_body = in_range(
+        file,
+        "max_body_mib",
+        raw.max_body_mib.unwrap_or(DEFAULT_MAX_BODY_MIB),
+        1,
+        4096,
+    )?;
+    let max_instances = in_range(
+        file,
+        "max_instances",
+        raw.max_instances.unwrap_or(DEFAULT_MAX_INSTANCES).into(),
+        1,
+        10_000,
+    )? as u32;
+    if raw.backends.is_empty() {
+        return Err(ConfigError(format!(
+            "{file}: no backends: add a table such as\n\n[backends.default]\nguest = \"local\""
+        )));
+    }
+    let backends = raw
+        .backends
+        .into_iter()
+        .map(|(name, b)| validate_backend(name, b, base, file))
+        .collect::<Result<_, _>>()?;
+    Ok(Config {
+        listen,
+        data_dir,
+        max_body_bytes: mib(max_body) as usize,
+        max_instances,
+        backends,
+    })
+}
+
+fn validate_backend(
+    name: String,
+    raw: RawBackend,
+    base: &Path,
+    file: &str,
+) -> Result<BackendConfig, ConfigError> {
+    let key = |k: &str| format!("backends.{name}.{k}");
+    check_name("backend", &name)
+        .map_err(|e| ConfigError(format!("{file}: [backends.{name}]: {e}")))?;
+    let guest = match guests::embedded(&raw.guest) {
+        Some(embedded) => GuestSource::Embedded(embedded.name),
+        None if raw.guest.ends_with(".wasm") => {
+            let path = base.join(&raw.guest);
+            if !path.is_file() {
+                return Err(ConfigError(format!(
+                    "{file}: {} = {:?}: no such file ({})",
+                    key("guest"),
+                    raw.guest,
+                    path.display()
+                )));
+            }
+            GuestSource::File(path)
+        }
+        None => {
+            return Err(ConfigError(format!(
+                "{file}: {} = {:?}: not an embedded guest ({}) nor a path to a .wasm file",
+                key("guest"),
+                raw.guest,
+                guests::embedded_names().join(", ")
+            )));
+        }
+    };
+    let memory_mib = in_range(
+        file,
+        &key("memory_mib"),
+        raw.memory_mib.unwrap_or(DEFAULT_MEMORY_MIB),
+        1,
+        4096,
+    )?;
+    let timeout_ms = in_range(
+        file,
+        &key("timeout_ms"),
+        raw.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+        10,
+        3_600_000,
+    )?;
+    let mut guest_config = Vec::new();
+    for (k, v) in raw.config {
+        let text = match v {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            other => {
+                return Err(ConfigError(format!(
+                    "{file}: {}.{k}: {} values are not supported; use a string, number or boolean",
+                    key("config"),
+                    other.type_str()
+                )));
+            }
+        };
+        guest_config.push((k, text));
+    }
+    Ok(BackendConfig {
+        dir: raw.dir.map(|d| base.join(d)),
+        name,
+        guest,
+        limits: Limits {
+            memory_bytes: mib(memory_mib),
+            timeout: Duration::from_millis(timeout_ms),
+        },
+        guest_config,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("/etc/wasmstate.toml"), Overrides::default())
+    }
+
+    #[test]
+    fn reads_a_full_file() {
+        let config = parse(
+            r#"
+            listen = "0.0.0.0:7000"
+            data_dir = "data"
+            max_body_mib = 8
+            [backends.prod]
+            guest = "local"
+            memory_mib = 32
+            timeout_ms = 500
+            [backends.prod.config]
+            fsync = false
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.listen.to_string(), "0.0.0.0:7000");
+        assert_eq!(config.data_dir, PathBuf::from("/etc/data"));
+        assert_eq!(config.max_body_bytes, 8 << 20);
+        let prod = &config.backends[0];
+        assert_eq!(prod.guest, GuestSource::Embedded("local"));
+        assert_eq!(prod.limits.memory_bytes, 32 << 20);
+        assert_eq!(prod.limits.timeout, Duration::from_millis(500));
+        assert_eq!(prod.guest_config, vec![("fsync".into(), "false".into())]);
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_and_key() {
+        let err = parse("[backends.a]\nguest = \"local\"\nmemroy_mib = 3\n").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("/etc/wasmstate.toml:3:1: "), "{msg}");
+        assert!(msg.contains("memroy_mib"), "{msg}");
+    }
+
+    #[test]
+    fn invalid_values_name_the_key_and_the_reason() {
+        let msg = parse("[backends.a]\nguest = \"local\"\nmemory_mib = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("backends.a.memory_mib = 0: must be between"),
+            "{msg}"
+        );
+
+        let msg = parse("[backends.a]\nguest = \"nope\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("backends.a.guest = \"nope\""), "{msg}");
+
+        let msg = parse("[backends.a]\nguest = \"missing.wasm\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("no such file"), "{msg}");
+
+        let msg = parse("[backends.\"a/b\"]\nguest = \"local\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("contains '/'"), "{msg}");
+
+        let msg = parse("listen = \"localhost\"\n[backends.a]\nguest = \"local\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("listen = \"localhost\": not an address"),
+            "{msg}"
+        );
+
+        let msg = parse("[backends.a]\nguest = \"local\"\nconfig = { x = [1] }\n")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("backends.a.config.x: array values"), "{msg}");
+    }
+
+    #[test]
+    fn a_file_without_backends_says_what_to_add() {
+        let msg = parse("listen = \"127.0.0.1:1\"\n").unwrap_err().to_string();
+        assert!(msg.contains("[backends.default]"), "{msg}");
+    }
+
+    #[test]
+    fn command_line_wins_over_the_file() {
+        let overrides = Overrides {
+            listen: Some("127.0.0.1:9".parse().unwrap()),
+            data_dir: Some(PathBuf::from("/tmp/x")),
+        };
+        let config = Config::parse(
+            "listen = \"0.0.0.0:1\"\n[backends.a]\nguest = \"local\"\n",
+            Path::new("c.toml"),
+            overrides,
+        )
+        .unwrap();
+        assert_eq!(config.listen.to_string(), "127.0.0.1:9");
+        assert_eq!(config.data_dir, PathBuf::from("/tmp/x"));
+    }
+
+    #[test]
+    fn local_guest_gets_its_own_folder_by_default() {
+        let config = Config::default_with(Overrides::default());
+        let dir = config.granted_dir(&config.backends[0]).unwrap();
+        assert_eq!(dir, PathBuf::from("./wasmstate-data/backends/default"));
+    }
+}

@@ -1,0 +1,22 @@
+//! wasmstate: a Terraform/OpenTofu `backend "http"` server whose storage
+//! drivers are sandboxed WebAssembly components.
+//!
+//! Layers, each in its own module:
+//! - [`protocol`]: Terraform's HTTP protocol and the workspace API, over the
+//!   [`backend::Storage`] trait; knows nothing of wasmtime.
+//! - [`runtime`]: wasmtime engine, compiled-guest cache, one fresh limited
+//!   instance per request; implements [`backend::Storage`]; never parses HTTP.
+//! - [`config`]: the TOML config file, validated once at startup.
+//! - [`guests`]: the first-party guests embedded in the binary.
+//! - [`server`], [`cli`], [`client`]: the `wasmstate` command.
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod guests;
+pub mod names;
+pub mod protocol;
+pub mod runtime;
+pub mod server;

@@ -1,0 +1,103 @@
+//! One error type for every handler: a status and a one-line reason, or the
+//! lock holder's LockInfo JSON where Terraform expects it.
+
+use crate::backend::{LockInfo, StorageError};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+/// An HTTP error answer.
+#[derive(Debug)]
+pub enum ApiError {
+    /// A plain-text, one-line reason.
+    Message(StatusCode, String),
+    /// The lock holder's LockInfo as JSON (Terraform parses it to report who
+    /// holds the lock, and since 1.15 to decide whether to retry).
+    Holder(StatusCode, LockInfo),
+}
+
+impl ApiError {
+    /// 400 with `reason`.
+    pub fn bad_request(reason: impl Into<String>) -> Self {
+        ApiError::Message(StatusCode::BAD_REQUEST, reason.into())
+    }
+
+    /// 404 with `reason`.
+    pub fn not_found(reason: impl Into<String>) -> Self {
+        ApiError::Message(StatusCode::NOT_FOUND, reason.into())
+    }
+
+    /// Map a storage failure. `backend` names the guest in 5xx messages.
+    pub fn from_storage(backend: &str, error: StorageError) -> Self {
+        use StorageError::*;
+        let status = match &error {
+            NotFound => StatusCode::NOT_FOUND,
+            Locked(holder) => return ApiError::Holder(StatusCode::LOCKED, holder.clone()),
+            LockMismatch(Some(holder)) => {
+                return ApiError::Holder(StatusCode::CONFLICT, holder.clone());
+            }
+            LockMismatch(None) => {
+                return ApiError::Message(
+                    StatusCode::CONFLICT,
+                    "the lock ID sent is not held: the workspace is not locked (was it force-unlocked?)"
+                        .into(),
+                );
+            }
+            InvalidInput(_) => StatusCode::BAD_REQUEST,
+            Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            GuestTimedOut(_) => StatusCode::GATEWAY_TIMEOUT,
+            InvalidConfig(_) | Internal(_) | GuestTrapped(_) | GuestOutOfMemory(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        let message = if status.is_server_error() {
+            format!("backend {backend:?}: {error}")
+        } else {
+            error.to_string()
+        };
+        ApiError::Message(status, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match self {
+            ApiError::Message(status, reason) => {
+                if status.is_server_error() {
+                    tracing::error!(status = status.as_u16(), "{reason}");
+                }
+                // One line, whatever the guest put in its message.
+                let line = reason.replace(['\r', '\n'], " ");
+                (
+                    status,
+                    [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                    line + "\n",
+                )
+                    .into_response()
+            }
+            ApiError::Holder(status, holder) => (
+                status,
+                [(header::CONTENT_TYPE, "application/json")],
+                serde_json::to_vec(&holder).expect("LockInfo serialises"),
+            )
+                .into_response(),
+        }
+    }
+}
+
+impl From<axum::extract::rejection::BytesRejection> for ApiError {
+    fn from(rejection: axum::extract::rejection::BytesRejection) -> Self {
+        let status = rejection.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::Message(
+                status,
+                "the body is larger than this server accepts (raise max_body_mib in its config); nothing was written"
+                    .into(),
+            )
+        } else {
+            ApiError::Message(
+                status,
+                format!("could not read the request body: {rejection}"),
+            )
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! Terraform's HTTP backend protocol and wasmstate's workspace API, over any
+//! [`Storage`]. This layer knows HTTP and nothing of wasmtime.
+//!
+//! Routes:
+//! - `GET|POST|PUT|DELETE|LOCK|UNLOCK /states/{backend}/{workspace}`
+//! - `GET /workspaces/{backend}`, `PUT|DELETE /workspaces/{backend}/{workspace}`
+//! - `GET /healthz`
+
+mod error;
+mod state;
+mod workspaces;
+
+pub use error::ApiError;
+pub use workspaces::DEFAULT_WORKSPACE;
+
+use crate::backend::{Storage, StorageError};
+use crate::names::check_name;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What the protocol layer serves: named backends and request limits.
+pub struct App<S> {
+    /// Backends by name.
+    pub backends: BTreeMap<String, S>,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+}
+
+/// A validated request target: a known backend and a well-formed workspace.
+pub struct Target<'a, S> {
+    /// Backend name.
+    pub backend: &'a str,
+    /// Workspace name, checked by [`check_name`].
+    pub workspace: &'a str,
+    /// The backend's storage.
+    pub storage: &'a S,
+}
+
+impl<S> Target<'_, S> {
+    /// Map a storage failure for this target.
+    pub fn error(&self, error: StorageError) -> ApiError {
+        ApiError::from_storage(self.backend, error)
+    }
+}
+
+impl<S: Storage> App<S> {
+    fn storage(&self, backend: &str) -> Result<&S, ApiError> {
+        self.backends.get(backend).ok_or_else(|| {
+            let known: Vec<&str> = self.backends.keys().map(String::as_str).collect();
+            ApiError::not_found(format!(
+                "no backend named {backend:?} (configured: {})",
+                known.join(", ")
+            ))
+        })
+    }
+
+    fn target<'a>(
+        &'a self,
+        backend: &'a str,
+        workspace: &'a str,
+    ) -> Result<Target<'a, S>, ApiError> {
+        let storage = self.storage(backend)?;
+        check_name("workspace", workspace).map_err(ApiError::bad_request)?;
+        Ok(Target {
+            backend,
+            workspace,
+            storage,
+        })
+    }
+}
+
+/// The HTTP application, ready to serve (tests call it in-process too).
+pub fn router<S: Storage>(app: App<S>) -> Router {
+    let limit = app.max_body_bytes;
+    Router::new()
+        .route("/states/{backend}/{workspace}", any(state_route::<S>))
+        .route("/workspaces/{backend}", get(list_route::<S>))
+        .route("/workspaces/{backend}/{workspace}", any(workspace_route::<S>))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .fallback(|| async {
+            ApiError::not_found(
+                "no such route; use /states/{backend}/{workspace}, /workspaces/{backend} or /healthz",
+            )
+        })
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn(log_request))
+        .with_state(Arc::new(app))
+}
+
+async fn state_route<S: Storage>(
+    State(app): State<Arc<App<S>>>,
+    Path((backend, workspace)): Path<(String, String)>,
+    method: Method,
+    query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let target = app.target(&backend, &workspace)?;
+    let Query(query) =
+        query.map_err(|e| ApiError::bad_request(format!("bad query string: {e}")))?;
+    state::handle(&app, target, method, query, headers, body).await
+}
+
+async fn list_route<S: Storage>(
+    State(app): State<Arc<App<S>>>,
+    Path(backend): Path<String>,
+) -> Result<Response, ApiError> {
+    workspaces::list(&backend, app.storage(&backend)?).await
+}
+
+async fn workspace_route<S: Storage>(
+    State(app): State<Arc<App<S>>>,
+    Path((backend, workspace)): Path<(String, String)>,
+    method: Method,
+) -> Result<Response, ApiError> {
+    let target = app.target(&backend, &workspace)?;
+    match method {
+        Method::PUT => workspaces::create(target).await,
+        Method::DELETE => workspaces::delete(target).await,
+        _ => Ok((
+            StatusCode::METHOD_NOT_ALLOWED,
+            [(axum::http::header::ALLOW, "PUT, DELETE")],
+            "use PUT to create or DELETE to delete a workspace\n",
+        )
+            .into_response()),
+    }
+}
+
+/// One log line per request: method, backend, workspace, status, duration.
+async fn log_request(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let response = next.run(request).await;
+    let mut segments = path.trim_start_matches('/').splitn(3, '/').skip(1);
+    let backend = segments.next().unwrap_or("-");
+    let workspace = segments.next().unwrap_or("-");
+    tracing::info!(
+        method = %method,
+        backend,
+        workspace,
+        status = response.status().as_u16(),
+        ms = format_args!("{:.1}", started.elapsed().as_secs_f64() * 1000.0),
+        "request"
+    );
+    response
+}

@@ -1,0 +1,214 @@
+//! `/states/{backend}/{workspace}`: Terraform's `backend "http"` protocol.
+//!
+//! | method      | success | notable answers                                   |
+//! |-------------|---------|---------------------------------------------------|
+//! | GET         | 200     | 404 no state                                      |
+//! | POST, PUT   | 200     | 423 + holder when locked by another; 400 bad MD5  |
+//! | DELETE      | 200     | 423 + holder when locked by another               |
+//! | LOCK        | 200     | 423 + holder when held                            |
+//! | UNLOCK      | 200     | 409 + holder on ID mismatch; empty body = force   |
+
+use super::error::ApiError;
+use super::{App, Target};
+use crate::backend::{LockInfo, Storage};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use md5::{Digest, Md5};
+use serde::Deserialize;
+use std::collections::HashMap;
+
+/// Methods served on a state URL (for 405 answers).
+pub const ALLOWED: &str = "GET, POST, PUT, DELETE, LOCK, UNLOCK";
+
+/// Dispatch one request on a state URL.
+pub async fn handle<S: Storage>(
+    app: &App<S>,
+    target: Target<'_, S>,
+    method: Method,
+    query: HashMap<String, String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    // Terraform sends `?ID=<lock id>` on writes while it holds the lock.
+    let lock_id = query
+        .get("ID")
+        .map(String::as_str)
+        .filter(|id| !id.is_empty());
+    match method.as_str() {
+        "GET" => read(target).await,
+        "POST" | "PUT" => write(app, target, lock_id, &headers, body?).await,
+        "DELETE" => {
+            let store = target.storage;
+            store
+                .delete(target.workspace, lock_id)
+                .await
+                .map_err(|e| target.error(e))?;
+            Ok(StatusCode::OK.into_response())
+        }
+        "LOCK" => lock(target, body?).await,
+        "UNLOCK" => unlock(target, body?).await,
+        _ => Ok((
+            StatusCode::METHOD_NOT_ALLOWED,
+            [(header::ALLOW, ALLOWED)],
+            format!("method {method} is not supported here; use one of {ALLOWED}\n"),
+        )
+            .into_response()),
+    }
+}
+
+async fn read<S: Storage>(target: Target<'_, S>) -> Result<Response, ApiError> {
+    match target.storage.read(target.workspace).await {
+        Ok(Some(state)) => Ok((
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            state,
+        )
+            .into_response()),
+        Ok(None) => Err(ApiError::not_found(format!(
+            "workspace {:?} has no state yet",
+            target.workspace
+        ))),
+        Err(e) => Err(target.error(e)),
+    }
+}
+
+/// The only parts of a state the server looks at; the rest is skipped
+/// unparsed. Requiring these keeps non-state bodies out of storage.
+#[derive(Deserialize)]
+struct StateHeader {
+    #[allow(dead_code)]
+    version: u64,
+}
+
+async fn write<S: Storage>(
+    _app: &App<S>,
+    target: Target<'_, S>,
+    lock_id: Option<&str>,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    verify_md5(headers, &body)?;
+    if let Err(e) = serde_json::from_slice::<StateHeader>(&body) {
+        return Err(ApiError::bad_request(format!(
+            "the body is not a Terraform state (a JSON object with a \"version\"): {e}; nothing was written"
+        )));
+    }
+    target
+        .storage
+        .write(target.workspace, body.to_vec(), lock_id)
+        .await
+        .map_err(|e| target.error(e))?;
+    Ok(StatusCode::OK.into_response())
+}
+
+/// Terraform sends `Content-MD5: base64(md5(body))` with every write; a
+/// mismatch means the body was damaged in transit.
+fn verify_md5(headers: &HeaderMap, body: &[u8]) -> Result<(), ApiError> {
+    let Some(value) = headers.get("content-md5") else {
+        return Ok(());
+    };
+    let sent = value
+        .to_str()
+        .ok()
+        .and_then(|v| {
+            base64::engine::general_purpose::STANDARD
+                .decode(v.trim())
+                .ok()
+        })
+        .filter(|d| d.len() == 16)
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "Content-MD5 is not a base64-encoded MD5 digest; nothing was written",
+            )
+        })?;
+    if sent.as_slice() != Md5::digest(body).as_slice() {
+        return Err(ApiError::bad_request(
+            "Content-MD5 does not match the body (damaged in transit?); nothing was written",
+        ));
+    }
+    Ok(())
+}
+
+fn parse_lock_info(body: &[u8]) -> Result<LockInfo, ApiError> {
+    let info: LockInfo = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not LockInfo JSON: {e}")))?;
+    if info.id.trim().is_empty() {
+        return Err(ApiError::bad_request("LockInfo has an empty \"ID\""));
+    }
+    Ok(info)
+}
+
+async fn lock<S: Storage>(target: Target<'_, S>, body: Bytes) -> Result<Response, ApiError> {
+    let info = parse_lock_info(&body)?;
+    target
+        .storage
+        .lock(target.workspace, info.clone())
+        .await
+        .map_err(|e| target.error(e))?;
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::to_vec(&info).expect("LockInfo serialises"),
+    )
+        .into_response())
+}
+
+async fn unlock<S: Storage>(target: Target<'_, S>, body: Bytes) -> Result<Response, ApiError> {
+    // `terraform force-unlock` sends no body at all: release whoever holds it.
+    // (OpenTofu's force-unlock sends LockInfo with only the ID: the normal
+    // path below, which releases the lock when that ID holds it.)
+    if body.iter().all(u8::is_ascii_whitespace) {
+        let released = target
+            .storage
+            .force_unlock(target.workspace)
+            .await
+            .map_err(|e| target.error(e))?;
+        if let Some(holder) = released {
+            tracing::warn!(
+                backend = target.backend,
+                workspace = target.workspace,
+                "force-unlocked: lock {} of {} removed",
+                holder.id,
+                holder.who
+            );
+        }
+        return Ok(StatusCode::OK.into_response());
+    }
+    let info = parse_lock_info(&body)?;
+    target
+        .storage
+        .unlock(target.workspace, &info.id)
+        .await
+        .map_err(|e| target.error(e))?;
+    Ok(StatusCode::OK.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn md5_is_checked_only_when_sent() {
+        let body = b"{\"version\":4}";
+        assert!(verify_md5(&HeaderMap::new(), body).is_ok());
+
+        let mut headers = HeaderMap::new();
+        let good = base64::engine::general_purpose::STANDARD.encode(Md5::digest(body));
+        headers.insert("content-md5", good.parse().unwrap());
+        assert!(verify_md5(&headers, body).is_ok());
+        assert!(verify_md5(&headers, b"{\"version\":5}").is_err());
+
+        headers.insert("content-md5", "not base64!".parse().unwrap());
+        assert!(verify_md5(&headers, body).is_err());
+    }
+
+    #[test]
+    fn lock_info_needs_an_id() {
+        assert!(parse_lock_info(br#"{"ID":"x","Operation":"OperationTypeApply"}"#).is_ok());
+        assert!(parse_lock_info(br#"{"ID":"","Operation":"x"}"#).is_err());
+        assert!(parse_lock_info(b"{not json").is_err());
+    }
+}

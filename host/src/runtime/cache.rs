@@ -1,0 +1,68 @@
+//! Compiled-guest cache: compiling a component with Cranelift takes about a
+//! second, so the machine code is kept on disk, keyed by the component's
+//! sha256 and the engine's compatibility hash (wasmtime version, CPU
+//! features, settings). A restart then only maps the file.
+
+use anyhow::Context;
+use sha2::{Digest, Sha256};
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+/// The component's sha256, hex-encoded.
+pub fn sha256_hex(wasm: &[u8]) -> String {
+    hex::encode(Sha256::digest(wasm))
+}
+
+/// Where the compiled form of `wasm` for `engine` lives under `dir`.
+pub fn artifact_path(engine: &Engine, wasm: &[u8], dir: &Path) -> PathBuf {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    dir.join(format!(
+        "{}-{:016x}.cwasm",
+        sha256_hex(wasm),
+        hasher.finish()
+    ))
+}
+
+/// Compile `wasm`, or load its cached compilation from `dir`. A cache that
+/// cannot be read or written only costs time: it is reported and bypassed.
+pub fn compile(engine: &Engine, wasm: &[u8], dir: &Path) -> anyhow::Result<Component> {
+    let path = artifact_path(engine, wasm, dir);
+    if path.is_file() {
+        // SAFETY: `deserialize_file` trusts its input to be wasmtime's own
+        // output. Only this function writes this directory, naming each file
+        // after the sha256 of the source it compiled, inside the operator's
+        // private data directory.
+        #[allow(unsafe_code)]
+        match unsafe { Component::deserialize_file(engine, &path) } {
+            Ok(component) => return Ok(component),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "ignoring unusable compiled guest: {e:#}")
+            }
+        }
+    }
+    let artifact = engine
+        .precompile_component(wasm)
+        .map_err(anyhow::Error::from)
+        .context("not a valid WebAssembly component")?;
+    if let Err(e) = store(&path, &artifact) {
+        tracing::warn!(path = %path.display(), "could not cache compiled guest: {e:#}");
+    }
+    // SAFETY: `artifact` was produced by `precompile_component` just above.
+    #[allow(unsafe_code)]
+    let component = unsafe { Component::deserialize(engine, &artifact) }?;
+    Ok(component)
+}
+
+/// Write atomically (temp file + rename), so a concurrent reader or a second
+/// host process never maps a half-written artifact.
+fn store(path: &Path, artifact: &[u8]) -> anyhow::Result<()> {
+    let dir = path.parent().context("cache path has no parent")?;
+    std::fs::create_dir_all(dir)?;
+    let temp = dir.join(format!(".tmp-{}", std::process::id()));
+    std::fs::write(&temp, artifact)?;
+    std::fs::rename(&temp, path)?;
+    Ok(())
+}

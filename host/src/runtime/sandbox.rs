@@ -1,0 +1,94 @@
+//! What one guest instance may touch: the data of its [`wasmtime::Store`],
+//! and the host functions of the `host` interface.
+
+use super::bindings::wasmstate::backend::{host, types};
+use super::limits::MemoryLimiter;
+use std::sync::Arc;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+/// Most log lines one request may write; more are dropped with a notice.
+pub const MAX_LOG_LINES: usize = 64;
+/// Longest log line kept; longer ones are cut.
+pub const MAX_LOG_LINE: usize = 2048;
+/// Bytes of guest stderr kept (panic messages); writing more traps the guest.
+pub const STDERR_CAPACITY: usize = 16 * 1024;
+
+/// The state of one sandboxed instance, for one request.
+pub struct Sandbox {
+    /// WASI context: no environment, no arguments, no network, and only the
+    /// directory this backend was granted.
+    pub wasi: WasiCtx,
+    /// Resources (files, streams) the guest holds handles to.
+    pub table: ResourceTable,
+    /// Memory cap for this instance.
+    pub limiter: MemoryLimiter,
+    /// Guest stderr, kept to report panic messages.
+    pub stderr: MemoryOutputPipe,
+    /// Backend name, tagged on every log line.
+    pub backend: Arc<str>,
+    /// The backend's configuration, handed out by `host.get-config`.
+    pub config: Arc<[(String, String)]>,
+    /// Log lines written so far in this request.
+    pub log_lines: usize,
+}
+
+impl Sandbox {
+    /// The last line the guest wrote to stderr (a Rust panic's message).
+    pub fn last_stderr_line(&self) -> Option<String> {
+        let bytes = self.stderr.contents();
+        let text = String::from_utf8_lossy(&bytes);
+        text.lines()
+            .rev()
+            .find(|l| !l.trim().is_empty() && !l.starts_with("note:"))
+            .map(|l| truncate(l.trim(), MAX_LOG_LINE))
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+impl WasiView for Sandbox {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl types::Host for Sandbox {}
+
+impl host::Host for Sandbox {
+    fn log(&mut self, level: host::LogLevel, message: String) {
+        self.log_lines += 1;
+        if self.log_lines > MAX_LOG_LINES {
+            if self.log_lines == MAX_LOG_LINES + 1 {
+                tracing::warn!(backend = %self.backend, "guest log limit of {MAX_LOG_LINES} lines reached; dropping the rest of this request's lines");
+            }
+            return;
+        }
+        let message = truncate(&message, MAX_LOG_LINE);
+        let backend = &*self.backend;
+        match level {
+            host::LogLevel::Trace => tracing::trace!(backend, guest = true, "{message}"),
+            host::LogLevel::Debug => tracing::debug!(backend, guest = true, "{message}"),
+            host::LogLevel::Info => tracing::info!(backend, guest = true, "{message}"),
+            host::LogLevel::Warn => tracing::warn!(backend, guest = true, "{message}"),
+            host::LogLevel::Error => tracing::error!(backend, guest = true, "{message}"),
+        }
+    }
+
+    fn get_config(&mut self) -> Vec<(String, String)> {
+        self.config.to_vec()
+    }
+}

@@ -1,0 +1,97 @@
+//! `wasmstate serve`: load every backend's guest, bind, print the Terraform
+//! snippet, serve until SIGTERM or Ctrl-C (letting in-flight requests finish).
+
+use crate::config::Config;
+use crate::guests;
+use crate::protocol::{self, App};
+use crate::runtime::{GuestBackend, Runtime};
+use anyhow::Context;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::SocketAddr;
+
+/// Run the server described by `config` until a shutdown signal.
+pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let runtime = Runtime::new(&config)?;
+    let mut backends = BTreeMap::new();
+    for backend in &config.backends {
+        let wasm = guests::load(&backend.guest)?;
+        let guest = runtime
+            .load_backend(backend, &wasm, config.granted_dir(backend))
+            .await?;
+        tracing::info!(
+            backend = %backend.name,
+            guest = %backend.guest,
+            sha256 = guest.sha256(),
+            dir = ?config.granted_dir(backend),
+            "backend ready"
+        );
+        backends.insert(backend.name.clone(), guest);
+    }
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() {
+        tracing::warn!(
+            "listening on {addr}, reachable from other machines, with no authentication: \
+             anyone who can reach it can read and overwrite state"
+        );
+    }
+    print_banner(addr, &backends);
+    let app = protocol::router(App {
+        backends,
+        max_body_bytes: config.max_body_bytes,
+    });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    drop(runtime);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// What an operator needs to point Terraform here. The first line is stable
+/// (`wasmstate listening on http://ADDR`): scripts and tests read it.
+fn print_banner(addr: SocketAddr, backends: &BTreeMap<String, GuestBackend>) {
+    let name = backends
+        .keys()
+        .find(|n| *n == "default")
+        .or_else(|| backends.keys().next())
+        .map(String::as_str)
+        .unwrap_or("default");
+    let url = format!(
+        "http://{addr}/states/{name}/{}",
+        protocol::DEFAULT_WORKSPACE
+    );
+    let names: Vec<&str> = backends.keys().map(String::as_str).collect();
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "wasmstate listening on http://{addr}\n\
+         backends: {}\n\n\
+         Paste into your Terraform configuration (change the last path segment to pick another state):\n\n\
+         terraform {{\n  backend \"http\" {{\n    address        = \"{url}\"\n    lock_address   = \"{url}\"\n    unlock_address = \"{url}\"\n  }}\n}}\n",
+        names.join(", ")
+    );
+    let _ = out.flush();
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutting down: finishing in-flight requests");
+}

@@ -1,0 +1,149 @@
+//! The generated WIT bindings and the glue that routes each exported
+//! function to the author's [`Backend`]. Nothing here is public API: authors
+//! never see wit-bindgen types.
+#![allow(unsafe_code, missing_docs)]
+
+use crate::{Backend, Config, Diagnostic, Error, LockInfo};
+
+pub(crate) mod wit {
+    wit_bindgen::generate!({
+        path: "../wit",
+        world: "backend",
+    });
+}
+
+use wit::exports::wasmstate::backend::{config, storage, workspaces};
+use wit::wasmstate::backend::types as t;
+
+/// What `register_backend!` hands the SDK: how to build the author's backend.
+pub struct Entry {
+    /// Build a backend from configuration.
+    pub new: fn(&Config) -> Result<Box<dyn Backend>, Error>,
+    /// Check configuration without touching storage.
+    pub validate: fn(&Config) -> Vec<Diagnostic>,
+}
+
+unsafe extern "Rust" {
+    // Defined by `register_backend!` in the guest crate. A guest that forgets
+    // the macro fails to link, naming this symbol.
+    fn __wasmstate_guest_entry() -> Entry;
+}
+
+fn entry() -> Entry {
+    // SAFETY: the symbol is defined by `register_backend!` with exactly this
+    // signature; it has no preconditions.
+    unsafe { __wasmstate_guest_entry() }
+}
+
+fn config() -> Config {
+    Config::from_pairs(wit::wasmstate::backend::host::get_config())
+}
+
+fn with_backend<T>(f: impl FnOnce(&dyn Backend) -> Result<T, Error>) -> Result<T, t::Error> {
+    let backend = (entry().new)(&config()).map_err(to_wit_error)?;
+    f(backend.as_ref()).map_err(to_wit_error)
+}
+
+fn to_wit_lock(info: LockInfo) -> t::LockInfo {
+    t::LockInfo {
+        id: info.id,
+        operation: info.operation,
+        info: info.info,
+        who: info.who,
+        version: info.version,
+        created: info.created,
+        path: info.path,
+    }
+}
+
+fn from_wit_lock(info: t::LockInfo) -> LockInfo {
+    LockInfo {
+        id: info.id,
+        operation: info.operation,
+        info: info.info,
+        who: info.who,
+        version: info.version,
+        created: info.created,
+        path: info.path,
+    }
+}
+
+fn to_wit_diagnostic(d: Diagnostic) -> t::Diagnostic {
+    t::Diagnostic {
+        key: d.key,
+        message: d.message,
+    }
+}
+
+fn to_wit_error(e: Error) -> t::Error {
+    match e {
+        Error::NotFound => t::Error::NotFound,
+        Error::Locked(holder) => t::Error::Locked(to_wit_lock(holder)),
+        Error::LockMismatch(holder) => t::Error::LockMismatch(holder.map(to_wit_lock)),
+        Error::InvalidInput(m) => t::Error::InvalidInput(m),
+        Error::InvalidConfig(d) => {
+            t::Error::InvalidConfig(d.into_iter().map(to_wit_diagnostic).collect())
+        }
+        Error::Unavailable(m) => t::Error::Unavailable(m),
+        Error::Internal(m) => t::Error::Internal(m),
+    }
+}
+
+/// The one type that implements every exported interface.
+struct Component;
+
+impl storage::Guest for Component {
+    fn read(workspace: String) -> Result<Option<Vec<u8>>, t::Error> {
+        with_backend(|b| b.read(&workspace))
+    }
+
+    fn write(workspace: String, state: Vec<u8>, lock_id: Option<String>) -> Result<(), t::Error> {
+        with_backend(|b| b.write(&workspace, &state, lock_id.as_deref()))
+    }
+
+    fn delete(workspace: String, lock_id: Option<String>) -> Result<(), t::Error> {
+        with_backend(|b| b.delete(&workspace, lock_id.as_deref()))
+    }
+
+    fn lock(workspace: String, info: t::LockInfo) -> Result<(), t::Error> {
+        let info = from_wit_lock(info);
+        with_backend(|b| b.lock(&workspace, &info))
+    }
+
+    fn unlock(workspace: String, id: String) -> Result<(), t::Error> {
+        with_backend(|b| b.unlock(&workspace, &id))
+    }
+
+    fn current_lock(workspace: String) -> Result<Option<t::LockInfo>, t::Error> {
+        with_backend(|b| b.current_lock(&workspace)).map(|h| h.map(to_wit_lock))
+    }
+
+    fn force_unlock(workspace: String) -> Result<Option<t::LockInfo>, t::Error> {
+        with_backend(|b| b.force_unlock(&workspace)).map(|h| h.map(to_wit_lock))
+    }
+}
+
+impl workspaces::Guest for Component {
+    fn list_workspaces() -> Result<Vec<String>, t::Error> {
+        with_backend(|b| b.list_workspaces())
+    }
+
+    fn create_workspace(name: String) -> Result<bool, t::Error> {
+        with_backend(|b| b.create_workspace(&name))
+    }
+
+    fn delete_workspace(name: String) -> Result<(), t::Error> {
+        with_backend(|b| b.delete_workspace(&name))
+    }
+}
+
+impl config::Guest for Component {
+    fn validate() -> Vec<t::Diagnostic> {
+        (entry().validate)(&config())
+            .into_iter()
+            .map(to_wit_diagnostic)
+            .collect()
+    }
+}
+
+wit::export!(Component with_types_in wit);

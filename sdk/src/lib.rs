@@ -1,0 +1,154 @@
+//! Write a wasmstate storage guest: implement [`Backend`], call
+//! [`register_backend!`], build with `cargo build --release --target wasm32-wasip2`.
+//!
+//! The host creates a fresh instance of the guest for every request, so
+//! [`Backend::new`] runs once per request with the operator's configuration,
+//! and nothing survives in memory between requests.
+//!
+//! ```no_run
+//! use wasmstate_guest::{Backend, Config, Error, LockInfo};
+//!
+//! struct Memory;
+//!
+//! impl Backend for Memory {
+//!     fn new(_config: &Config) -> Result<Self, Error> {
+//!         Ok(Memory)
+//!     }
+//!     fn read(&self, _workspace: &str) -> Result<Option<Vec<u8>>, Error> {
+//!         Ok(None)
+//!     }
+//!     fn write(&self, _ws: &str, _state: &[u8], _lock_id: Option<&str>) -> Result<(), Error> {
+//!         Err(Error::Internal("read-only example".into()))
+//!     }
+//!     fn delete(&self, _ws: &str, _lock_id: Option<&str>) -> Result<(), Error> {
+//!         Ok(())
+//!     }
+//!     fn lock(&self, _ws: &str, _info: &LockInfo) -> Result<(), Error> {
+//!         Ok(())
+//!     }
+//!     fn unlock(&self, _ws: &str, _id: &str) -> Result<(), Error> {
+//!         Ok(())
+//!     }
+//!     fn current_lock(&self, _ws: &str) -> Result<Option<LockInfo>, Error> {
+//!         Ok(None)
+//!     }
+//!     fn force_unlock(&self, _ws: &str) -> Result<Option<LockInfo>, Error> {
+//!         Ok(None)
+//!     }
+//!     fn list_workspaces(&self) -> Result<Vec<String>, Error> {
+//!         Ok(vec!["default".into()])
+//!     }
+//!     fn create_workspace(&self, _name: &str) -> Result<bool, Error> {
+//!         Ok(false)
+//!     }
+//!     fn delete_workspace(&self, _name: &str) -> Result<(), Error> {
+//!         Err(Error::NotFound)
+//!     }
+//! }
+//!
+//! wasmstate_guest::register_backend!(Memory);
+//! ```
+#![deny(missing_docs)]
+
+mod config;
+mod error;
+mod export;
+pub mod log;
+mod types;
+
+pub use config::Config;
+pub use error::Error;
+pub use types::{Diagnostic, LockInfo};
+
+/// The WIT package version this SDK implements; the host refuses guests
+/// built for a version it does not know.
+pub const WIT_VERSION: &str = "0.1.0";
+
+/// A storage driver. One value is created per request by [`Backend::new`].
+///
+/// Every method must be safe to repeat: Terraform retries failed requests.
+/// Workspace names are validated by the host before they reach you.
+pub trait Backend {
+    /// Build the backend from the operator's configuration. Return
+    /// [`Error::InvalidConfig`] for configuration problems.
+    fn new(config: &Config) -> Result<Self, Error>
+    where
+        Self: Sized;
+
+    /// Check the configuration without touching storage. The default builds
+    /// the backend with [`Backend::new`] and reports its configuration error.
+    fn validate(config: &Config) -> Vec<Diagnostic>
+    where
+        Self: Sized,
+    {
+        match Self::new(config) {
+            Ok(_) => Vec::new(),
+            Err(Error::InvalidConfig(diagnostics)) => diagnostics,
+            Err(other) => vec![Diagnostic::general(other.to_string())],
+        }
+    }
+
+    /// The latest state, or `None` when the workspace has none.
+    fn read(&self, workspace: &str) -> Result<Option<Vec<u8>>, Error>;
+
+    /// Replace the state atomically. When the workspace is locked and
+    /// `lock_id` is not the holder's, return [`Error::Locked`]; when `lock_id`
+    /// is given but nothing is locked, return `Error::LockMismatch(None)`.
+    fn write(&self, workspace: &str, state: &[u8], lock_id: Option<&str>) -> Result<(), Error>;
+
+    /// Delete the state; same lock rules as [`Backend::write`]. Deleting a
+    /// missing state succeeds.
+    fn delete(&self, workspace: &str, lock_id: Option<&str>) -> Result<(), Error>;
+
+    /// Take the lock, or return [`Error::Locked`] with the holder. Locking
+    /// again with the holder's own id succeeds.
+    fn lock(&self, workspace: &str, info: &LockInfo) -> Result<(), Error>;
+
+    /// Release the lock held under `id`; [`Error::LockMismatch`] with the
+    /// holder when another id holds it. Unlocking an unlocked workspace
+    /// succeeds.
+    fn unlock(&self, workspace: &str, id: &str) -> Result<(), Error>;
+
+    /// The current holder of the lock, if any.
+    fn current_lock(&self, workspace: &str) -> Result<Option<LockInfo>, Error>;
+
+    /// Release the lock whoever holds it; return the removed holder.
+    fn force_unlock(&self, workspace: &str) -> Result<Option<LockInfo>, Error>;
+
+    /// Every workspace, in any order.
+    fn list_workspaces(&self) -> Result<Vec<String>, Error>;
+
+    /// Create a workspace: `true` when created, `false` when it existed.
+    fn create_workspace(&self, name: &str) -> Result<bool, Error>;
+
+    /// Delete a workspace and its state; [`Error::Locked`] while locked,
+    /// [`Error::NotFound`] when it does not exist.
+    fn delete_workspace(&self, name: &str) -> Result<(), Error>;
+}
+
+/// Register the type that implements [`Backend`] as this component's
+/// storage driver. Call it exactly once, at the root of the guest crate.
+#[macro_export]
+macro_rules! register_backend {
+    ($backend:ty) => {
+        /// Entry point the SDK's exports call to reach this guest's backend.
+        #[doc(hidden)]
+        #[allow(unsafe_code)]
+        #[unsafe(no_mangle)]
+        pub fn __wasmstate_guest_entry() -> $crate::__private::Entry {
+            $crate::__private::Entry {
+                new: |config| {
+                    <$backend as $crate::Backend>::new(config).map(|b| {
+                        ::std::boxed::Box::new(b) as ::std::boxed::Box<dyn $crate::Backend>
+                    })
+                },
+                validate: <$backend as $crate::Backend>::validate,
+            }
+        }
+    };
+}
+
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::export::Entry;
+}
