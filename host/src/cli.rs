@@ -1,7 +1,7 @@
 //! Command-line interface.
 
 use crate::client::Client;
-use crate::config::{self, Config, Overrides};
+use crate::config::{Config, Overrides};
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -34,8 +34,13 @@ pub enum Command {
         /// the config file) [default: ./wasmstate-data].
         #[arg(long, env = "WASMSTATE_DATA_DIR")]
         data_dir: Option<PathBuf>,
+        /// Directory for compiled guests (overrides the config file)
+        /// [default: <data-dir>/cache].
+        #[arg(long, env = "WASMSTATE_CACHE_DIR")]
+        cache_dir: Option<PathBuf>,
     },
-    /// Check a config file and print what it would serve, without serving.
+    /// Check a config file, including each guest's own validation of its
+    /// `config` table, and print what it would serve, without serving.
     CheckConfig {
         /// The TOML config file.
         config: PathBuf,
@@ -83,29 +88,34 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             config,
             listen,
             data_dir,
+            cache_dir,
         } => {
-            let config = Config::load(config.as_deref(), Overrides { listen, data_dir })?;
+            let overrides = Overrides {
+                listen,
+                data_dir,
+                cache_dir,
+            };
+            let config = Config::load(config.as_deref(), overrides)?;
             crate::server::serve(config).await
         }
         Command::CheckConfig { config } => {
             let config = Config::load(Some(&config), Overrides::default())?;
-            println!(
-                "listen {}\ndata_dir {}",
-                config.listen,
-                config.data_dir.display()
-            );
+            let runtime = crate::runtime::Runtime::new(&config)?;
+            let backends = crate::server::load_backends(&config, &runtime).await?;
+            println!("listen {}", config.listen);
             for b in &config.backends {
+                let dir = config.granted_dir(b);
                 println!(
-                    "backend {}: guest {}, memory {} MiB, timeout {} ms, dir {}",
+                    "backend {}: guest {} (sha256 {}), memory {} MiB, timeout {} ms, directory {}",
                     b.name,
                     b.guest,
+                    backends[&b.name].sha256(),
                     b.limits.memory_bytes >> 20,
                     b.limits.timeout.as_millis(),
-                    config
-                        .granted_dir(b)
-                        .map_or("(none)".to_string(), |d| d.display().to_string())
+                    dir.map_or("(none)".to_string(), |d| d.display().to_string())
                 );
             }
+            println!("configuration OK");
             Ok(())
         }
         Command::Workspace {
@@ -131,6 +141,3 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
 }
-
-/// The default listen address, for help texts.
-pub const DEFAULT_LISTEN: &str = config::DEFAULT_LISTEN;

@@ -4,6 +4,7 @@
 //! ```toml
 //! listen = "127.0.0.1:6061"
 //! data_dir = "./wasmstate-data"
+//! # cache_dir = "/var/cache/wasmstate"   # compiled guests; default <data_dir>/cache
 //! max_body_mib = 64
 //!
 //! [backends.default]
@@ -36,8 +37,10 @@ const DEFAULT_MAX_INSTANCES: u32 = 64;
 pub struct Config {
     /// Address to listen on.
     pub listen: SocketAddr,
-    /// Where backends' files and the compiled-guest cache live.
+    /// Where backends' files (and, by default, compiled guests) live.
     pub data_dir: PathBuf,
+    /// Where compiled guests are cached; `<data_dir>/cache` when unset.
+    pub cache_dir: Option<PathBuf>,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
     /// Most guest instances alive at once (the pooling allocator's size);
@@ -105,6 +108,8 @@ pub struct Overrides {
     pub listen: Option<SocketAddr>,
     /// `--data-dir`
     pub data_dir: Option<PathBuf>,
+    /// `--cache-dir`
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// A configuration problem, phrased for the operator: file, key, reason.
@@ -117,6 +122,7 @@ pub struct ConfigError(String);
 struct RawConfig {
     listen: Option<String>,
     data_dir: Option<PathBuf>,
+    cache_dir: Option<PathBuf>,
     max_body_mib: Option<u64>,
     max_instances: Option<u32>,
     #[serde(default)]
@@ -171,6 +177,7 @@ impl Config {
             data_dir: overrides
                 .data_dir
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            cache_dir: overrides.cache_dir,
             max_body_bytes: mib(DEFAULT_MAX_BODY_MIB) as usize,
             max_instances: DEFAULT_MAX_INSTANCES,
             backends: vec![BackendConfig {
@@ -197,7 +204,9 @@ impl Config {
 
     /// Where compiled guests are cached.
     pub fn cache_dir(&self) -> PathBuf {
-        self.data_dir.join("cache")
+        self.cache_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("cache"))
     }
 }
 
@@ -242,6 +251,9 @@ fn validate(
             .map(|d| base.join(d))
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR))
     });
+    let cache_dir = overrides
+        .cache_dir
+        .or_else(|| raw.cache_dir.map(|d| base.join(d)));
     let max_body = in_range(
         file,
         "max_body_mib",
@@ -269,6 +281,7 @@ fn validate(
     Ok(Config {
         listen,
         data_dir,
+        cache_dir,
         max_body_bytes: mib(max_body) as usize,
         max_instances,
         backends,
@@ -442,6 +455,7 @@ mod tests {
         let overrides = Overrides {
             listen: Some("127.0.0.1:9".parse().unwrap()),
             data_dir: Some(PathBuf::from("/tmp/x")),
+            cache_dir: None,
         };
         let config = Config::parse(
             "listen = \"0.0.0.0:1\"\n[backends.a]\nguest = \"local\"\n",

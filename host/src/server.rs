@@ -10,24 +10,32 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
 
-/// Run the server described by `config` until a shutdown signal.
-pub async fn serve(config: Config) -> anyhow::Result<()> {
-    let runtime = Runtime::new(&config)?;
+/// Compile, link and validate every configured backend's guest.
+pub async fn load_backends(
+    config: &Config,
+    runtime: &Runtime,
+) -> anyhow::Result<BTreeMap<String, GuestBackend>> {
     let mut backends = BTreeMap::new();
     for backend in &config.backends {
         let wasm = guests::load(&backend.guest)?;
-        let guest = runtime
-            .load_backend(backend, &wasm, config.granted_dir(backend))
-            .await?;
+        let dir = config.granted_dir(backend);
+        let guest = runtime.load_backend(backend, &wasm, dir.clone()).await?;
         tracing::info!(
             backend = %backend.name,
             guest = %backend.guest,
             sha256 = guest.sha256(),
-            dir = ?config.granted_dir(backend),
+            dir = ?dir,
             "backend ready"
         );
         backends.insert(backend.name.clone(), guest);
     }
+    Ok(backends)
+}
+
+/// Run the server described by `config` until a shutdown signal.
+pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let runtime = Runtime::new(&config)?;
+    let backends = load_backends(&config, &runtime).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;

@@ -1,1 +1,9 @@
-fn main() {}
+//! wasmstate's integration tests: one binary, one module per concern. Each
+//! test starts real `wasmstate` processes on free loopback ports and talks
+//! to them over HTTP; end-to-end tests drive the real `terraform` binary.
+
+mod common;
+mod concurrency;
+mod protocol;
+mod sandbox;
+mod terraform;

@@ -14,7 +14,7 @@
 use std::fs;
 use std::hash::{BuildHasher, Hasher};
 use std::io::{ErrorKind, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use wasmstate_guest::{Backend, Config, Error, LockInfo, register_backend};
 
 const ROOT: &str = "/data";
@@ -60,6 +60,28 @@ impl Local {
             }
             return Ok(path);
         }
+    }
+
+    /// Link the prepared lock file `temp` into place: succeeds only if no
+    /// lock exists. When one exists but is gone by the time we read it (its
+    /// holder just unlocked), try again rather than fail the caller.
+    fn link_lock(&self, workspace: &str, temp: &Path, info: &LockInfo) -> Result<(), Error> {
+        const ATTEMPTS: usize = 100;
+        for _ in 0..ATTEMPTS {
+            match fs::hard_link(temp, self.lock_path(workspace)) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => match self.holder(workspace)? {
+                    // A retry of a lock we already hold.
+                    Some(holder) if holder.id == info.id => return Ok(()),
+                    Some(holder) => return Err(Error::Locked(holder)),
+                    None => continue,
+                },
+                Err(e) => return Err(Error::io("creating lock file", e)),
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "the lock of workspace {workspace:?} changed hands {ATTEMPTS} times while being taken"
+        )))
     }
 
     /// The lock holder, `None` when unlocked.
@@ -138,21 +160,9 @@ impl Backend for Local {
 
     fn lock(&self, workspace: &str, info: &LockInfo) -> Result<(), Error> {
         let temp = self.write_temp(workspace, &info.to_json())?;
-        let linked = fs::hard_link(&temp, self.lock_path(workspace));
+        let result = self.link_lock(workspace, &temp, info);
         let _ = fs::remove_file(&temp);
-        match linked {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => match self.holder(workspace)? {
-                // A retry of a lock we already hold.
-                Some(holder) if holder.id == info.id => Ok(()),
-                Some(holder) => Err(Error::Locked(holder)),
-                // Released between our attempt and our look: the caller retries.
-                None => Err(Error::Unavailable(
-                    "lock was released while being taken".into(),
-                )),
-            },
-            Err(e) => Err(Error::io("creating lock file", e)),
-        }
+        result
     }
 
     fn unlock(&self, workspace: &str, id: &str) -> Result<(), Error> {

@@ -10,7 +10,7 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
-use wasmstate::backend::types as t;
+use self::wasmstate::backend::types as t;
 
 /// The WIT package version this host implements.
 pub const WIT_VERSION: &str = "0.1.0";
@@ -20,7 +20,7 @@ const PACKAGE: &str = "wasmstate:backend";
 /// host's contract, naming both versions.
 pub fn check_version(names: &[String]) -> anyhow::Result<()> {
     let wanted = format!("{PACKAGE}/storage@{WIT_VERSION}");
-    if names.iter().any(|n| *n == wanted) {
+    if names.contains(&wanted) {
         return Ok(());
     }
     let prefix = format!("{PACKAGE}/storage@");

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-/// How often the epoch advances; deadlines are whole multiples of this.
+/// How often the epoch advances: how often a running guest yields to the
+/// executor, and the resolution of its deadline.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// Most linear memories, tables and core instances a guest component may
@@ -68,9 +69,4 @@ impl Drop for EpochTicker {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
-}
-
-/// Epoch ticks covering `timeout`, at least one.
-pub fn ticks(timeout: Duration) -> u64 {
-    (timeout.as_millis().div_ceil(EPOCH_TICK.as_millis()) as u64).max(1)
 }

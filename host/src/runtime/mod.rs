@@ -23,9 +23,10 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::Semaphore;
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
-use wasmtime::{Engine, Store, Trap};
+use wasmtime::{Engine, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
@@ -183,8 +184,18 @@ impl GuestBackend {
         };
         let mut store = Store::new(&self.engine, sandbox);
         store.limiter(|s| &mut s.limiter);
-        store.set_epoch_deadline(engine::ticks(self.limits.timeout));
-        store.epoch_deadline_trap();
+        // Every epoch tick, a running guest yields to the executor (so a
+        // spinning guest cannot starve the other requests sharing its worker
+        // thread) until its wall-clock deadline, when it is interrupted.
+        let deadline = Instant::now() + self.limits.timeout;
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            Ok(if Instant::now() >= deadline {
+                UpdateDeadline::Interrupt
+            } else {
+                UpdateDeadline::Yield(1)
+            })
+        });
         Ok(store)
     }
 

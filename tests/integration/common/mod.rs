@@ -1,0 +1,234 @@
+//! Test harness: real `wasmstate` server processes on free loopback ports,
+//! and a small HTTP helper. Every server is killed when its handle drops.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The `wasmstate` binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_wasmstate");
+/// The fixture guest that traps, loops or exhausts memory on demand.
+pub const MISBEHAVE_WASM: &str = env!("WASMSTATE_FIXTURE_MISBEHAVE");
+
+/// Compiled guests shared by every test server, so each server start maps
+/// the cached machine code instead of compiling again.
+pub fn shared_cache_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("guest-cache")
+}
+
+/// A running `wasmstate serve`, killed on drop.
+pub struct Server {
+    child: Child,
+    /// `http://127.0.0.1:PORT`
+    pub url: String,
+    /// Its stderr (logs), for assertions and failure messages.
+    pub log: PathBuf,
+}
+
+impl Server {
+    /// Serve the default config with its data in `data_dir`.
+    pub fn start(data_dir: &Path) -> Server {
+        Server::spawn(data_dir, None)
+    }
+
+    /// Serve `config` (TOML, written into `data_dir/wasmstate.toml`).
+    pub fn with_config(data_dir: &Path, config: &str) -> Server {
+        std::fs::create_dir_all(data_dir).unwrap();
+        let path = data_dir.join("wasmstate.toml");
+        std::fs::write(&path, config).unwrap();
+        Server::spawn(data_dir, Some(&path))
+    }
+
+    fn spawn(data_dir: &Path, config: Option<&Path>) -> Server {
+        std::fs::create_dir_all(data_dir).unwrap();
+        let log = data_dir.join(format!("server-{}.log", unique()));
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .arg("--cache-dir")
+            .arg(shared_cache_dir())
+            .env("WASMSTATE_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap());
+        if let Some(config) = config {
+            cmd.arg("--config").arg(config);
+        }
+        let mut child = cmd.spawn().expect("start wasmstate");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(first)) = lines.next() {
+                let _ = tx.send(first);
+            }
+            // Keep draining so the server never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let first = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "wasmstate did not start; its log:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+        };
+        let url = first
+            .strip_prefix("wasmstate listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line: {first}"))
+            .to_string();
+        Server { child, url, log }
+    }
+
+    /// URL of a state.
+    pub fn state_url(&self, backend: &str, workspace: &str) -> String {
+        format!("{}/states/{backend}/{workspace}", self.url)
+    }
+
+    /// The server's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Send SIGTERM and wait (up to `deadline`) for a clean exit.
+    pub fn terminate(mut self, deadline: Duration) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let until = Instant::now() + deadline;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < until, "server did not stop after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A process-unique number, for names.
+pub fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    std::process::id() as u64 * 1_000_000 + NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A fresh temporary directory, removed on drop.
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("wasmstate-test-")
+        .tempdir()
+        .unwrap()
+}
+
+/// An HTTP answer: status and body.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Vec<u8>,
+    pub headers: reqwest::header::HeaderMap,
+}
+
+impl Answer {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+}
+
+/// Send one request (any method, including LOCK and UNLOCK).
+pub fn send(method: &str, url: &str, body: Option<&[u8]>) -> Answer {
+    send_with(method, url, body, &[])
+}
+
+/// Send one request with extra headers.
+pub fn send_with(method: &str, url: &str, body: Option<&[u8]>, headers: &[(&str, &str)]) -> Answer {
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut request = client.request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), url);
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    if let Some(body) = body {
+        request = request.body(body.to_vec());
+    }
+    let response = request
+        .send()
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response.bytes().unwrap().to_vec();
+    Answer {
+        status,
+        body,
+        headers,
+    }
+}
+
+/// A LockInfo body as Terraform sends it.
+pub fn lock_info(id: &str, who: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "ID": id,
+        "Operation": "OperationTypeApply",
+        "Info": "",
+        "Who": who,
+        "Version": "1.11.4",
+        "Created": "2026-01-02T15:04:05.123456789Z",
+        "Path": ""
+    }))
+    .unwrap()
+}
+
+/// A minimal valid state with `serial`.
+pub fn state(serial: u64) -> Vec<u8> {
+    format!(r#"{{"version":4,"terraform_version":"1.11.4","serial":{serial},"lineage":"test-lineage","outputs":{{}},"resources":[]}}"#)
+        .into_bytes()
+}
+
+/// Poll `condition` until true or `deadline` passes.
+pub fn wait_until(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) {
+    let until = Instant::now() + deadline;
+    while !condition() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Read everything a child wrote to a pipe, on a thread, into a shared buffer
+/// that tests can poll while the child runs.
+pub fn capture(pipe: impl Read + Send + 'static) -> std::sync::Arc<std::sync::Mutex<String>> {
+    let buffer = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = buffer.clone();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(pipe);
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&chunk[..n]));
+        }
+    });
+    buffer
+}

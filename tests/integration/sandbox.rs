@@ -1,0 +1,133 @@
+//! Guests that trap, loop forever or exhaust memory are contained: each
+//! request fails with a clear 5xx within its limits, the same backend keeps
+//! answering the next request, and a healthy backend on the same server is
+//! unaffected.
+
+use crate::common::*;
+use std::time::{Duration, Instant};
+
+const SPIN_TIMEOUT_MS: u64 = 1500;
+
+fn server(dir: &std::path::Path) -> Server {
+    Server::with_config(
+        dir,
+        &format!(
+            r#"
+            [backends.healthy]
+            guest = "local"
+
+            [backends.trap]
+            guest = "{wasm}"
+            config = {{ mode = "trap" }}
+
+            [backends.spin]
+            guest = "{wasm}"
+            timeout_ms = {SPIN_TIMEOUT_MS}
+            config = {{ mode = "loop" }}
+
+            [backends.hog]
+            guest = "{wasm}"
+            memory_mib = 32
+            config = {{ mode = "oom" }}
+            "#,
+            wasm = MISBEHAVE_WASM
+        ),
+    )
+}
+
+fn healthy_round_trip(server: &Server, serial: u64) {
+    let url = server.state_url("healthy", "ws");
+    assert_eq!(send("POST", &url, Some(&state(serial))).status, 200);
+    assert_eq!(send("GET", &url, None).body, state(serial));
+}
+
+#[test]
+fn a_trapping_guest_gets_a_500_naming_its_panic() {
+    let dir = tempdir();
+    let server = server(dir.path());
+    for attempt in 0..2 {
+        let answer = send("GET", &server.state_url("trap", "ws"), None);
+        assert_eq!(answer.status, 500, "attempt {attempt}: {}", answer.text());
+        let text = answer.text();
+        assert!(text.contains("backend \"trap\": guest crashed"), "{text}");
+        assert!(text.contains("fixture: deliberate trap"), "{text}");
+        healthy_round_trip(&server, attempt + 1);
+    }
+}
+
+#[test]
+fn an_endless_loop_is_stopped_at_the_deadline() {
+    let dir = tempdir();
+    let server = server(dir.path());
+    let url = server.state_url("spin", "ws");
+    let spinning = std::thread::spawn(move || {
+        let started = Instant::now();
+        (send("GET", &url, None), started.elapsed())
+    });
+    // While one instance spins, the healthy backend answers.
+    for serial in 1..=5 {
+        healthy_round_trip(&server, serial);
+    }
+    assert!(
+        !spinning.is_finished(),
+        "the healthy requests should have finished while the guest was still spinning"
+    );
+    let (answer, elapsed) = spinning.join().unwrap();
+    assert_eq!(answer.status, 504, "{}", answer.text());
+    assert!(
+        answer
+            .text()
+            .contains(&format!("time limit of {SPIN_TIMEOUT_MS} ms")),
+        "{}",
+        answer.text()
+    );
+    assert!(
+        elapsed >= Duration::from_millis(SPIN_TIMEOUT_MS) && elapsed < Duration::from_secs(10),
+        "stopped after {elapsed:?}"
+    );
+    // The backend serves the next request the same way (no poisoned state).
+    assert_eq!(
+        send(
+            "LOCK",
+            &server.state_url("spin", "ws"),
+            Some(&lock_info("x", "y"))
+        )
+        .status,
+        504
+    );
+    healthy_round_trip(&server, 6);
+}
+
+#[test]
+fn memory_exhaustion_is_stopped_at_the_limit() {
+    let dir = tempdir();
+    let server = server(dir.path());
+    for attempt in 0..2 {
+        let answer = send("POST", &server.state_url("hog", "ws"), Some(&state(1)));
+        assert_eq!(answer.status, 500, "{}", answer.text());
+        assert!(
+            answer
+                .text()
+                .contains("exceeded its memory limit of 32 MiB"),
+            "{}",
+            answer.text()
+        );
+        healthy_round_trip(&server, attempt + 1);
+    }
+}
+
+#[test]
+fn a_guest_cannot_see_outside_its_granted_directory() {
+    // The local guest writes under /data only; a workspace name cannot
+    // escape it, and files beside the data directory stay untouched.
+    let dir = tempdir();
+    let secret = dir.path().join("secret.txt");
+    std::fs::write(&secret, "untouched").unwrap();
+    let server = server(dir.path());
+    // (`..` itself is covered in protocol.rs: HTTP clients normalise it away.)
+    for name in ["..%2Fsecret.txt", "..%5Csecret.txt"] {
+        let answer = send("POST", &server.state_url("healthy", name), Some(&state(1)));
+        assert_eq!(answer.status, 400, "{name}: {}", answer.text());
+    }
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "untouched");
+}
