@@ -1,1 +1,268 @@
-fn main() {}
+//! What the sandbox costs: every operation through the embedded `local`
+//! guest (fresh wasmtime instance per call) beside a native Rust twin of the
+//! same file layout, at three levels: the storage call alone, a whole HTTP
+//! request served in-process by the protocol layer, and a request over a
+//! loopback socket as a client sees it. Also: instantiation.
+//!
+//! `cargo bench --bench guest_vs_native` prints criterion's report and, at
+//! the end, the Markdown table kept in the README.
+
+#![allow(missing_docs)]
+
+#[path = "native_local.rs"]
+mod native_local;
+
+use axum::body::Body;
+use axum::http::Request;
+use criterion::{BenchmarkId, Criterion};
+use native_local::NativeLocal;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tower::ServiceExt;
+use wasmstate::backend::{LockInfo, Storage};
+use wasmstate::config::{Config, Overrides};
+use wasmstate::protocol::{App, router};
+use wasmstate::runtime::{GuestBackend, Runtime};
+
+const SIZES: &[(&str, usize)] = &[("100KiB", 100 << 10), ("10MiB", 10 << 20)];
+
+fn state_of(size: usize) -> Vec<u8> {
+    let header = br#"{"version":4,"serial":1,"lineage":"bench","pad":""#;
+    let mut body = header.to_vec();
+    body.resize(size - 2, b'x');
+    body.extend_from_slice(b"\"}");
+    body
+}
+
+fn criterion_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/criterion")
+}
+
+struct Fixture {
+    rt: tokio::runtime::Runtime,
+    _runtime: Runtime,
+    guest: std::sync::Arc<GuestBackend>,
+    native: std::sync::Arc<NativeLocal>,
+    _dir: tempfile::TempDir,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let config = Config::default_with(Overrides {
+        data_dir: Some(dir.path().join("data")),
+        ..Overrides::default()
+    });
+    let runtime = Runtime::new(&config).unwrap();
+    let backend = &config.backends[0];
+    let wasm = wasmstate::guests::load(&backend.guest).unwrap();
+    let guest = rt
+        .block_on(runtime.load_backend(backend, &wasm, config.granted_dir(backend)))
+        .unwrap();
+    Fixture {
+        rt,
+        _runtime: runtime,
+        guest: std::sync::Arc::new(guest),
+        native: std::sync::Arc::new(NativeLocal::new(&dir.path().join("native"))),
+        _dir: dir,
+    }
+}
+
+fn lock_info() -> LockInfo {
+    LockInfo {
+        id: "bench-lock".into(),
+        operation: "OperationTypeApply".into(),
+        who: "bench@host".into(),
+        ..LockInfo::default()
+    }
+}
+
+fn storage_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storage: &S) {
+    for &(label, size) in SIZES {
+        let body = state_of(size);
+        f.rt.block_on(storage.write("bench", body.clone(), None))
+            .unwrap();
+        c.benchmark_group(format!("storage-GET-{label}"))
+            .bench_function(name, |b| {
+                b.iter(|| f.rt.block_on(storage.read("bench")).unwrap())
+            });
+        c.benchmark_group(format!("storage-POST-{label}"))
+            .bench_function(name, |b| {
+                b.iter(|| {
+                    f.rt.block_on(storage.write("bench", body.clone(), None))
+                        .unwrap()
+                })
+            });
+    }
+    c.benchmark_group("storage-LOCK+UNLOCK")
+        .bench_function(name, |b| {
+            b.iter(|| {
+                f.rt.block_on(async {
+                    storage.lock("bench", lock_info()).await.unwrap();
+                    storage.unlock("bench", "bench-lock").await.unwrap();
+                })
+            })
+        });
+}
+
+fn http_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storage: S) {
+    let app = router(App {
+        backends: BTreeMap::from([("default".to_string(), storage)]),
+        max_body_bytes: 64 << 20,
+    });
+    let request = |method: &str, body: Vec<u8>| {
+        Request::builder()
+            .method(method)
+            .uri("/states/default/http")
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let call = |req: Request<Body>| {
+        f.rt.block_on(async {
+            let response = app.clone().oneshot(req).await.unwrap();
+            assert!(response.status().is_success(), "{}", response.status());
+            axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .unwrap()
+        })
+    };
+    for &(label, size) in SIZES {
+        let body = state_of(size);
+        call(request("POST", body.clone()));
+        c.benchmark_group(format!("http-GET-{label}"))
+            .bench_function(name, |b| b.iter(|| call(request("GET", Vec::new()))));
+        c.benchmark_group(format!("http-POST-{label}"))
+            .bench_function(name, |b| b.iter(|| call(request("POST", body.clone()))));
+    }
+    let lock = serde_json::to_vec(&lock_info()).unwrap();
+    c.benchmark_group("http-LOCK+UNLOCK")
+        .bench_function(name, |b| {
+            b.iter(|| {
+                call(request("LOCK", lock.clone()));
+                call(request("UNLOCK", lock.clone()));
+            })
+        });
+}
+
+/// What a client sees: a real HTTP/1.1 server on a loopback socket, a
+/// keep-alive client, 100 KiB states.
+fn socket_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storage: S) {
+    let app = router(App {
+        backends: BTreeMap::from([("default".to_string(), storage)]),
+        max_body_bytes: 64 << 20,
+    });
+    let listener =
+        f.rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+    let url = format!(
+        "http://{}/states/default/socket",
+        listener.local_addr().unwrap()
+    );
+    let server = f.rt.spawn(async move { axum::serve(listener, app).await });
+    let client = reqwest::Client::new();
+    let call = |method: &str, body: Vec<u8>| {
+        f.rt.block_on(async {
+            let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+            let response = client
+                .request(method, &url)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert!(response.status().is_success(), "{}", response.status());
+            response.bytes().await.unwrap()
+        })
+    };
+    let body = state_of(100 << 10);
+    call("POST", body.clone());
+    c.benchmark_group("socket-GET-100KiB")
+        .bench_function(name, |b| b.iter(|| call("GET", Vec::new())));
+    c.benchmark_group("socket-POST-100KiB")
+        .bench_function(name, |b| b.iter(|| call("POST", body.clone())));
+    let lock = serde_json::to_vec(&lock_info()).unwrap();
+    c.benchmark_group("socket-LOCK+UNLOCK")
+        .bench_function(name, |b| {
+            b.iter(|| {
+                call("LOCK", lock.clone());
+                call("UNLOCK", lock.clone());
+            })
+        });
+    server.abort();
+}
+
+/// Median of one benchmark, from criterion's saved estimates.
+fn median(group: &str, name: &str) -> Option<f64> {
+    let path = criterion_dir()
+        .join(group)
+        .join(name)
+        .join("new/estimates.json");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    json["median"]["point_estimate"].as_f64()
+}
+
+fn pretty(ns: f64) -> String {
+    if ns >= 1e6 {
+        format!("{:.2} ms", ns / 1e6)
+    } else {
+        format!("{:.1} µs", ns / 1e3)
+    }
+}
+
+fn print_table() {
+    println!("\n| operation | native | guest | guest / native |\n|---|---|---|---|");
+    let mut groups = vec![];
+    for level in ["storage", "http"] {
+        for &(label, _) in SIZES {
+            groups.push(format!("{level}-GET-{label}"));
+            groups.push(format!("{level}-POST-{label}"));
+        }
+        groups.push(format!("{level}-LOCK+UNLOCK"));
+    }
+    groups.extend(
+        [
+            "socket-GET-100KiB",
+            "socket-POST-100KiB",
+            "socket-LOCK+UNLOCK",
+        ]
+        .map(String::from),
+    );
+    for group in groups {
+        if let (Some(n), Some(g)) = (median(&group, "native"), median(&group, "guest")) {
+            println!(
+                "| {group} | {} | {} | {:.2}× |",
+                pretty(n),
+                pretty(g),
+                g / n
+            );
+        }
+    }
+    if let Some(i) = median("instantiate", "guest") {
+        println!("| instantiate + one empty call | — | {} | — |", pretty(i));
+    }
+}
+
+fn main() {
+    let mut c = Criterion::default()
+        .output_directory(&criterion_dir())
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(30)
+        .configure_from_args();
+    let f = fixture();
+    storage_benches(&mut c, &f, "native", &*f.native);
+    storage_benches(&mut c, &f, "guest", &*f.guest);
+    http_benches(&mut c, &f, "native", f.native.clone());
+    http_benches(&mut c, &f, "guest", f.guest.clone());
+    socket_benches(&mut c, &f, "native", f.native.clone());
+    socket_benches(&mut c, &f, "guest", f.guest.clone());
+    c.benchmark_group("instantiate")
+        .bench_function(BenchmarkId::from_parameter("guest"), |b| {
+            b.iter(|| f.rt.block_on(f.guest.validate_config()).unwrap())
+        });
+    c.final_summary();
+    print_table();
+}

@@ -139,3 +139,56 @@ pub trait Storage: Send + Sync + 'static {
     /// Delete a workspace and its state.
     fn delete_workspace(&self, name: &str) -> impl Future<Output = StorageResult<()>> + Send;
 }
+
+/// A shared backend is a backend.
+impl<S: Storage> Storage for std::sync::Arc<S> {
+    fn read(&self, workspace: &str) -> impl Future<Output = StorageResult<Option<Vec<u8>>>> + Send {
+        (**self).read(workspace)
+    }
+    fn write(
+        &self,
+        workspace: &str,
+        state: Vec<u8>,
+        lock_id: Option<&str>,
+    ) -> impl Future<Output = StorageResult<()>> + Send {
+        (**self).write(workspace, state, lock_id)
+    }
+    fn delete(
+        &self,
+        workspace: &str,
+        lock_id: Option<&str>,
+    ) -> impl Future<Output = StorageResult<()>> + Send {
+        (**self).delete(workspace, lock_id)
+    }
+    fn lock(
+        &self,
+        workspace: &str,
+        info: LockInfo,
+    ) -> impl Future<Output = StorageResult<()>> + Send {
+        (**self).lock(workspace, info)
+    }
+    fn unlock(&self, workspace: &str, id: &str) -> impl Future<Output = StorageResult<()>> + Send {
+        (**self).unlock(workspace, id)
+    }
+    fn current_lock(
+        &self,
+        workspace: &str,
+    ) -> impl Future<Output = StorageResult<Option<LockInfo>>> + Send {
+        (**self).current_lock(workspace)
+    }
+    fn force_unlock(
+        &self,
+        workspace: &str,
+    ) -> impl Future<Output = StorageResult<Option<LockInfo>>> + Send {
+        (**self).force_unlock(workspace)
+    }
+    fn list_workspaces(&self) -> impl Future<Output = StorageResult<Vec<String>>> + Send {
+        (**self).list_workspaces()
+    }
+    fn create_workspace(&self, name: &str) -> impl Future<Output = StorageResult<bool>> + Send {
+        (**self).create_workspace(name)
+    }
+    fn delete_workspace(&self, name: &str) -> impl Future<Output = StorageResult<()>> + Send {
+        (**self).delete_workspace(name)
+    }
+}

@@ -53,6 +53,7 @@
 mod config;
 mod error;
 mod export;
+pub mod fs;
 pub mod log;
 mod types;
 

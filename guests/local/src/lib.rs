@@ -11,103 +11,25 @@
 //! and `link` (creates the lock file with its full content, or fails because
 //! it exists — so a lock is never granted twice and never seen half-written).
 
-use std::fs;
 use std::hash::{BuildHasher, Hasher};
-use std::io::{ErrorKind, Write};
-use std::path::{Path, PathBuf};
+use std::io::ErrorKind;
+use wasmstate_guest::fs::Dir;
 use wasmstate_guest::{Backend, Config, Error, LockInfo, register_backend};
 
-const ROOT: &str = "/data";
 const STATE_FILE: &str = "terraform.tfstate";
 const LOCK_FILE: &str = "terraform.tfstate.lock";
 
 struct Local {
-    root: PathBuf,
+    root: Dir,
     fsync: bool,
 }
 
-impl Local {
-    fn dir(&self, workspace: &str) -> PathBuf {
-        self.root.join(workspace)
-    }
+fn state_path(workspace: &str) -> String {
+    format!("{workspace}/{STATE_FILE}")
+}
 
-    fn state_path(&self, workspace: &str) -> PathBuf {
-        self.dir(workspace).join(STATE_FILE)
-    }
-
-    fn lock_path(&self, workspace: &str) -> PathBuf {
-        self.dir(workspace).join(LOCK_FILE)
-    }
-
-    /// Write `bytes` to a fresh, uniquely named file beside the target and
-    /// return its path; the caller renames or links it into place.
-    fn write_temp(&self, workspace: &str, bytes: &[u8]) -> Result<PathBuf, Error> {
-        let dir = self.dir(workspace);
-        fs::create_dir_all(&dir).map_err(|e| Error::io("creating workspace directory", e))?;
-        loop {
-            let path = dir.join(format!(".tmp-{:016x}", random_u64()));
-            let mut file = match fs::File::create_new(&path) {
-                Ok(f) => f,
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(Error::io("creating temporary file", e)),
-            };
-            let written = file
-                .write_all(bytes)
-                .and_then(|()| if self.fsync { file.sync_all() } else { Ok(()) });
-            if let Err(e) = written {
-                let _ = fs::remove_file(&path);
-                return Err(Error::io("writing temporary file", e));
-            }
-            return Ok(path);
-        }
-    }
-
-    /// Link the prepared lock file `temp` into place: succeeds only if no
-    /// lock exists. When one exists but is gone by the time we read it (its
-    /// holder just unlocked), try again rather than fail the caller.
-    fn link_lock(&self, workspace: &str, temp: &Path, info: &LockInfo) -> Result<(), Error> {
-        const ATTEMPTS: usize = 100;
-        for _ in 0..ATTEMPTS {
-            match fs::hard_link(temp, self.lock_path(workspace)) {
-                Ok(()) => return Ok(()),
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => match self.holder(workspace)? {
-                    // A retry of a lock we already hold.
-                    Some(holder) if holder.id == info.id => return Ok(()),
-                    Some(holder) => return Err(Error::Locked(holder)),
-                    None => continue,
-                },
-                Err(e) => return Err(Error::io("creating lock file", e)),
-            }
-        }
-        Err(Error::Unavailable(format!(
-            "the lock of workspace {workspace:?} changed hands {ATTEMPTS} times while being taken"
-        )))
-    }
-
-    /// The lock holder, `None` when unlocked.
-    fn holder(&self, workspace: &str) -> Result<Option<LockInfo>, Error> {
-        match fs::read(self.lock_path(workspace)) {
-            Ok(bytes) => LockInfo::from_json(&bytes).map(Some).map_err(|e| {
-                Error::Internal(format!(
-                    "lock file of workspace {workspace:?} is not LockInfo JSON ({e}); \
-                     force-unlock it to recover"
-                ))
-            }),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::io("reading lock file", e)),
-        }
-    }
-
-    /// Refuse a change unless `lock_id` matches the lock (or nothing is
-    /// locked and no id was presented).
-    fn check_lock(&self, workspace: &str, lock_id: Option<&str>) -> Result<(), Error> {
-        match (self.holder(workspace)?, lock_id) {
-            (Some(holder), Some(id)) if holder.id == id => Ok(()),
-            (Some(holder), _) => Err(Error::Locked(holder)),
-            (None, Some(_)) => Err(Error::LockMismatch(None)),
-            (None, None) => Ok(()),
-        }
-    }
+fn lock_path(workspace: &str) -> String {
+    format!("{workspace}/{LOCK_FILE}")
 }
 
 /// A random number from the host (WASI random seeds std's hasher keys).
@@ -124,36 +46,110 @@ fn ignore_missing(result: std::io::Result<()>, context: &str) -> Result<(), Erro
     }
 }
 
+impl Local {
+    fn ensure_workspace(&self, workspace: &str) -> Result<(), Error> {
+        match self.root.create_dir(workspace) {
+            Err(e) if e.kind() != ErrorKind::AlreadyExists => {
+                Err(Error::io("creating workspace directory", e))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Write `bytes` to a fresh, uniquely named file beside the target and
+    /// return its path; the caller renames or links it into place.
+    fn write_temp(&self, workspace: &str, bytes: &[u8]) -> Result<String, Error> {
+        self.ensure_workspace(workspace)?;
+        loop {
+            let path = format!("{workspace}/.tmp-{:016x}", random_u64());
+            match self.root.create_new(&path, bytes, self.fsync) {
+                Ok(()) => return Ok(path),
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
+                Err(e) => {
+                    let _ = self.root.remove_file(&path);
+                    return Err(Error::io("writing temporary file", e));
+                }
+            }
+        }
+    }
+
+    /// The lock holder, `None` when unlocked.
+    fn holder(&self, workspace: &str) -> Result<Option<LockInfo>, Error> {
+        match self.root.read(&lock_path(workspace)) {
+            Ok(Some(bytes)) => LockInfo::from_json(&bytes).map(Some).map_err(|e| {
+                Error::Internal(format!(
+                    "lock file of workspace {workspace:?} is not LockInfo JSON ({e}); \
+                     force-unlock it to recover"
+                ))
+            }),
+            Ok(None) => Ok(None),
+            Err(e) => Err(Error::io("reading lock file", e)),
+        }
+    }
+
+    /// Refuse a change unless `lock_id` matches the lock (or nothing is
+    /// locked and no id was presented).
+    fn check_lock(&self, workspace: &str, lock_id: Option<&str>) -> Result<(), Error> {
+        match (self.holder(workspace)?, lock_id) {
+            (Some(holder), Some(id)) if holder.id == id => Ok(()),
+            (Some(holder), _) => Err(Error::Locked(holder)),
+            (None, Some(_)) => Err(Error::LockMismatch(None)),
+            (None, None) => Ok(()),
+        }
+    }
+
+    /// Link the prepared lock file `temp` into place: succeeds only if no
+    /// lock exists. When one exists but is gone by the time we read it (its
+    /// holder just unlocked), try again rather than fail the caller.
+    fn link_lock(&self, workspace: &str, temp: &str, info: &LockInfo) -> Result<(), Error> {
+        const ATTEMPTS: usize = 100;
+        for _ in 0..ATTEMPTS {
+            match self.root.hard_link(temp, &lock_path(workspace)) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => match self.holder(workspace)? {
+                    // A retry of a lock we already hold.
+                    Some(holder) if holder.id == info.id => return Ok(()),
+                    Some(holder) => return Err(Error::Locked(holder)),
+                    None => continue,
+                },
+                Err(e) => return Err(Error::io("creating lock file", e)),
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "the lock of workspace {workspace:?} changed hands {ATTEMPTS} times while being taken"
+        )))
+    }
+}
+
 impl Backend for Local {
     fn new(config: &Config) -> Result<Self, Error> {
         config.reject_unknown(&["fsync"])?;
-        Ok(Local {
-            root: PathBuf::from(ROOT),
-            fsync: config.parse_or("fsync", true)?,
-        })
+        let fsync = config.parse_or("fsync", true)?;
+        let root = Dir::granted().map_err(|e| Error::Internal(e.to_string()))?;
+        Ok(Local { root, fsync })
     }
 
     fn read(&self, workspace: &str) -> Result<Option<Vec<u8>>, Error> {
-        match fs::read(self.state_path(workspace)) {
-            Ok(bytes) => Ok(Some(bytes)),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::io("reading state", e)),
-        }
+        self.root
+            .read(&state_path(workspace))
+            .map_err(|e| Error::io("reading state", e))
     }
 
     fn write(&self, workspace: &str, state: &[u8], lock_id: Option<&str>) -> Result<(), Error> {
         self.check_lock(workspace, lock_id)?;
         let temp = self.write_temp(workspace, state)?;
-        fs::rename(&temp, self.state_path(workspace)).map_err(|e| {
-            let _ = fs::remove_file(&temp);
-            Error::io("replacing state", e)
-        })
+        self.root
+            .rename(&temp, &state_path(workspace))
+            .map_err(|e| {
+                let _ = self.root.remove_file(&temp);
+                Error::io("replacing state", e)
+            })
     }
 
     fn delete(&self, workspace: &str, lock_id: Option<&str>) -> Result<(), Error> {
         self.check_lock(workspace, lock_id)?;
         ignore_missing(
-            fs::remove_file(self.state_path(workspace)),
+            self.root.remove_file(&state_path(workspace)),
             "deleting state",
         )
     }
@@ -161,16 +157,17 @@ impl Backend for Local {
     fn lock(&self, workspace: &str, info: &LockInfo) -> Result<(), Error> {
         let temp = self.write_temp(workspace, &info.to_json())?;
         let result = self.link_lock(workspace, &temp, info);
-        let _ = fs::remove_file(&temp);
+        let _ = self.root.remove_file(&temp);
         result
     }
 
     fn unlock(&self, workspace: &str, id: &str) -> Result<(), Error> {
         match self.holder(workspace)? {
             None => Ok(()),
-            Some(holder) if holder.id == id => {
-                ignore_missing(fs::remove_file(self.lock_path(workspace)), "removing lock")
-            }
+            Some(holder) if holder.id == id => ignore_missing(
+                self.root.remove_file(&lock_path(workspace)),
+                "removing lock",
+            ),
             Some(holder) => Err(Error::LockMismatch(Some(holder))),
         }
     }
@@ -181,30 +178,28 @@ impl Backend for Local {
 
     fn force_unlock(&self, workspace: &str) -> Result<Option<LockInfo>, Error> {
         let holder = self.holder(workspace);
-        ignore_missing(fs::remove_file(self.lock_path(workspace)), "removing lock")?;
+        ignore_missing(
+            self.root.remove_file(&lock_path(workspace)),
+            "removing lock",
+        )?;
         // A corrupt lock file is still removed: that is what force is for.
         Ok(holder.unwrap_or(None))
     }
 
     fn list_workspaces(&self) -> Result<Vec<String>, Error> {
-        let entries = match fs::read_dir(&self.root) {
-            Ok(entries) => entries,
-            Err(e) => return Err(Error::io("listing workspaces", e)),
-        };
-        let mut names = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io("listing workspaces", e))?;
-            let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if is_dir && !name.starts_with('.') {
-                names.push(name);
-            }
-        }
-        Ok(names)
+        let entries = self
+            .root
+            .list(".")
+            .map_err(|e| Error::io("listing workspaces", e))?;
+        Ok(entries
+            .into_iter()
+            .filter(|(name, is_dir)| *is_dir && !name.starts_with('.'))
+            .map(|(name, _)| name)
+            .collect())
     }
 
     fn create_workspace(&self, name: &str) -> Result<bool, Error> {
-        match fs::create_dir(self.dir(name)) {
+        match self.root.create_dir(name) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
             Err(e) => Err(Error::io("creating workspace", e)),
@@ -212,13 +207,15 @@ impl Backend for Local {
     }
 
     fn delete_workspace(&self, name: &str) -> Result<(), Error> {
-        if !self.dir(name).is_dir() {
+        if !self.root.is_dir(name) {
             return Err(Error::NotFound);
         }
         if let Some(holder) = self.holder(name)? {
             return Err(Error::Locked(holder));
         }
-        fs::remove_dir_all(self.dir(name)).map_err(|e| Error::io("deleting workspace", e))
+        self.root
+            .remove_dir_all(name)
+            .map_err(|e| Error::io("deleting workspace", e))
     }
 }
 
