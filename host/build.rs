@@ -12,14 +12,27 @@ use std::process::Command;
 /// (crate name, env var the host reads the component's path from)
 const GUESTS: &[(&str, &str)] = &[
     ("wasmstate-guest-local", "WASMSTATE_GUEST_LOCAL"),
+    // Built here only so the tests can find it; it is not embedded.
+    ("wasmstate-guest-etcd", "WASMSTATE_EXAMPLE_ETCD"),
     ("wasmstate-fixture-misbehave", "WASMSTATE_FIXTURE_MISBEHAVE"),
+    (
+        "wasmstate-fixture-future-version",
+        "WASMSTATE_FIXTURE_FUTURE_VERSION",
+    ),
 ];
 const TARGET: &str = "wasm32-wasip2";
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let workspace = manifest_dir.parent().unwrap().to_path_buf();
-    for watched in ["wit", "sdk", "guests", "tests/fixtures", "Cargo.lock"] {
+    for watched in [
+        "wit",
+        "sdk",
+        "guests",
+        "examples/etcd-guest",
+        "tests/fixtures",
+        "Cargo.lock",
+    ] {
         println!(
             "cargo:rerun-if-changed={}",
             workspace.join(watched).display()

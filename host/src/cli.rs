@@ -1,7 +1,9 @@
 //! Command-line interface.
 
 use crate::client::Client;
-use crate::config::{Config, Overrides};
+use crate::config::{Config, GuestSource, Limits, Overrides};
+use crate::conformance::{GuestUnderTest, run_guest};
+use crate::policy::Origin;
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -45,6 +47,12 @@ pub enum Command {
         /// The TOML config file.
         config: PathBuf,
     },
+    /// Work with guest components.
+    Guest {
+        /// Which operation.
+        #[command(subcommand)]
+        action: GuestAction,
+    },
     /// List, create or delete workspaces on a running server.
     Workspace {
         /// Which operation.
@@ -61,6 +69,34 @@ pub enum Command {
             default_value = "http://127.0.0.1:6061"
         )]
         server: String,
+    },
+}
+
+/// Guest operations.
+#[derive(Debug, Subcommand)]
+pub enum GuestAction {
+    /// Run the conformance kit against a guest: a PASS/FAIL line per case,
+    /// exit status 1 if any case fails.
+    Test {
+        /// An embedded guest (`local`) or a path to a `.wasm` component.
+        guest: String,
+        /// Configuration handed to the guest (repeatable).
+        #[arg(long = "config", value_name = "KEY=VALUE")]
+        config: Vec<String>,
+        /// Directory granted to the guest at /data [default: a fresh
+        /// temporary directory].
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Origin the guest may send HTTP requests to, e.g.
+        /// http://127.0.0.1:2379 (repeatable).
+        #[arg(long = "allow-http", value_name = "ORIGIN")]
+        allow_http: Vec<String>,
+        /// Memory cap per call.
+        #[arg(long, default_value_t = 256)]
+        memory_mib: u64,
+        /// Deadline per call.
+        #[arg(long, default_value_t = 30_000)]
+        timeout_ms: u64,
     },
 }
 
@@ -118,6 +154,44 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("configuration OK");
             Ok(())
         }
+        Command::Guest {
+            action:
+                GuestAction::Test {
+                    guest,
+                    config,
+                    dir,
+                    allow_http,
+                    memory_mib,
+                    timeout_ms,
+                },
+        } => {
+            let subject = GuestUnderTest {
+                guest: guest_source(&guest)?,
+                config: config
+                    .iter()
+                    .map(|kv| {
+                        kv.split_once('=')
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                            .ok_or_else(|| anyhow::anyhow!("--config {kv:?}: write KEY=VALUE"))
+                    })
+                    .collect::<Result<_, _>>()?,
+                dir,
+                allow_http: allow_http
+                    .iter()
+                    .map(|o| Origin::parse(o).map_err(|e| anyhow::anyhow!("--allow-http {e}")))
+                    .collect::<Result<_, _>>()?,
+                limits: Limits {
+                    memory_bytes: memory_mib << 20,
+                    timeout: std::time::Duration::from_millis(timeout_ms),
+                },
+            };
+            let report = run_guest(subject).await?;
+            print!("{}", report.render());
+            if !report.all_passed() {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         Command::Workspace {
             action,
             backend,
@@ -140,4 +214,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `local` (embedded) or a path to a component file.
+fn guest_source(text: &str) -> anyhow::Result<GuestSource> {
+    if let Some(embedded) = crate::guests::embedded(text) {
+        return Ok(GuestSource::Embedded(embedded.name));
+    }
+    let path = PathBuf::from(text);
+    anyhow::ensure!(
+        path.is_file(),
+        "{text:?} is neither an embedded guest ({}) nor a component file",
+        crate::guests::embedded_names().join(", ")
+    );
+    Ok(GuestSource::File(path))
 }

@@ -11,12 +11,14 @@
 //! guest = "local"          # an embedded guest, or a path to a .wasm file
 //! memory_mib = 256         # per-request memory cap
 //! timeout_ms = 10000       # per-request deadline
+//! allow_http = []          # origins the guest may call, e.g. "http://127.0.0.1:2379"
 //! [backends.default.config]
 //! fsync = true             # handed to the guest as strings
 //! ```
 
 use crate::guests;
 use crate::names::check_name;
+use crate::policy::Origin;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -63,6 +65,8 @@ pub struct BackendConfig {
     pub limits: Limits,
     /// Key/value configuration handed to the guest.
     pub guest_config: Vec<(String, String)>,
+    /// Origins the guest may send HTTP requests to.
+    pub allow_http: Vec<Origin>,
 }
 
 /// Where a guest's component comes from.
@@ -137,6 +141,8 @@ struct RawBackend {
     memory_mib: Option<u64>,
     timeout_ms: Option<u64>,
     #[serde(default)]
+    allow_http: Vec<String>,
+    #[serde(default)]
     config: toml::Table,
 }
 
@@ -186,6 +192,7 @@ impl Config {
                 dir: None,
                 limits: Limits::default(),
                 guest_config: Vec::new(),
+                allow_http: Vec::new(),
             }],
         }
     }
@@ -351,7 +358,15 @@ fn validate_backend(
         };
         guest_config.push((k, text));
     }
+    let allow_http = raw
+        .allow_http
+        .iter()
+        .map(|o| {
+            Origin::parse(o).map_err(|e| ConfigError(format!("{file}: {}: {e}", key("allow_http"))))
+        })
+        .collect::<Result<_, _>>()?;
     Ok(BackendConfig {
+        allow_http,
         dir: raw.dir.map(|d| base.join(d)),
         name,
         guest,
@@ -435,6 +450,14 @@ mod tests {
             .to_string();
         assert!(
             msg.contains("listen = \"localhost\": not an address"),
+            "{msg}"
+        );
+
+        let msg = parse("[backends.a]\nguest = \"local\"\nallow_http = [\"http://h:1/path\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("backends.a.allow_http: \"http://h:1/path\""),
             "{msg}"
         );
 

@@ -8,6 +8,7 @@
 //!   instance per request; implements [`backend::Storage`]; never parses HTTP.
 //! - [`config`]: the TOML config file, validated once at startup.
 //! - [`guests`]: the first-party guests embedded in the binary.
+//! - [`policy`]: which origins a guest may call over HTTP.
 //! - [`server`], [`cli`], [`client`]: the `wasmstate` command.
 #![warn(missing_docs)]
 
@@ -15,8 +16,10 @@ pub mod backend;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod conformance;
 pub mod guests;
 pub mod names;
+pub mod policy;
 pub mod protocol;
 pub mod runtime;
 pub mod server;

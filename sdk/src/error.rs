@@ -9,10 +9,12 @@ use std::fmt;
 pub enum Error {
     /// The workspace does not exist.
     NotFound,
-    /// Someone else holds the lock.
-    Locked(LockInfo),
-    /// The presented lock id is not the holder's (`None`: nothing is locked).
-    LockMismatch(Option<LockInfo>),
+    /// Someone else holds the lock (boxed to keep `Result`s small; build it
+    /// with [`Error::locked`]).
+    Locked(Box<LockInfo>),
+    /// The presented lock id is not the holder's (`None`: nothing is
+    /// locked); build it with [`Error::lock_mismatch`].
+    LockMismatch(Option<Box<LockInfo>>),
     /// The request cannot be served as asked.
     InvalidInput(String),
     /// The configuration is unusable.
@@ -46,6 +48,16 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {}
 
 impl Error {
+    /// The workspace is locked by `holder`.
+    pub fn locked(holder: LockInfo) -> Self {
+        Error::Locked(Box::new(holder))
+    }
+
+    /// The lock id presented is not the holder's (`None`: nothing is locked).
+    pub fn lock_mismatch(holder: Option<LockInfo>) -> Self {
+        Error::LockMismatch(holder.map(Box::new))
+    }
+
     /// An I/O failure with what was being done, e.g. `io("reading state", e)`.
     pub fn io(context: &str, err: std::io::Error) -> Self {
         use std::io::ErrorKind::*;

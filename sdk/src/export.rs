@@ -78,8 +78,8 @@ fn to_wit_diagnostic(d: Diagnostic) -> t::Diagnostic {
 fn to_wit_error(e: Error) -> t::Error {
     match e {
         Error::NotFound => t::Error::NotFound,
-        Error::Locked(holder) => t::Error::Locked(to_wit_lock(holder)),
-        Error::LockMismatch(holder) => t::Error::LockMismatch(holder.map(to_wit_lock)),
+        Error::Locked(holder) => t::Error::Locked(to_wit_lock(*holder)),
+        Error::LockMismatch(holder) => t::Error::LockMismatch(holder.map(|h| to_wit_lock(*h))),
         Error::InvalidInput(m) => t::Error::InvalidInput(m),
         Error::InvalidConfig(d) => {
             t::Error::InvalidConfig(d.into_iter().map(to_wit_diagnostic).collect())

@@ -4,6 +4,8 @@
 
 mod common;
 mod concurrency;
+mod conformance;
+mod etcd;
 mod protocol;
 mod sandbox;
 mod terraform;

@@ -243,3 +243,46 @@ fn init_migrate_state_moves_local_state_to_the_server() {
         "migrated state must match the config"
     );
 }
+
+/// The journey every storage guest must support, through `url` on `server`:
+/// init, apply, a plan with no changes, state list, a refused apply while
+/// another holder has the lock, and an apply after it is released.
+pub fn apply_and_check(dir: &Path, url: &str, server: &Server) {
+    std::fs::write(dir.join("main.tf"), format!("{HTTP_BACKEND}{CONFIG}")).unwrap();
+    init(dir, url, &[]);
+    ok(dir, &["apply", "-auto-approve", "-input=false"]);
+    assert_eq!(stored_output(url), "one");
+    let plan = run(dir, &["plan", "-detailed-exitcode", "-input=false"]);
+    assert_eq!(plan.status.code(), Some(0), "plan must show no changes");
+    assert!(ok(dir, &["state", "list"]).contains("terraform_data.example"));
+
+    let lock = lock_info("other-run", "ci@elsewhere");
+    assert_eq!(send("LOCK", url, Some(&lock)).status, 200);
+    let conflicts = lock_conflicts(server);
+    let refused = run(
+        dir,
+        &[
+            "apply",
+            "-auto-approve",
+            "-input=false",
+            "-lock-timeout=0s",
+            "-var",
+            "value=two",
+        ],
+    );
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("other-run"));
+    assert!(lock_conflicts(server) > conflicts);
+    assert_eq!(send("UNLOCK", url, Some(&lock)).status, 200);
+    ok(
+        dir,
+        &[
+            "apply",
+            "-auto-approve",
+            "-input=false",
+            "-var",
+            "value=two",
+        ],
+    );
+    assert_eq!(stored_output(url), "two");
+}

@@ -92,8 +92,8 @@ impl Local {
     fn check_lock(&self, workspace: &str, lock_id: Option<&str>) -> Result<(), Error> {
         match (self.holder(workspace)?, lock_id) {
             (Some(holder), Some(id)) if holder.id == id => Ok(()),
-            (Some(holder), _) => Err(Error::Locked(holder)),
-            (None, Some(_)) => Err(Error::LockMismatch(None)),
+            (Some(holder), _) => Err(Error::locked(holder)),
+            (None, Some(_)) => Err(Error::lock_mismatch(None)),
             (None, None) => Ok(()),
         }
     }
@@ -109,7 +109,7 @@ impl Local {
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => match self.holder(workspace)? {
                     // A retry of a lock we already hold.
                     Some(holder) if holder.id == info.id => return Ok(()),
-                    Some(holder) => return Err(Error::Locked(holder)),
+                    Some(holder) => return Err(Error::locked(holder)),
                     None => continue,
                 },
                 Err(e) => return Err(Error::io("creating lock file", e)),
@@ -168,7 +168,7 @@ impl Backend for Local {
                 self.root.remove_file(&lock_path(workspace)),
                 "removing lock",
             ),
-            Some(holder) => Err(Error::LockMismatch(Some(holder))),
+            Some(holder) => Err(Error::lock_mismatch(Some(holder))),
         }
     }
 
@@ -211,7 +211,7 @@ impl Backend for Local {
             return Err(Error::NotFound);
         }
         if let Some(holder) = self.holder(name)? {
-            return Err(Error::Locked(holder));
+            return Err(Error::locked(holder));
         }
         self.root
             .remove_dir_all(name)

@@ -8,6 +8,7 @@ mod bindings;
 mod cache;
 mod engine;
 mod limits;
+mod outbound;
 mod sandbox;
 
 pub use bindings::WIT_VERSION;
@@ -15,6 +16,7 @@ pub use cache::sha256_hex;
 
 use crate::backend::{Diagnostic, LockInfo, Storage, StorageError, StorageResult};
 use crate::config::{BackendConfig, Config, Limits};
+use crate::policy::OutboundPolicy;
 use anyhow::Context;
 use bindings::{Backend as GuestWorld, BackendPre as GuestWorldPre};
 use limits::MemoryLimiter;
@@ -29,6 +31,7 @@ use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{Engine, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+use wasmtime_wasi_http::WasiHttpCtx;
 
 /// Where a granted directory appears inside the guest.
 pub const GUEST_DATA_DIR: &str = "/data";
@@ -59,6 +62,7 @@ impl Runtime {
         let engine = engine::build(config.max_instances, max_memory)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
         GuestWorld::add_to_linker::<_, HasSelf<Sandbox>>(&mut linker, |s| s)?;
         Ok(Runtime {
             _ticker: engine::EpochTicker::start(engine.clone()),
@@ -104,6 +108,7 @@ impl Runtime {
             limits: backend.limits,
             dir,
             config: backend.guest_config.clone().into(),
+            outbound: Arc::new(OutboundPolicy::new(backend.allow_http.clone())),
             sha256: sha256_hex(wasm),
         };
         let diagnostics = guest
@@ -141,6 +146,7 @@ pub struct GuestBackend {
     limits: Limits,
     dir: Option<PathBuf>,
     config: Arc<[(String, String)]>,
+    outbound: Arc<OutboundPolicy>,
     sha256: String,
 }
 
@@ -176,6 +182,11 @@ impl GuestBackend {
         let sandbox = Sandbox {
             wasi: wasi.build(),
             table: ResourceTable::new(),
+            http: WasiHttpCtx::new(),
+            outbound: outbound::Outbound {
+                policy: self.outbound.clone(),
+                backend: self.name.clone(),
+            },
             limiter: MemoryLimiter::new(self.limits.memory_bytes),
             stderr,
             backend: self.name.clone(),

@@ -3,10 +3,12 @@
 
 use super::bindings::wasmstate::backend::{host, types};
 use super::limits::MemoryLimiter;
+use super::outbound::Outbound;
 use std::sync::Arc;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 /// Most log lines one request may write; more are dropped with a notice.
 pub const MAX_LOG_LINES: usize = 64;
@@ -22,6 +24,10 @@ pub struct Sandbox {
     pub wasi: WasiCtx,
     /// Resources (files, streams) the guest holds handles to.
     pub table: ResourceTable,
+    /// `wasi:http` state.
+    pub http: WasiHttpCtx,
+    /// Outbound HTTP, filtered by the backend's grants.
+    pub outbound: Outbound,
     /// Memory cap for this instance.
     pub limiter: MemoryLimiter,
     /// Guest stderr, kept to report panic messages.
@@ -62,6 +68,16 @@ impl WasiView for Sandbox {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for Sandbox {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.outbound,
         }
     }
 }

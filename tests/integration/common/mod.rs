@@ -232,3 +232,64 @@ pub fn capture(pipe: impl Read + Send + 'static) -> std::sync::Arc<std::sync::Mu
     });
     buffer
 }
+
+/// The example etcd guest (built by the host's build script).
+pub const ETCD_GUEST_WASM: &str = env!("WASMSTATE_EXAMPLE_ETCD");
+/// A guest built for a WIT version the host does not support.
+pub const FUTURE_VERSION_WASM: &str = env!("WASMSTATE_FIXTURE_FUTURE_VERSION");
+
+/// Make sure `binary` is on the PATH, installing Debian's `package` when it
+/// is missing (the machines here are Debian and tests run as root). Fails
+/// the test with the reason when that is impossible.
+pub fn ensure_installed(binary: &str, package: &str) {
+    use std::sync::Mutex;
+    static INSTALLING: Mutex<()> = Mutex::new(());
+    let _guard = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
+    let present = || {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {binary}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if present() {
+        return;
+    }
+    eprintln!("{binary} is missing: installing Debian package {package}");
+    let status = Command::new("sh")
+        .args([
+            "-c",
+            &format!("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {package}"),
+        ])
+        .status();
+    assert!(
+        matches!(status, Ok(s) if s.success()) && present(),
+        "{binary} is not installed and `apt-get install {package}` failed; install it and run the tests again"
+    );
+}
+
+/// A free TCP port on 127.0.0.1 (for servers that cannot report the port
+/// they bound).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Run `wasmstate` with `args`; (success, stdout + stderr).
+pub fn wasmstate(args: &[&str]) -> (bool, String) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// The `N passed, M failed` line of a conformance report in `out`.
+pub fn summary(out: &str) -> &str {
+    out.lines()
+        .rev()
+        .find(|l| l.contains(" passed, ") && l.ends_with(" failed"))
+        .unwrap_or_else(|| panic!("no summary line in:\n{out}"))
+}

@@ -1,0 +1,340 @@
+//! An example third-party wasmstate guest: Terraform state and locks in
+//! etcd v3, through etcd's JSON gateway, written only against the
+//! `wasmstate-guest` SDK.
+//!
+//! Keys, under `prefix` (default `wasmstate/`):
+//!
+//! ```text
+//! <prefix>workspaces/<ws>                  workspace marker (empty value)
+//! <prefix>states/<ws>                      manifest: {"generation", "chunks", "size"}
+//! <prefix>chunks/<ws>/<generation>/<n>     the state, in chunks of `chunk_kib`
+//! <prefix>locks/<ws>                       LockInfo JSON while locked
+//! ```
+//!
+//! A state larger than etcd's request limit (1.5 MiB by default) is written
+//! as chunks under a fresh generation, then published by one transaction
+//! that replaces the manifest only if the lock is still what the writer
+//! saw — so a write is atomic and honours the lock even across many hosts.
+//! Readers follow the manifest; old generations are deleted after the
+//! switch, and a reader that loses that race simply reads again.
+//!
+//! Configuration: `endpoint` (required, e.g. `http://127.0.0.1:2379`),
+//! `prefix`, `chunk_kib` (default 512). Grant the host capability with
+//! `allow_http = ["<endpoint>"]`.
+
+mod etcd;
+
+use etcd::{Compare, Etcd, Kv, Op};
+use serde::{Deserialize, Serialize};
+use wasmstate_guest::{Backend, Config, Diagnostic, Error, LockInfo, register_backend};
+
+struct EtcdBackend {
+    etcd: Etcd,
+    prefix: String,
+    chunk_size: usize,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Manifest {
+    generation: String,
+    chunks: usize,
+    size: usize,
+}
+
+/// How often to retry when a concurrent change got in between a read and a
+/// conditional write.
+const RACE_RETRIES: usize = 20;
+
+fn random_hex() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u8(0);
+    format!("{:016x}", h.finish())
+}
+
+fn lock_from(kv: &Kv) -> Result<LockInfo, Error> {
+    LockInfo::from_json(&kv.value).map_err(|e| {
+        Error::Internal(format!(
+            "lock in etcd is not LockInfo JSON ({e}); force-unlock it"
+        ))
+    })
+}
+
+impl EtcdBackend {
+    fn workspace_key(&self, ws: &str) -> String {
+        format!("{}workspaces/{ws}", self.prefix)
+    }
+    fn manifest_key(&self, ws: &str) -> String {
+        format!("{}states/{ws}", self.prefix)
+    }
+    fn chunks_prefix(&self, ws: &str, generation: &str) -> String {
+        format!("{}chunks/{ws}/{generation}/", self.prefix)
+    }
+    fn lock_key(&self, ws: &str) -> String {
+        format!("{}locks/{ws}", self.prefix)
+    }
+
+    /// The lock as stored, with its revision, for conditional writes.
+    fn lock_kv(&self, ws: &str) -> Result<Option<(LockInfo, i64)>, Error> {
+        match self.etcd.get(&self.lock_key(ws))? {
+            Some(kv) => Ok(Some((lock_from(&kv)?, kv.mod_revision))),
+            None => Ok(None),
+        }
+    }
+
+    /// The condition under which a change by `lock_id` may proceed: the lock
+    /// is exactly as seen now. Fails at once when it already may not.
+    fn lock_condition(&self, ws: &str, lock_id: Option<&str>) -> Result<Option<i64>, Error> {
+        match (self.lock_kv(ws)?, lock_id) {
+            (Some((holder, rev)), Some(id)) if holder.id == id => Ok(Some(rev)),
+            (Some((holder, _)), _) => Err(Error::locked(holder)),
+            (None, Some(_)) => Err(Error::lock_mismatch(None)),
+            (None, None) => Ok(None),
+        }
+    }
+
+    fn drop_generation(&self, ws: &str, manifest: Option<Kv>) {
+        if let Some(old) =
+            manifest.and_then(|kv| serde_json::from_slice::<Manifest>(&kv.value).ok())
+        {
+            // Best effort: a leftover generation wastes space, nothing else.
+            let _ = self
+                .etcd
+                .delete_prefix(&self.chunks_prefix(ws, &old.generation));
+        }
+    }
+
+    /// Replace (`Some`) or remove (`None`) the state, if the lock still
+    /// allows it when the switch happens.
+    fn publish(&self, ws: &str, state: Option<&[u8]>, lock_id: Option<&str>) -> Result<(), Error> {
+        let generation = random_hex();
+        let manifest = match state {
+            Some(bytes) => {
+                let chunks: Vec<&[u8]> = if bytes.is_empty() {
+                    vec![]
+                } else {
+                    bytes.chunks(self.chunk_size).collect()
+                };
+                for (i, chunk) in chunks.iter().enumerate() {
+                    self.etcd.put(
+                        &format!("{}{i:06}", self.chunks_prefix(ws, &generation)),
+                        chunk,
+                    )?;
+                }
+                let m = Manifest {
+                    generation: generation.clone(),
+                    chunks: chunks.len(),
+                    size: bytes.len(),
+                };
+                Some(serde_json::to_vec(&m).expect("manifest serialises"))
+            }
+            None => None,
+        };
+        for _ in 0..RACE_RETRIES {
+            let condition = match self.lock_condition(ws, lock_id) {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = self
+                        .etcd
+                        .delete_prefix(&self.chunks_prefix(ws, &generation));
+                    return Err(e);
+                }
+            };
+            let lock_key = self.lock_key(ws);
+            let compare = [match condition {
+                Some(rev) => Compare::ModRevision(&lock_key, rev),
+                None => Compare::Absent(&lock_key),
+            }];
+            let (manifest_key, workspace_key) = (self.manifest_key(ws), self.workspace_key(ws));
+            let outcome = match &manifest {
+                Some(m) => self.etcd.txn(
+                    &compare,
+                    &[Op::Put(&manifest_key, m), Op::Put(&workspace_key, b"")],
+                    &[],
+                )?,
+                None => self.etcd.txn(&compare, &[Op::Delete(&manifest_key)], &[])?,
+            };
+            if outcome.succeeded {
+                self.drop_generation(ws, outcome.kvs.into_iter().next().flatten());
+                return Ok(());
+            }
+            // The lock changed between our look and our write: look again.
+        }
+        Err(Error::Unavailable(format!(
+            "workspace {ws:?}: the lock kept changing during the write"
+        )))
+    }
+}
+
+impl Backend for EtcdBackend {
+    fn new(config: &Config) -> Result<Self, Error> {
+        config.reject_unknown(&["endpoint", "prefix", "chunk_kib"])?;
+        let endpoint = config.required("endpoint")?;
+        if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+            return Err(Error::InvalidConfig(vec![Diagnostic::key(
+                "endpoint",
+                format!("{endpoint:?} must start with http:// or https://"),
+            )]));
+        }
+        let chunk_kib: usize = config.parse_or("chunk_kib", 512)?;
+        if !(1..=1024).contains(&chunk_kib) {
+            return Err(Error::InvalidConfig(vec![Diagnostic::key(
+                "chunk_kib",
+                "must be between 1 and 1024 (etcd refuses requests over 1.5 MiB by default)",
+            )]));
+        }
+        Ok(EtcdBackend {
+            etcd: Etcd::new(endpoint),
+            prefix: config.get("prefix").unwrap_or("wasmstate/").to_string(),
+            chunk_size: chunk_kib * 1024,
+        })
+    }
+
+    fn read(&self, ws: &str) -> Result<Option<Vec<u8>>, Error> {
+        for _ in 0..RACE_RETRIES {
+            let Some(kv) = self.etcd.get(&self.manifest_key(ws))? else {
+                return Ok(None);
+            };
+            let manifest: Manifest = serde_json::from_slice(&kv.value)
+                .map_err(|e| Error::Internal(format!("manifest of {ws:?} is corrupt: {e}")))?;
+            let chunks = self
+                .etcd
+                .list(&self.chunks_prefix(ws, &manifest.generation), false)?;
+            let state: Vec<u8> = chunks.into_iter().flat_map(|kv| kv.value).collect();
+            if state.len() == manifest.size {
+                return Ok(Some(state));
+            }
+            // A writer replaced this generation while we read it: read again.
+        }
+        Err(Error::Unavailable(format!(
+            "workspace {ws:?}: the state kept changing while being read"
+        )))
+    }
+
+    fn write(&self, ws: &str, state: &[u8], lock_id: Option<&str>) -> Result<(), Error> {
+        self.publish(ws, Some(state), lock_id)
+    }
+
+    fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
+        self.publish(ws, None, lock_id)
+    }
+
+    fn lock(&self, ws: &str, info: &LockInfo) -> Result<(), Error> {
+        let lock_key = self.lock_key(ws);
+        for _ in 0..RACE_RETRIES {
+            let outcome = self.etcd.txn(
+                &[Compare::Absent(&lock_key)],
+                &[Op::Put(&lock_key, &info.to_json())],
+                &[Op::Get(&lock_key)],
+            )?;
+            if outcome.succeeded {
+                return Ok(());
+            }
+            match outcome.kvs.into_iter().next().flatten() {
+                Some(kv) => {
+                    let holder = lock_from(&kv)?;
+                    return if holder.id == info.id {
+                        Ok(())
+                    } else {
+                        Err(Error::locked(holder))
+                    };
+                }
+                None => continue, // released in between: try again
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "workspace {ws:?}: the lock kept changing hands"
+        )))
+    }
+
+    fn unlock(&self, ws: &str, id: &str) -> Result<(), Error> {
+        for _ in 0..RACE_RETRIES {
+            let Some((holder, rev)) = self.lock_kv(ws)? else {
+                return Ok(());
+            };
+            if holder.id != id {
+                return Err(Error::lock_mismatch(Some(holder)));
+            }
+            let lock_key = self.lock_key(ws);
+            if self
+                .etcd
+                .txn(
+                    &[Compare::ModRevision(&lock_key, rev)],
+                    &[Op::Delete(&lock_key)],
+                    &[],
+                )?
+                .succeeded
+            {
+                return Ok(());
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "workspace {ws:?}: the lock kept changing hands"
+        )))
+    }
+
+    fn current_lock(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
+        Ok(self.lock_kv(ws)?.map(|(holder, _)| holder))
+    }
+
+    fn force_unlock(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
+        // A corrupt lock is removed too: that is what force is for.
+        Ok(self
+            .etcd
+            .delete(&self.lock_key(ws))?
+            .and_then(|kv| lock_from(&kv).ok()))
+    }
+
+    fn list_workspaces(&self) -> Result<Vec<String>, Error> {
+        let prefix = format!("{}workspaces/", self.prefix);
+        Ok(self
+            .etcd
+            .list(&prefix, true)?
+            .into_iter()
+            .filter_map(|kv| {
+                String::from_utf8(kv.key)
+                    .ok()?
+                    .strip_prefix(&prefix)
+                    .map(str::to_string)
+            })
+            .collect())
+    }
+
+    fn create_workspace(&self, ws: &str) -> Result<bool, Error> {
+        let key = self.workspace_key(ws);
+        Ok(self
+            .etcd
+            .txn(&[Compare::Absent(&key)], &[Op::Put(&key, b"")], &[])?
+            .succeeded)
+    }
+
+    fn delete_workspace(&self, ws: &str) -> Result<(), Error> {
+        let (workspace_key, lock_key, manifest_key) = (
+            self.workspace_key(ws),
+            self.lock_key(ws),
+            self.manifest_key(ws),
+        );
+        let outcome = self.etcd.txn(
+            &[Compare::Present(&workspace_key), Compare::Absent(&lock_key)],
+            &[Op::Delete(&manifest_key), Op::Delete(&workspace_key)],
+            &[Op::Get(&workspace_key), Op::Get(&lock_key)],
+        )?;
+        if outcome.succeeded {
+            let _ = self
+                .etcd
+                .delete_prefix(&format!("{}chunks/{ws}/", self.prefix));
+            return Ok(());
+        }
+        let mut kvs = outcome.kvs.into_iter();
+        let (marker, lock) = (kvs.next().flatten(), kvs.next().flatten());
+        match (marker, lock) {
+            (None, _) => Err(Error::NotFound),
+            (Some(_), Some(kv)) => Err(Error::locked(lock_from(&kv)?)),
+            (Some(_), None) => Err(Error::Unavailable(format!(
+                "workspace {ws:?} changed during delete; try again"
+            ))),
+        }
+    }
+}
+
+register_backend!(EtcdBackend);

@@ -1,0 +1,82 @@
+//! Run the kit against a guest component through the real runtime, as
+//! `wasmstate guest test` does.
+
+use super::{Outcome, Report};
+use crate::config::{BackendConfig, Config, GuestSource, Limits, Overrides};
+use crate::guests;
+use crate::policy::Origin;
+use crate::runtime::Runtime;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// A guest to test and what to grant it.
+#[derive(Debug, Clone)]
+pub struct GuestUnderTest {
+    /// Which component.
+    pub guest: GuestSource,
+    /// Its configuration.
+    pub config: Vec<(String, String)>,
+    /// Directory granted at `/data`; `None`: a fresh temporary one.
+    pub dir: Option<PathBuf>,
+    /// Origins it may call.
+    pub allow_http: Vec<Origin>,
+    /// Sandbox limits.
+    pub limits: Limits,
+}
+
+/// A key no guest knows, to check that unknown keys are reported.
+const UNKNOWN_KEY: &str = "wasmstate-conformance-unknown-key";
+
+/// Load the guest, run every case, then check it reports a bad
+/// configuration as a diagnostic. `Err` when the guest cannot even load.
+pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
+    let scratch = tempfile::Builder::new()
+        .prefix("wasmstate-guest-test-")
+        .tempdir()?;
+    let dir = subject
+        .dir
+        .clone()
+        .unwrap_or_else(|| scratch.path().join("data"));
+    let backend = |config: Vec<(String, String)>| BackendConfig {
+        name: "under-test".into(),
+        guest: subject.guest.clone(),
+        dir: Some(dir.clone()),
+        limits: subject.limits,
+        guest_config: config,
+        allow_http: subject.allow_http.clone(),
+    };
+    let mut config = Config::default_with(Overrides {
+        data_dir: Some(scratch.path().to_path_buf()),
+        ..Overrides::default()
+    });
+    config.backends = vec![backend(subject.config.clone())];
+    let runtime = Runtime::new(&config)?;
+    let wasm = guests::load(&subject.guest)?;
+    let storage = runtime
+        .load_backend(&config.backends[0], &wasm, Some(dir.clone()))
+        .await?;
+    let mut report = super::run(Arc::new(storage), &super::run_id()).await;
+
+    let mut bad = subject.config.clone();
+    bad.push((UNKNOWN_KEY.into(), "1".into()));
+    let result = match runtime.load_backend(&backend(bad), &wasm, Some(dir)).await {
+        Ok(_) => Err(format!(
+            "the guest accepted the unknown key {UNKNOWN_KEY:?}"
+        )),
+        Err(e) => {
+            let text = format!("{e:#}");
+            if text.contains("invalid configuration") && text.contains(UNKNOWN_KEY) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "expected a diagnostic naming {UNKNOWN_KEY:?}, got: {text}"
+                ))
+            }
+        }
+    };
+    report.outcomes.push(Outcome {
+        name: "an unknown configuration key is reported as a diagnostic, not a trap",
+        result,
+    });
+    Ok(report)
+}

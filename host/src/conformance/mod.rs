@@ -1,0 +1,93 @@
+//! The conformance kit: the behaviour every storage guest must have, as a
+//! list of cases run against any [`Storage`]. `wasmstate guest test` runs it
+//! through the real runtime against a component; the project's own tests run
+//! the same cases against each first-party guest.
+//!
+//! Each case works in a workspace of its own (`ck-<run>-<n>`), removed
+//! afterwards, so the kit can run against storage that holds real data.
+
+mod cases;
+mod guest;
+
+pub use guest::{GuestUnderTest, run_guest};
+
+use crate::backend::Storage;
+use std::sync::Arc;
+
+/// One case's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// What the case checks, in words.
+    pub name: &'static str,
+    /// `Err` with the reason when the guest got it wrong.
+    pub result: Result<(), String>,
+}
+
+/// The outcomes of a whole run.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// In the order run.
+    pub outcomes: Vec<Outcome>,
+}
+
+impl Report {
+    /// How many cases passed and failed.
+    pub fn counts(&self) -> (usize, usize) {
+        let passed = self.outcomes.iter().filter(|o| o.result.is_ok()).count();
+        (passed, self.outcomes.len() - passed)
+    }
+
+    /// Whether every case passed.
+    pub fn all_passed(&self) -> bool {
+        self.counts().1 == 0
+    }
+
+    /// The report as printed by `wasmstate guest test`: a line per case,
+    /// then `N passed, M failed`.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for o in &self.outcomes {
+            match &o.result {
+                Ok(()) => out.push_str(&format!("PASS  {}\n", o.name)),
+                Err(reason) => out.push_str(&format!("FAIL  {}: {}\n", o.name, reason)),
+            }
+        }
+        let (passed, failed) = self.counts();
+        out.push_str(&format!("{passed} passed, {failed} failed\n"));
+        out
+    }
+}
+
+/// Run every storage case against `storage`. Workspace names start with
+/// `ck-<run_id>-`.
+pub async fn run<S: Storage>(storage: Arc<S>, run_id: &str) -> Report {
+    let mut report = Report::default();
+    for (index, case) in cases::all::<S>().into_iter().enumerate() {
+        let workspace = format!("ck-{run_id}-{index}");
+        let result = (case.run)(storage.clone(), workspace.clone()).await;
+        // Leave nothing behind, whatever the case did.
+        let _ = storage.force_unlock(&workspace).await;
+        let _ = storage.delete_workspace(&workspace).await;
+        report.outcomes.push(Outcome {
+            name: case.name,
+            result,
+        });
+    }
+    report
+}
+
+/// A random-enough run id for workspace names.
+pub fn run_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    format!("{:08x}", h.finish() as u32)
+}
+
+#[cfg(test)]
+mod fake;

@@ -1,0 +1,202 @@
+//! Outbound HTTP policy: which origins a backend's guest may call.
+//!
+//! A grant is an origin, `scheme://host[:port]` (port defaults to 80/443).
+//! A request is allowed only when its parsed URI's scheme, host and port
+//! equal one granted origin's. The `Host` header is never consulted: a guest
+//! can forge it, the URI is what the host actually connects to.
+//!
+//! Link-local and cloud metadata addresses (169.254.0.0/16, fe80::/10,
+//! fd00:ec2::254) are refused even if a pattern would cover them, unless a
+//! grant names that exact address.
+
+use std::net::IpAddr;
+
+/// One granted origin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// `http` or `https`.
+    pub scheme: String,
+    /// Host name (lower-case) or IP literal (IPv6 without brackets).
+    pub host: String,
+    /// Port, defaulted from the scheme.
+    pub port: u16,
+}
+
+impl Origin {
+    /// Parse `scheme://host[:port]`, with nothing after the authority but
+    /// an optional `/`.
+    pub fn parse(text: &str) -> Result<Origin, String> {
+        let uri: http::Uri = text
+            .parse()
+            .map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+        let (scheme, host, port) = parts(&uri).ok_or_else(|| {
+            format!("{text:?} must be scheme://host[:port], e.g. \"http://127.0.0.1:2379\"")
+        })?;
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err(format!(
+                "{text:?}: give only scheme://host[:port], without a path"
+            ));
+        }
+        Ok(Origin { scheme, host, port })
+    }
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "{}://[{}]:{}", self.scheme, self.host, self.port)
+        } else {
+            write!(f, "{}://{}:{}", self.scheme, self.host, self.port)
+        }
+    }
+}
+
+/// Scheme, host and port of an absolute http(s) URI; `None` for anything
+/// else (relative URIs, empty authority, other schemes).
+fn parts(uri: &http::Uri) -> Option<(String, String, u16)> {
+    let scheme = uri.scheme_str()?.to_ascii_lowercase();
+    let default_port = match scheme.as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return None,
+    };
+    let authority = uri.authority()?;
+    if authority.as_str().contains('@') {
+        return None; // credentials in the URI: refuse rather than guess
+    }
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase();
+    if host.is_empty() {
+        return None;
+    }
+    Some((scheme, host, authority.port_u16().unwrap_or(default_port)))
+}
+
+/// Addresses a guest may never reach by accident: instance metadata services
+/// hand out cloud credentials.
+fn is_metadata_or_link_local(host: &str) -> bool {
+    match host.parse::<IpAddr>() {
+        Ok(IpAddr::V4(ip)) => ip.is_link_local(),
+        Ok(IpAddr::V6(ip)) => {
+            (ip.segments()[0] & 0xffc0) == 0xfe80
+                || ip
+                    == "fd00:ec2::254"
+                        .parse::<std::net::Ipv6Addr>()
+                        .expect("valid")
+        }
+        Err(_) => false,
+    }
+}
+
+/// The origins one backend's guest may call.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutboundPolicy {
+    granted: Vec<Origin>,
+}
+
+impl OutboundPolicy {
+    /// A policy allowing exactly `granted`.
+    pub fn new(granted: Vec<Origin>) -> Self {
+        OutboundPolicy { granted }
+    }
+
+    /// Whether any outbound HTTP is granted.
+    pub fn is_empty(&self) -> bool {
+        self.granted.is_empty()
+    }
+
+    /// Allow or refuse a request to `uri`, with the reason when refused.
+    pub fn check(&self, uri: &http::Uri) -> Result<(), String> {
+        let (scheme, host, port) = parts(uri)
+            .ok_or_else(|| format!("{uri} is not an absolute http(s) URL with a host"))?;
+        let granted = self
+            .granted
+            .iter()
+            .find(|o| o.scheme == scheme && o.host == host && o.port == port);
+        match granted {
+            Some(_) => Ok(()),
+            None if is_metadata_or_link_local(&host) => {
+                Err(format!("{host} is a link-local/metadata address"))
+            }
+            None if self.granted.is_empty() => Err("no outbound HTTP is granted".into()),
+            None => Err(format!(
+                "{scheme}://{host}:{port} is not granted (granted: {})",
+                self.granted
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(origins: &[&str]) -> OutboundPolicy {
+        OutboundPolicy::new(origins.iter().map(|o| Origin::parse(o).unwrap()).collect())
+    }
+
+    fn check(p: &OutboundPolicy, uri: &str) -> Result<(), String> {
+        p.check(&uri.parse().unwrap())
+    }
+
+    #[test]
+    fn grants_exactly_scheme_host_and_port() {
+        let p = policy(&["http://127.0.0.1:2379", "https://s3.example.com"]);
+        assert!(check(&p, "http://127.0.0.1:2379/v3/kv/range").is_ok());
+        assert!(check(&p, "https://S3.Example.com/bucket?x=1").is_ok());
+        assert!(check(&p, "https://s3.example.com:443/").is_ok());
+        assert!(check(&p, "http://127.0.0.1:2380/").is_err(), "other port");
+        assert!(
+            check(&p, "https://127.0.0.1:2379/").is_err(),
+            "other scheme"
+        );
+        assert!(check(&p, "http://s3.example.com/").is_err(), "https only");
+        assert!(
+            check(&p, "https://evil.s3.example.com/").is_err(),
+            "no wildcards"
+        );
+        assert!(check(&p, "https://s3.example.com.evil.io/").is_err());
+    }
+
+    #[test]
+    fn refuses_relative_empty_and_credentialed_uris() {
+        let p = policy(&["http://127.0.0.1:2379"]);
+        assert!(check(&p, "/v3/kv/range").is_err());
+        assert!(check(&p, "http://user@127.0.0.1:2379/").is_err());
+        assert!(check(&p, "ftp://127.0.0.1:2379/").is_err());
+    }
+
+    #[test]
+    fn metadata_addresses_need_an_explicit_grant() {
+        let p = policy(&["http://127.0.0.1:80"]);
+        let err = check(&p, "http://169.254.169.254/latest/meta-data/").unwrap_err();
+        assert!(err.contains("metadata"), "{err}");
+        assert!(check(&p, "http://[fd00:ec2::254]/").is_err());
+        assert!(check(&p, "http://[fe80::1]:80/").is_err());
+        let explicit = policy(&["http://169.254.169.254"]);
+        assert!(check(&explicit, "http://169.254.169.254/latest/").is_ok());
+    }
+
+    #[test]
+    fn nothing_granted_refuses_everything() {
+        let err = check(&OutboundPolicy::default(), "http://127.0.0.1/").unwrap_err();
+        assert_eq!(err, "no outbound HTTP is granted");
+    }
+
+    #[test]
+    fn origins_must_not_carry_paths() {
+        assert!(Origin::parse("http://127.0.0.1:2379/v3").is_err());
+        assert!(Origin::parse("127.0.0.1:2379").is_err());
+        assert_eq!(
+            Origin::parse("https://[::1]").unwrap().to_string(),
+            "https://[::1]:443"
+        );
+    }
+}

@@ -1,0 +1,51 @@
+//! The conformance kit, run through the `wasmstate guest test` command as a
+//! guest author would run it.
+
+use crate::common::*;
+
+#[test]
+fn the_local_guest_passes_the_kit() {
+    let (ok, out) = wasmstate(&["guest", "test", "local"]);
+    assert!(ok, "{out}");
+    assert!(!out.contains("FAIL"), "{out}");
+    let last = summary(&out);
+    assert!(last.ends_with("passed, 0 failed"), "{out}");
+    let passed: usize = last.split(' ').next().unwrap().parse().unwrap();
+    assert!(passed >= 19, "{out}");
+}
+
+#[test]
+fn a_crashing_guest_fails_the_kit_with_reasons() {
+    let (ok, out) = wasmstate(&["guest", "test", MISBEHAVE_WASM, "--config", "mode=trap"]);
+    assert!(!ok, "the kit must exit non-zero:\n{out}");
+    assert!(
+        out.contains("FAIL  read of a missing workspace returns no state: read: guest crashed"),
+        "{out}"
+    );
+    assert!(!summary(&out).ends_with(" 0 failed"), "{out}");
+}
+
+#[test]
+fn a_guest_for_another_wit_version_is_refused_at_load() {
+    let dir = tempdir();
+    let config = dir.path().join("future.toml");
+    std::fs::write(
+        &config,
+        format!("[backends.future]\nguest = \"{FUTURE_VERSION_WASM}\"\n"),
+    )
+    .unwrap();
+    let (ok, out) = wasmstate(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("guest is built for wasmstate:backend@0.2.0, but this host supports wasmstate:backend@0.1.0"),
+        "{out}"
+    );
+    let (ok, out) = wasmstate(&["guest", "test", FUTURE_VERSION_WASM]);
+    assert!(!ok && out.contains("wasmstate:backend@0.2.0"), "{out}");
+}
