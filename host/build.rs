@@ -12,6 +12,8 @@ use std::process::Command;
 /// (crate name, env var the host reads the component's path from)
 const GUESTS: &[(&str, &str)] = &[
     ("wasmstate-guest-local", "WASMSTATE_GUEST_LOCAL"),
+    ("wasmstate-guest-s3-lockfile", "WASMSTATE_GUEST_S3_LOCKFILE"),
+    ("wasmstate-guest-dynamodb", "WASMSTATE_GUEST_DYNAMODB"),
     // Built here only so the tests can find it; it is not embedded.
     ("wasmstate-guest-etcd", "WASMSTATE_EXAMPLE_ETCD"),
     ("wasmstate-fixture-misbehave", "WASMSTATE_FIXTURE_MISBEHAVE"),
@@ -67,7 +69,12 @@ fn build_guests(workspace: &Path) -> PathBuf {
     let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace)
         .args(["build", "--release", "--target", TARGET, "--target-dir"])
-        .arg(&target_dir);
+        .arg(&target_dir)
+        // Guests are embedded in the binary and compiled at startup: no
+        // DWARF (the AWS SDK's would make them 40-50 MB). Function names
+        // stay, so a trap's backtrace is still readable.
+        .args(["--config", "profile.release.debug=false"])
+        .args(["--config", "profile.release.strip=\"debuginfo\""]);
     for (krate, _) in GUESTS {
         cmd.args(["-p", krate]);
     }

@@ -228,6 +228,56 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, col)
 }
 
+/// Flatten the guest's config table into `key = value` strings: nested
+/// tables become dotted keys (`endpoints = { s3 = "…" }` → `endpoints.s3`),
+/// scalars become text, and `{ env = "NAME" }` is replaced by the host's
+/// environment variable NAME (so secrets stay out of config files).
+fn flatten_config(
+    path: &str,
+    prefix: &str,
+    table: toml::Table,
+    out: &mut Vec<(String, String)>,
+    file: &str,
+) -> Result<(), ConfigError> {
+    for (k, v) in table {
+        let name = if prefix.is_empty() {
+            k
+        } else {
+            format!("{prefix}.{k}")
+        };
+        let text = match v {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            toml::Value::Table(t) if t.len() == 1 && t.contains_key("env") => {
+                let Some(toml::Value::String(var)) = t.get("env") else {
+                    return Err(ConfigError(format!(
+                        "{file}: {path}.{name}: env must name a variable"
+                    )));
+                };
+                std::env::var(var).map_err(|_| {
+                    ConfigError(format!(
+                        "{file}: {path}.{name}: environment variable {var} is not set"
+                    ))
+                })?
+            }
+            toml::Value::Table(t) => {
+                flatten_config(path, &name, t, out, file)?;
+                continue;
+            }
+            other => {
+                return Err(ConfigError(format!(
+                    "{file}: {path}.{name}: {} values are not supported; use a string, number or boolean",
+                    other.type_str()
+                )));
+            }
+        };
+        out.push((name, text));
+    }
+    Ok(())
+}
+
 fn in_range(file: &str, key: &str, value: u64, min: u64, max: u64) -> Result<u64, ConfigError> {
     if (min..=max).contains(&value) {
         Ok(value)
@@ -342,29 +392,22 @@ fn validate_backend(
         3_600_000,
     )?;
     let mut guest_config = Vec::new();
-    for (k, v) in raw.config {
-        let text = match v {
-            toml::Value::String(s) => s,
-            toml::Value::Integer(i) => i.to_string(),
-            toml::Value::Float(f) => f.to_string(),
-            toml::Value::Boolean(b) => b.to_string(),
-            other => {
-                return Err(ConfigError(format!(
-                    "{file}: {}.{k}: {} values are not supported; use a string, number or boolean",
-                    key("config"),
-                    other.type_str()
-                )));
-            }
-        };
-        guest_config.push((k, text));
-    }
-    let allow_http = raw
+    flatten_config(&key("config"), "", raw.config, &mut guest_config, file)?;
+    let mut allow_http: Vec<Origin> = raw
         .allow_http
         .iter()
         .map(|o| {
             Origin::parse(o).map_err(|e| ConfigError(format!("{file}: {}: {e}", key("allow_http"))))
         })
         .collect::<Result<_, _>>()?;
+    // First-party network guests are granted the endpoints their own
+    // configuration names, unless the operator says otherwise.
+    if allow_http.is_empty()
+        && let GuestSource::Embedded(name) = &guest
+        && let Some(embedded) = guests::embedded(name)
+    {
+        allow_http = (embedded.default_grants)(&guest_config);
+    }
     Ok(BackendConfig {
         allow_http,
         dir: raw.dir.map(|d| base.join(d)),
@@ -465,6 +508,63 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("backends.a.config.x: array values"), "{msg}");
+    }
+
+    #[test]
+    fn nested_tables_flatten_and_env_values_come_from_the_host() {
+        let config = parse(
+            r#"
+            [backends.a]
+            guest = "local"
+            [backends.a.config]
+            endpoints = { s3 = "http://127.0.0.1:9000" }
+            secret_key = { env = "PATH" }
+            "#,
+        )
+        .unwrap();
+        let pairs = &config.backends[0].guest_config;
+        assert!(pairs.contains(&("endpoints.s3".into(), "http://127.0.0.1:9000".into())));
+        let path = std::env::var("PATH").unwrap();
+        assert!(pairs.contains(&("secret_key".into(), path)));
+        let msg = parse("[backends.a]\nguest = \"local\"\nconfig = { k = { env = \"WASMSTATE_NO_SUCH_VAR\" } }\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains(
+                "backends.a.config.k: environment variable WASMSTATE_NO_SUCH_VAR is not set"
+            ),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn aws_guests_are_granted_their_configured_endpoints() {
+        let config = parse(
+            r#"
+            [backends.s3]
+            guest = "dynamodb"
+            [backends.s3.config]
+            bucket = "b"
+            key = "k"
+            dynamodb_table = "t"
+            endpoints = { s3 = "http://127.0.0.1:5000/", dynamodb = "http://127.0.0.1:5001" }
+            "#,
+        )
+        .unwrap();
+        let grants: Vec<String> = config.backends[0]
+            .allow_http
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(grants, ["http://127.0.0.1:5000", "http://127.0.0.1:5001"]);
+
+        let config = parse("[backends.s3]\nguest = \"s3-lockfile\"\nconfig = { bucket = \"b\", key = \"k\", region = \"eu-west-1\" }\n").unwrap();
+        let grants: Vec<String> = config.backends[0]
+            .allow_http
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(grants, ["https://b.s3.eu-west-1.amazonaws.com:443"]);
     }
 
     #[test]

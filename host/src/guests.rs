@@ -2,6 +2,7 @@
 //! component bytes from wherever the config says it lives.
 
 use crate::config::GuestSource;
+use crate::policy::Origin;
 
 /// A guest component shipped inside the `wasmstate` binary.
 #[derive(Debug, Clone, Copy)]
@@ -12,14 +13,71 @@ pub struct EmbeddedGuest {
     pub summary: &'static str,
     /// The component's bytes.
     pub wasm: &'static [u8],
+    /// Outbound HTTP granted when the operator grants none explicitly,
+    /// derived from the guest's configuration.
+    pub default_grants: fn(&[(String, String)]) -> Vec<Origin>,
 }
 
 /// Every embedded guest. The build script compiles each from `guests/<name>`.
-pub const EMBEDDED: &[EmbeddedGuest] = &[EmbeddedGuest {
-    name: "local",
-    summary: "state files in a directory on this machine (the default)",
-    wasm: include_bytes!(env!("WASMSTATE_GUEST_LOCAL")),
-}];
+pub const EMBEDDED: &[EmbeddedGuest] = &[
+    EmbeddedGuest {
+        name: "local",
+        summary: "state files in a directory on this machine (the default)",
+        wasm: include_bytes!(env!("WASMSTATE_GUEST_LOCAL")),
+        default_grants: |_| Vec::new(),
+    },
+    EmbeddedGuest {
+        name: "s3-lockfile",
+        summary: "S3, locked with .tflock objects (Terraform's use_lockfile layout)",
+        wasm: include_bytes!(env!("WASMSTATE_GUEST_S3_LOCKFILE")),
+        default_grants: aws_grants,
+    },
+    EmbeddedGuest {
+        name: "dynamodb",
+        summary: "S3, locked with a DynamoDB table (Terraform's dynamodb_table layout)",
+        wasm: include_bytes!(env!("WASMSTATE_GUEST_DYNAMODB")),
+        default_grants: aws_grants,
+    },
+];
+
+/// The origin (`scheme://host:port`) of a URL.
+fn origin_of(url: &str) -> Option<Origin> {
+    let uri: http::Uri = url.parse().ok()?;
+    Origin::parse(&format!("{}://{}", uri.scheme_str()?, uri.authority()?)).ok()
+}
+
+/// The AWS endpoints an S3/DynamoDB guest's configuration points at: the
+/// configured ones, else AWS's regional endpoints.
+fn aws_grants(config: &[(String, String)]) -> Vec<Origin> {
+    let get = |key: &str| {
+        config
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    };
+    let region = get("region").unwrap_or("us-east-1");
+    let mut grants = Vec::new();
+    let s3 = match get("endpoints.s3").or(get("endpoint")) {
+        Some(url) => origin_of(url),
+        None if get("use_path_style") == Some("true") => {
+            origin_of(&format!("https://s3.{region}.amazonaws.com"))
+        }
+        None => origin_of(&format!(
+            "https://{}.s3.{region}.amazonaws.com",
+            get("bucket").unwrap_or("bucket")
+        )),
+    };
+    grants.extend(s3);
+    if get("dynamodb_table").is_some() {
+        grants.extend(
+            match get("endpoints.dynamodb").or(get("dynamodb_endpoint")) {
+                Some(url) => origin_of(url),
+                None => origin_of(&format!("https://dynamodb.{region}.amazonaws.com")),
+            },
+        );
+    }
+    grants
+}
 
 /// The embedded guest called `name`, if there is one.
 pub fn embedded(name: &str) -> Option<&'static EmbeddedGuest> {

@@ -128,6 +128,18 @@ pub trait Backend {
     fn delete_workspace(&self, name: &str) -> Result<(), Error>;
 }
 
+/// The lock rule of [`Backend::write`] and [`Backend::delete`]: a change is
+/// allowed when `lock_id` is the holder's, or when nothing is locked and no
+/// id is presented; otherwise the right refusal, naming the holder.
+pub fn check_lock(holder: Option<LockInfo>, lock_id: Option<&str>) -> Result<(), Error> {
+    match (holder, lock_id) {
+        (Some(holder), Some(id)) if holder.id == id => Ok(()),
+        (Some(holder), _) => Err(Error::locked(holder)),
+        (None, Some(_)) => Err(Error::lock_mismatch(None)),
+        (None, None) => Ok(()),
+    }
+}
+
 /// Register the type that implements [`Backend`] as this component's
 /// storage driver. Call it exactly once, at the root of the guest crate.
 #[macro_export]

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-const CONFIG: &str = r#"
+pub const CONFIG: &str = r#"
 variable "value" {
   type    = string
   default = "one"
@@ -40,13 +40,13 @@ fn terraform(dir: &Path, args: &[&str]) -> Command {
     cmd
 }
 
-fn run(dir: &Path, args: &[&str]) -> Output {
+pub fn run(dir: &Path, args: &[&str]) -> Output {
     terraform(dir, args)
         .output()
         .unwrap_or_else(|e| panic!("cannot run terraform (is it on the PATH?): {e}"))
 }
 
-fn ok(dir: &Path, args: &[&str]) -> String {
+pub fn ok(dir: &Path, args: &[&str]) -> String {
     let out = run(dir, args);
     let text = format!(
         "{}{}",
@@ -72,7 +72,7 @@ fn init(dir: &Path, url: &str, extra: &[&str]) -> String {
     ok(dir, &args)
 }
 
-fn stored_output(url: &str) -> String {
+pub fn stored_output(url: &str) -> String {
     let state = send("GET", url, None).json();
     state["outputs"]["value"]["value"]
         .as_str()
@@ -285,4 +285,23 @@ pub fn apply_and_check(dir: &Path, url: &str, server: &Server) {
         ],
     );
     assert_eq!(stored_output(url), "two");
+}
+
+/// Start `terraform args` with piped stdin, capturing its stdout as it
+/// comes (to wait for a prompt).
+pub fn capture_terraform(
+    dir: &Path,
+    args: &[&str],
+) -> (
+    std::process::Child,
+    std::sync::Arc<std::sync::Mutex<String>>,
+) {
+    let mut child = terraform(dir, args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let output = capture(child.stdout.take().unwrap());
+    (child, output)
 }

