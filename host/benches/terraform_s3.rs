@@ -1,0 +1,141 @@
+//! Terraform end to end, native S3 backend vs wasmstate, on the same moto:
+//! `terraform apply` of 50 `terraform_data` resources, then a no-op `plan`,
+//! through (a) `backend "s3"` with `use_lockfile = true` and (b)
+//! `backend "http"` → wasmstate → the `s3-lockfile` guest. Runs alternate
+//! between the two; medians are reported with the ratio b/a.
+//!
+//! `cargo bench --bench terraform_s3` (WASMSTATE_BENCH_RUNS=N, default 7).
+
+#![allow(missing_docs, dead_code)]
+
+#[path = "../../tests/integration/common/mod.rs"]
+mod common;
+
+use common::{Moto, Server, tempdir};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const BUCKET: &str = "bench-states";
+const RESOURCES: &str = r#"
+resource "terraform_data" "r" {
+  count = 50
+  input = "value-${count.index}"
+}
+"#;
+
+fn terraform(dir: &Path, args: &[&str]) -> Duration {
+    let rc = dir.join("bench.tfrc");
+    std::fs::write(&rc, "").unwrap();
+    let started = Instant::now();
+    let out = Command::new("terraform")
+        .current_dir(dir)
+        .args(args)
+        .args(["-input=false", "-no-color"])
+        .env("CHECKPOINT_DISABLE", "1")
+        .env("TF_IN_AUTOMATION", "1")
+        .env("TF_CLI_CONFIG_FILE", rc)
+        .output()
+        .expect("run terraform");
+    let elapsed = started.elapsed();
+    assert!(
+        out.status.success(),
+        "terraform {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    elapsed
+}
+
+fn native_backend(moto: &str, run: usize) -> String {
+    format!(
+        r#"terraform {{
+  backend "s3" {{
+    bucket = "{BUCKET}"
+    key = "native/run-{run}.tfstate"
+    region = "us-east-1"
+    endpoints = {{ s3 = "{moto}" }}
+    use_path_style = true
+    access_key = "test"
+    secret_key = "test"
+    skip_credentials_validation = true
+    skip_requesting_account_id = true
+    skip_metadata_api_check = true
+    skip_region_validation = true
+    use_lockfile = true
+  }}
+}}
+"#
+    )
+}
+
+fn http_backend(url: &str) -> String {
+    format!(
+        "terraform {{\n  backend \"http\" {{\n    address = \"{url}\"\n    lock_address = \"{url}\"\n    unlock_address = \"{url}\"\n  }}\n}}\n"
+    )
+}
+
+/// (apply, plan) wall times for one run in a fresh directory and state.
+fn one_run(backend: String) -> (Duration, Duration) {
+    let dir = tempdir();
+    std::fs::write(dir.path().join("main.tf"), backend + RESOURCES).unwrap();
+    terraform(dir.path(), &["init"]);
+    let apply = terraform(dir.path(), &["apply", "-auto-approve"]);
+    let plan = terraform(dir.path(), &["plan", "-detailed-exitcode"]);
+    (apply, plan)
+}
+
+fn median(mut xs: Vec<Duration>) -> Duration {
+    xs.sort();
+    xs[xs.len() / 2]
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return; // `cargo test --benches` asks; there is nothing to list
+    }
+    let runs: usize = std::env::var("WASMSTATE_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(7);
+    let moto = Moto::start();
+    moto.create_bucket(BUCKET);
+    let data = tempdir();
+    let server = Server::with_config(
+        data.path(),
+        &format!(
+            "[backends.s3]\nguest = \"s3-lockfile\"\n[backends.s3.config]\nbucket = \"{BUCKET}\"\nkey = \"wasmstate.tfstate\"\nregion = \"us-east-1\"\nendpoints = {{ s3 = \"{}\" }}\nuse_path_style = true\naccess_key = \"test\"\nsecret_key = \"test\"\n",
+            moto.url
+        ),
+    );
+    let (mut native, mut wasm) = (Vec::new(), Vec::new());
+    for run in 0..runs {
+        // Alternate which goes first, so drift affects both alike.
+        let n = || one_run(native_backend(&moto.url, run));
+        let w = || one_run(http_backend(&server.state_url("s3", &format!("run-{run}"))));
+        if run % 2 == 0 {
+            native.push(n());
+            wasm.push(w());
+        } else {
+            wasm.push(w());
+            native.push(n());
+        }
+        eprintln!("run {run}: native {:?}, wasmstate {:?}", native[run], wasm[run]);
+    }
+    let row = |name: &str, a: Duration, b: Duration| {
+        println!(
+            "| {name} | {:.2} s | {:.2} s | {:.3} |",
+            a.as_secs_f64(),
+            b.as_secs_f64(),
+            b.as_secs_f64() / a.as_secs_f64()
+        );
+    };
+    println!("\n| median of {runs} runs | (a) native s3, use_lockfile | (b) http → wasmstate → s3-lockfile | b/a |\n|---|---|---|---|");
+    row("apply, 50 resources", median(native.iter().map(|r| r.0).collect()), median(wasm.iter().map(|r| r.0).collect()));
+    row("no-op plan", median(native.iter().map(|r| r.1).collect()), median(wasm.iter().map(|r| r.1).collect()));
+    row(
+        "apply + plan",
+        median(native.iter().map(|r| r.0 + r.1).collect()),
+        median(wasm.iter().map(|r| r.0 + r.1).collect()),
+    );
+}
