@@ -120,7 +120,10 @@ fn main() {
             wasm.push(w());
             native.push(n());
         }
-        eprintln!("run {run}: native {:?}, wasmstate {:?}", native[run], wasm[run]);
+        eprintln!(
+            "run {run}: native {:?}, wasmstate {:?}",
+            native[run], wasm[run]
+        );
     }
     let row = |name: &str, a: Duration, b: Duration| {
         println!(
@@ -130,9 +133,19 @@ fn main() {
             b.as_secs_f64() / a.as_secs_f64()
         );
     };
-    println!("\n| median of {runs} runs | (a) native s3, use_lockfile | (b) http → wasmstate → s3-lockfile | b/a |\n|---|---|---|---|");
-    row("apply, 50 resources", median(native.iter().map(|r| r.0).collect()), median(wasm.iter().map(|r| r.0).collect()));
-    row("no-op plan", median(native.iter().map(|r| r.1).collect()), median(wasm.iter().map(|r| r.1).collect()));
+    println!(
+        "\n| median of {runs} runs | (a) native s3, use_lockfile | (b) http → wasmstate → s3-lockfile | b/a |\n|---|---|---|---|"
+    );
+    row(
+        "apply, 50 resources",
+        median(native.iter().map(|r| r.0).collect()),
+        median(wasm.iter().map(|r| r.0).collect()),
+    );
+    row(
+        "no-op plan",
+        median(native.iter().map(|r| r.1).collect()),
+        median(wasm.iter().map(|r| r.1).collect()),
+    );
     row(
         "apply + plan",
         median(native.iter().map(|r| r.0 + r.1).collect()),

@@ -3,35 +3,10 @@
 //! the runtime implements it with wasmtime; the benchmark implements it
 //! natively. Neither side sees the other's types.
 
-use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::time::Duration;
 
-/// Terraform's `LockInfo`, with Terraform's exact JSON field names.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct LockInfo {
-    /// Unique lock id chosen by the client.
-    #[serde(rename = "ID")]
-    pub id: String,
-    /// What the holder is doing, e.g. `OperationTypeApply`.
-    #[serde(rename = "Operation", default)]
-    pub operation: String,
-    /// Free-form text from the holder.
-    #[serde(rename = "Info", default)]
-    pub info: String,
-    /// `user@host` of the holder.
-    #[serde(rename = "Who", default)]
-    pub who: String,
-    /// Terraform version of the holder.
-    #[serde(rename = "Version", default)]
-    pub version: String,
-    /// RFC 3339 time the lock was taken.
-    #[serde(rename = "Created", default)]
-    pub created: String,
-    /// Path of the state as the client reported it.
-    #[serde(rename = "Path", default)]
-    pub path: String,
-}
+pub use wasmstate_types::LockInfo;
 
 /// One problem in a backend's configuration, reported by its guest.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -62,6 +62,14 @@ pub use config::Config;
 pub use error::Error;
 pub use types::{Diagnostic, LockInfo};
 
+/// Check a workspace name by the host's rule: 1 to 90 characters of
+/// `A-Z a-z 0-9 . _ -`, not starting with `.`. The host checks every name
+/// before it reaches a guest; use this where a guest derives names itself
+/// (for example when listing keys written by other tools).
+pub fn validate_workspace_name(name: &str) -> Result<(), Error> {
+    wasmstate_types::names::check_name("workspace", name).map_err(Error::InvalidInput)
+}
+
 /// The WIT package version this SDK implements; the host refuses guests
 /// built for a version it does not know.
 pub const WIT_VERSION: &str = "0.1.0";

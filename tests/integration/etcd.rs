@@ -63,18 +63,18 @@ impl Drop for Etcd {
     }
 }
 
+/// `wasmstate guest test` on the etcd guest, with `extra` arguments.
+fn kit(etcd: &Etcd, extra: &[&str]) -> (bool, String) {
+    let endpoint = format!("endpoint={}", etcd.url);
+    let mut args = vec!["guest", "test", ETCD_GUEST_WASM, "--config", &endpoint];
+    args.extend_from_slice(extra);
+    wasmstate(&args)
+}
+
 #[test]
 fn the_etcd_guest_passes_the_kit() {
     let etcd = Etcd::start();
-    let (ok, out) = wasmstate(&[
-        "guest",
-        "test",
-        ETCD_GUEST_WASM,
-        "--config",
-        &format!("endpoint={}", etcd.url),
-        "--allow-http",
-        &etcd.url,
-    ]);
+    let (ok, out) = kit(&etcd, &["--allow-http", &etcd.url]);
     assert!(ok, "{out}");
     assert!(summary(&out).ends_with("passed, 0 failed"), "{out}");
 }
@@ -82,13 +82,7 @@ fn the_etcd_guest_passes_the_kit() {
 #[test]
 fn without_a_grant_the_etcd_guest_cannot_reach_etcd() {
     let etcd = Etcd::start();
-    let (ok, out) = wasmstate(&[
-        "guest",
-        "test",
-        ETCD_GUEST_WASM,
-        "--config",
-        &format!("endpoint={}", etcd.url),
-    ]);
+    let (ok, out) = kit(&etcd, &[]);
     assert!(!ok, "{out}");
     assert!(out.contains("the host refused the request"), "{out}");
     assert!(

@@ -95,24 +95,10 @@ fn init_apply_plan_state_list_locking_and_force_unlock() {
     let url = server.state_url("default", "e2e");
     let work = tempdir();
     let dir = work.path();
-    std::fs::write(dir.join("main.tf"), format!("{HTTP_BACKEND}{CONFIG}")).unwrap();
-
-    init(dir, &url, &[]);
-    ok(dir, &["apply", "-auto-approve", "-input=false"]);
-    assert_eq!(stored_output(&url), "one");
-
-    let plan = run(dir, &["plan", "-detailed-exitcode", "-input=false"]);
-    assert_eq!(plan.status.code(), Some(0), "plan must show no changes");
-    assert!(ok(dir, &["state", "list"]).contains("terraform_data.example"));
+    first_apply(dir, &url);
 
     // A first apply waiting at its approval prompt holds the lock.
-    let mut holder = terraform(dir, &["apply", "-var", "value=two"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let holder_out = capture(holder.stdout.take().unwrap());
+    let (mut holder, holder_out) = capture_terraform(dir, &["apply", "-var", "value=two"]);
     wait_until(
         "the first apply's approval prompt",
         Duration::from_secs(60),
@@ -244,10 +230,9 @@ fn init_migrate_state_moves_local_state_to_the_server() {
     );
 }
 
-/// The journey every storage guest must support, through `url` on `server`:
-/// init, apply, a plan with no changes, state list, a refused apply while
-/// another holder has the lock, and an apply after it is released.
-pub fn apply_and_check(dir: &Path, url: &str, server: &Server) {
+/// A configuration on `url` in `dir`: init, apply, the state stored, a plan
+/// with no changes, the resource in `state list`.
+fn first_apply(dir: &Path, url: &str) {
     std::fs::write(dir.join("main.tf"), format!("{HTTP_BACKEND}{CONFIG}")).unwrap();
     init(dir, url, &[]);
     ok(dir, &["apply", "-auto-approve", "-input=false"]);
@@ -255,6 +240,13 @@ pub fn apply_and_check(dir: &Path, url: &str, server: &Server) {
     let plan = run(dir, &["plan", "-detailed-exitcode", "-input=false"]);
     assert_eq!(plan.status.code(), Some(0), "plan must show no changes");
     assert!(ok(dir, &["state", "list"]).contains("terraform_data.example"));
+}
+
+/// The journey every storage guest must support, through `url` on `server`:
+/// init, apply, a plan with no changes, state list, a refused apply while
+/// another holder has the lock, and an apply after it is released.
+pub fn apply_and_check(dir: &Path, url: &str, server: &Server) {
+    first_apply(dir, url);
 
     let lock = lock_info("other-run", "ci@elsewhere");
     assert_eq!(send("LOCK", url, Some(&lock)).status, 200);

@@ -66,3 +66,59 @@ fn store(path: &Path, artifact: &[u8]) -> anyhow::Result<()> {
     std::fs::rename(&temp, path)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine() -> Engine {
+        super::super::engine::build(2, 64 << 20).unwrap()
+    }
+
+    fn local_guest() -> &'static [u8] {
+        crate::guests::embedded("local").unwrap().wasm
+    }
+
+    #[test]
+    fn a_second_load_maps_the_cached_artifact() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine();
+        compile(&engine, local_guest(), dir.path()).unwrap();
+        let path = artifact_path(&engine, local_guest(), dir.path());
+        let first = std::fs::metadata(&path).unwrap().modified().unwrap();
+
+        compile(&engine, local_guest(), dir.path()).unwrap();
+        let second = std::fs::metadata(&path).unwrap().modified().unwrap();
+        assert_eq!(
+            first, second,
+            "a cache hit must not compile and write again"
+        );
+        assert!(
+            path.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with(&sha256_hex(local_guest()))
+        );
+    }
+
+    #[test]
+    fn a_corrupt_artifact_is_replaced_not_fatal() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine();
+        let path = artifact_path(&engine, local_guest(), dir.path());
+        std::fs::write(&path, b"not machine code").unwrap();
+        compile(&engine, local_guest(), dir.path()).unwrap();
+        assert_ne!(std::fs::read(&path).unwrap(), b"not machine code");
+    }
+
+    #[test]
+    fn garbage_is_refused_with_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = compile(&engine(), b"\0asm garbage", dir.path()).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("not a valid WebAssembly component"),
+            "{err:#}"
+        );
+    }
+}

@@ -239,9 +239,31 @@ pub const ETCD_GUEST_WASM: &str = env!("WASMSTATE_EXAMPLE_ETCD");
 pub const FUTURE_VERSION_WASM: &str = env!("WASMSTATE_FIXTURE_FUTURE_VERSION");
 
 /// Make sure `binary` is on the PATH, installing Debian's `package` when it
-/// is missing (the machines here are Debian and tests run as root). Fails
-/// the test with the reason when that is impossible.
+/// is missing (the machines here are Debian and tests run as root).
 pub fn ensure_installed(binary: &str, package: &str) {
+    ensure_tool(
+        binary,
+        &format!(
+            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {package}"
+        ),
+    );
+}
+
+/// Make sure `binary` is on the PATH, installing the PyPI `package` with
+/// pip when it is missing.
+pub fn ensure_pip_installed(binary: &str, package: &str) {
+    ensure_tool(
+        binary,
+        &format!(
+            "python3 -m pip install -q '{package}' && (command -v pyenv >/dev/null && pyenv rehash || true)"
+        ),
+    );
+}
+
+/// Run the shell command `install` when `binary` is not on the PATH; fail
+/// the test with the reason when that does not produce it. One install at a
+/// time: tests run in parallel.
+fn ensure_tool(binary: &str, install: &str) {
     use std::sync::Mutex;
     static INSTALLING: Mutex<()> = Mutex::new(());
     let _guard = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
@@ -254,16 +276,11 @@ pub fn ensure_installed(binary: &str, package: &str) {
     if present() {
         return;
     }
-    eprintln!("{binary} is missing: installing Debian package {package}");
-    let status = Command::new("sh")
-        .args([
-            "-c",
-            &format!("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {package}"),
-        ])
-        .status();
+    eprintln!("{binary} is missing: running `{install}`");
+    let status = Command::new("sh").args(["-c", install]).status();
     assert!(
         matches!(status, Ok(s) if s.success()) && present(),
-        "{binary} is not installed and `apt-get install {package}` failed; install it and run the tests again"
+        "{binary} is not installed and `{install}` did not install it; install it and run the tests again"
     );
 }
 
@@ -292,34 +309,6 @@ pub fn summary(out: &str) -> &str {
         .rev()
         .find(|l| l.contains(" passed, ") && l.ends_with(" failed"))
         .unwrap_or_else(|| panic!("no summary line in:\n{out}"))
-}
-
-/// Make sure `binary` is on the PATH, installing the PyPI `package` with
-/// pip when it is missing.
-pub fn ensure_pip_installed(binary: &str, package: &str) {
-    use std::sync::Mutex;
-    static INSTALLING: Mutex<()> = Mutex::new(());
-    let _guard = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
-    let present = || {
-        Command::new("sh")
-            .args(["-c", &format!("command -v {binary}")])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if present() {
-        return;
-    }
-    eprintln!("{binary} is missing: installing {package} with pip");
-    let status = Command::new("python3")
-        .args(["-m", "pip", "install", "-q", package])
-        .status();
-    let _ = Command::new("sh")
-        .args(["-c", "command -v pyenv >/dev/null && pyenv rehash"])
-        .status();
-    assert!(
-        matches!(status, Ok(s) if s.success()) && present(),
-        "{binary} is not installed and `pip install {package}` failed; install it and run the tests again"
-    );
 }
 
 /// An `Authorization` header moto accepts for `service` (it routes by the
