@@ -245,6 +245,50 @@ fn dynamodb_interoperates_with_native_terraform() {
 }
 
 #[test]
+fn dynamodb_digest_guards_reads_and_goes_with_the_state() {
+    let moto = start_moto(Locking::DynamoDb);
+    let data = tempdir();
+    let server = server(data.path(), &moto.url, Locking::DynamoDb);
+    let url = server.state_url("aws", "default");
+    assert_eq!(send("POST", &url, Some(&state(1))).status, 200);
+    let digest_id = format!("{BUCKET}/{KEY}-md5");
+    let digest = |moto: &Moto| {
+        moto.dynamodb(
+            "GetItem",
+            serde_json::json!({"TableName": TABLE, "Key": {"LockID": {"S": digest_id}}, "ConsistentRead": true}),
+        )["Item"]["Digest"]["S"]
+            .as_str()
+            .map(str::to_string)
+    };
+    // The digest Terraform's native backend would write: hex md5 of the state.
+    use md5::{Digest, Md5};
+    assert_eq!(digest(&moto), Some(hex::encode(Md5::digest(state(1)))));
+
+    // A state that does not match its digest is not handed to Terraform.
+    moto.dynamodb(
+        "PutItem",
+        serde_json::json!({"TableName": TABLE, "Item": {"LockID": {"S": digest_id}, "Digest": {"S": "0123456789abcdef0123456789abcdef"}}}),
+    );
+    let answer = send("GET", &url, None);
+    assert_eq!(answer.status, 500, "{}", answer.text());
+    assert!(
+        answer.text().contains("does not have the expected content"),
+        "{}",
+        answer.text()
+    );
+    assert!(
+        answer.text().contains(&hex::encode(Md5::digest(state(1)))),
+        "names the digest to set: {}",
+        answer.text()
+    );
+
+    // Deleting the state deletes its digest too.
+    assert_eq!(send("DELETE", &url, None).status, 200);
+    assert_eq!(digest(&moto), None);
+    assert_eq!(send("GET", &url, None).status, 404);
+}
+
+#[test]
 fn an_s3_store_without_conditional_writes_fails_clearly_at_lock_time() {
     let moto = start_moto(Locking::LockFile);
     let store = NoConditionalWrites::start(&moto.url);

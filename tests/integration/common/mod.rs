@@ -374,6 +374,22 @@ impl Moto {
         assert_eq!(answer.status, 200, "create table: {}", answer.text());
     }
 
+    /// Call a DynamoDB operation (`PutItem`, `GetItem`, …) on moto directly.
+    pub fn dynamodb(&self, operation: &str, body: serde_json::Value) -> serde_json::Value {
+        let answer = send_with(
+            "POST",
+            &format!("{}/", self.url),
+            Some(&serde_json::to_vec(&body).unwrap()),
+            &[
+                ("X-Amz-Target", &format!("DynamoDB_20120810.{operation}")),
+                ("Content-Type", "application/x-amz-json-1.0"),
+                ("Authorization", &moto_auth("dynamodb")),
+            ],
+        );
+        assert_eq!(answer.status, 200, "{operation}: {}", answer.text());
+        answer.json()
+    }
+
     /// An object's bytes, read straight from moto.
     pub fn object(&self, bucket: &str, key: &str) -> Option<Vec<u8>> {
         // Objects are private: moto wants a (syntactically) signed request.
