@@ -57,7 +57,7 @@ fn fixture() -> Fixture {
         data_dir: Some(dir.path().join("data")),
         ..Overrides::default()
     });
-    let runtime = Runtime::new(&config).unwrap();
+    let runtime = Runtime::new(&config, metrics()).unwrap();
     let backend = &config.backends[0];
     let wasm = wasmstate::guests::load(&backend.guest).unwrap();
     let guest = rt
@@ -70,6 +70,10 @@ fn fixture() -> Fixture {
         native: std::sync::Arc::new(NativeLocal::new(&dir.path().join("native"))),
         _dir: dir,
     }
+}
+
+fn metrics() -> std::sync::Arc<wasmstate::metrics::Metrics> {
+    std::sync::Arc::new(wasmstate::metrics::Metrics::new(["default".to_string()]))
 }
 
 fn lock_info() -> LockInfo {
@@ -113,6 +117,7 @@ fn http_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storage:
     let app = router(App {
         backends: BTreeMap::from([("default".to_string(), storage)]),
         max_body_bytes: 64 << 20,
+        metrics: metrics(),
     });
     let request = |method: &str, body: Vec<u8>| {
         Request::builder()
@@ -154,6 +159,7 @@ fn socket_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storag
     let app = router(App {
         backends: BTreeMap::from([("default".to_string(), storage)]),
         max_body_bytes: 64 << 20,
+        metrics: metrics(),
     });
     let listener =
         f.rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))

@@ -136,7 +136,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::CheckConfig { config } => {
             let config = Config::load(Some(&config), Overrides::default())?;
-            let runtime = crate::runtime::Runtime::new(&config)?;
+            let metrics = std::sync::Arc::new(crate::metrics::Metrics::new([]));
+            let runtime = crate::runtime::Runtime::new(&config, metrics)?;
             let backends = crate::server::load_backends(&config, &runtime).await?;
             println!("listen {}", config.listen);
             for b in &config.backends {

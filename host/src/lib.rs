@@ -9,6 +9,7 @@
 //! - [`config`]: the TOML config file, validated once at startup.
 //! - [`guests`]: the first-party guests embedded in the binary.
 //! - [`policy`]: which origins a guest may call over HTTP.
+//! - [`metrics`]: what `GET /metrics` reports, fed by both layers.
 //! - [`server`], [`cli`], [`client`]: the `wasmstate` command.
 #![warn(missing_docs)]
 
@@ -18,6 +19,7 @@ pub mod client;
 pub mod config;
 pub mod conformance;
 pub mod guests;
+pub mod metrics;
 pub mod names;
 pub mod policy;
 pub mod protocol;

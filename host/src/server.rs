@@ -3,12 +3,14 @@
 
 use crate::config::Config;
 use crate::guests;
+use crate::metrics::Metrics;
 use crate::protocol::{self, App};
 use crate::runtime::{GuestBackend, Runtime};
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 /// Compile, link and validate every configured backend's guest.
 pub async fn load_backends(
@@ -34,7 +36,8 @@ pub async fn load_backends(
 
 /// Run the server described by `config` until a shutdown signal.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
-    let runtime = Runtime::new(&config)?;
+    let metrics = Arc::new(Metrics::new(config.backends.iter().map(|b| b.name.clone())));
+    let runtime = Runtime::new(&config, metrics.clone())?;
     let backends = load_backends(&config, &runtime).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -50,6 +53,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let app = protocol::router(App {
         backends,
         max_body_bytes: config.max_body_bytes,
+        metrics,
     });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())

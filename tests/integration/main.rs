@@ -7,6 +7,7 @@ mod common;
 mod concurrency;
 mod conformance;
 mod etcd;
+mod metrics;
 mod protocol;
 mod sandbox;
 mod terraform;

@@ -59,7 +59,7 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
         ..Overrides::default()
     });
     config.backends = vec![backend(subject.config.clone())];
-    let runtime = Runtime::new(&config)?;
+    let runtime = Runtime::new(&config, Arc::new(crate::metrics::Metrics::new([])))?;
     let wasm = guests::load(&subject.guest)?;
     let storage = runtime
         .load_backend(&config.backends[0], &wasm, Some(dir.clone()))

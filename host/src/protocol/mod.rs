@@ -4,7 +4,7 @@
 //! Routes:
 //! - `GET|POST|PUT|DELETE|LOCK|UNLOCK /states/{backend}/{workspace}`
 //! - `GET /workspaces/{backend}`, `PUT|DELETE /workspaces/{backend}/{workspace}`
-//! - `GET /healthz`
+//! - `GET /healthz`, `GET /metrics` (Prometheus)
 
 mod error;
 mod state;
@@ -14,6 +14,7 @@ pub use error::ApiError;
 pub use workspaces::DEFAULT_WORKSPACE;
 
 use crate::backend::{Storage, StorageError};
+use crate::metrics::Metrics;
 use crate::names::check_name;
 use axum::Router;
 use axum::body::Bytes;
@@ -33,6 +34,8 @@ pub struct App<S> {
     pub backends: BTreeMap<String, S>,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
+    /// Where requests and locks are counted.
+    pub metrics: Arc<Metrics>,
 }
 
 /// A validated request target: a known backend and a well-formed workspace.
@@ -81,18 +84,29 @@ impl<S: Storage> App<S> {
 /// The HTTP application, ready to serve (tests call it in-process too).
 pub fn router<S: Storage>(app: App<S>) -> Router {
     let limit = app.max_body_bytes;
+    let metrics = app.metrics.clone();
+    let scrape = app.metrics.clone();
     Router::new()
         .route("/states/{backend}/{workspace}", any(state_route::<S>))
         .route("/workspaces/{backend}", get(list_route::<S>))
         .route("/workspaces/{backend}/{workspace}", any(workspace_route::<S>))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/metrics",
+            get(move || async move {
+                (
+                    [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                    scrape.render(),
+                )
+            }),
+        )
         .fallback(|| async {
             ApiError::not_found(
                 "no such route; use /states/{backend}/{workspace}, /workspaces/{backend} or /healthz",
             )
         })
         .layer(DefaultBodyLimit::max(limit))
-        .layer(middleware::from_fn(log_request))
+        .layer(middleware::from_fn_with_state(metrics, log_request))
         .with_state(Arc::new(app))
 }
 
@@ -135,8 +149,13 @@ async fn workspace_route<S: Storage>(
     }
 }
 
-/// One log line per request: method, backend, workspace, status, duration.
-async fn log_request(request: Request, next: Next) -> Response {
+/// One log line per request (method, backend, workspace, status,
+/// duration), and the same in the request metrics.
+async fn log_request(
+    State(metrics): State<Arc<Metrics>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
@@ -144,13 +163,16 @@ async fn log_request(request: Request, next: Next) -> Response {
     let mut segments = path.trim_start_matches('/').splitn(3, '/').skip(1);
     let backend = segments.next().unwrap_or("-");
     let workspace = segments.next().unwrap_or("-");
+    let elapsed = started.elapsed();
+    let status = response.status().as_u16();
     tracing::info!(
         method = %method,
         backend,
         workspace,
-        status = response.status().as_u16(),
-        ms = format_args!("{:.1}", started.elapsed().as_secs_f64() * 1000.0),
+        status,
+        ms = format_args!("{:.1}", elapsed.as_secs_f64() * 1000.0),
         "request"
     );
+    metrics.request(backend, method.as_str(), status, elapsed);
     response
 }

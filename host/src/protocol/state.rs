@@ -39,7 +39,7 @@ pub async fn handle<S: Storage>(
         .filter(|id| !id.is_empty());
     match method.as_str() {
         "GET" => read(target).await,
-        "POST" | "PUT" => write(app, target, lock_id, &headers, body?).await,
+        "POST" | "PUT" => write(target, lock_id, &headers, body?).await,
         "DELETE" => {
             let store = target.storage;
             store
@@ -48,8 +48,8 @@ pub async fn handle<S: Storage>(
                 .map_err(|e| target.error(e))?;
             Ok(StatusCode::OK.into_response())
         }
-        "LOCK" => lock(target, body?).await,
-        "UNLOCK" => unlock(target, body?).await,
+        "LOCK" => lock(app, target, body?).await,
+        "UNLOCK" => unlock(app, target, body?).await,
         _ => Ok((
             StatusCode::METHOD_NOT_ALLOWED,
             [(header::ALLOW, ALLOWED)],
@@ -84,7 +84,6 @@ struct StateHeader {
 }
 
 async fn write<S: Storage>(
-    _app: &App<S>,
     target: Target<'_, S>,
     lock_id: Option<&str>,
     headers: &HeaderMap,
@@ -141,13 +140,23 @@ fn parse_lock_info(body: &[u8]) -> Result<LockInfo, ApiError> {
     Ok(info)
 }
 
-async fn lock<S: Storage>(target: Target<'_, S>, body: Bytes) -> Result<Response, ApiError> {
+async fn lock<S: Storage>(
+    app: &App<S>,
+    target: Target<'_, S>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let info = parse_lock_info(&body)?;
-    target
-        .storage
-        .lock(target.workspace, info.clone())
-        .await
-        .map_err(|e| target.error(e))?;
+    match target.storage.lock(target.workspace, info.clone()).await {
+        Ok(()) => app
+            .metrics
+            .lock_granted(target.backend, target.workspace, &info.id),
+        Err(e) => {
+            if matches!(e, crate::backend::StorageError::Locked(_)) {
+                app.metrics.lock_conflict(target.backend);
+            }
+            return Err(target.error(e));
+        }
+    }
     Ok((
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
@@ -156,7 +165,11 @@ async fn lock<S: Storage>(target: Target<'_, S>, body: Bytes) -> Result<Response
         .into_response())
 }
 
-async fn unlock<S: Storage>(target: Target<'_, S>, body: Bytes) -> Result<Response, ApiError> {
+async fn unlock<S: Storage>(
+    app: &App<S>,
+    target: Target<'_, S>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     // `terraform force-unlock` sends no body at all: release whoever holds it.
     // (OpenTofu's force-unlock sends LockInfo with only the ID: the normal
     // path below, which releases the lock when that ID holds it.)
@@ -166,6 +179,7 @@ async fn unlock<S: Storage>(target: Target<'_, S>, body: Bytes) -> Result<Respon
             .force_unlock(target.workspace)
             .await
             .map_err(|e| target.error(e))?;
+        app.metrics.lock_released(target.backend, target.workspace);
         if let Some(holder) = released {
             tracing::warn!(
                 backend = target.backend,
@@ -183,6 +197,7 @@ async fn unlock<S: Storage>(target: Target<'_, S>, body: Bytes) -> Result<Respon
         .unlock(target.workspace, &info.id)
         .await
         .map_err(|e| target.error(e))?;
+    app.metrics.lock_released(target.backend, target.workspace);
     Ok(StatusCode::OK.into_response())
 }
 

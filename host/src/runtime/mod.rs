@@ -16,6 +16,7 @@ pub use cache::sha256_hex;
 
 use crate::backend::{Diagnostic, LockInfo, Storage, StorageError, StorageResult};
 use crate::config::{BackendConfig, Config, Limits};
+use crate::metrics::{Fault, Metrics};
 use crate::policy::OutboundPolicy;
 use anyhow::Context;
 use bindings::{Backend as GuestWorld, BackendPre as GuestWorldPre};
@@ -42,6 +43,7 @@ const OUTER_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The engine and everything shared by all backends.
 pub struct Runtime {
+    metrics: Arc<Metrics>,
     engine: Engine,
     linker: Linker<Sandbox>,
     instances: Arc<Semaphore>,
@@ -52,7 +54,7 @@ pub struct Runtime {
 impl Runtime {
     /// Build the engine for `config` (pool sized for its backends' limits)
     /// and start the epoch ticker.
-    pub fn new(config: &Config) -> anyhow::Result<Runtime> {
+    pub fn new(config: &Config, metrics: Arc<Metrics>) -> anyhow::Result<Runtime> {
         let max_memory = config
             .backends
             .iter()
@@ -65,6 +67,7 @@ impl Runtime {
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
         GuestWorld::add_to_linker::<_, HasSelf<Sandbox>>(&mut linker, |s| s)?;
         Ok(Runtime {
+            metrics,
             _ticker: engine::EpochTicker::start(engine.clone()),
             engine,
             linker,
@@ -101,6 +104,7 @@ impl Runtime {
                 .with_context(|| format!("{}: cannot create {}", context(), dir.display()))?;
         }
         let guest = GuestBackend {
+            metrics: self.metrics.clone(),
             name: Arc::from(name.as_str()),
             pre: GuestWorldPre::new(pre)?,
             engine: self.engine.clone(),
@@ -139,6 +143,7 @@ type GuestCall<'a, T> = Pin<
 /// One backend served by a guest component. Cheap to share; every call runs
 /// in a fresh instance.
 pub struct GuestBackend {
+    metrics: Arc<Metrics>,
     name: Arc<str>,
     pre: GuestWorldPre<Sandbox>,
     engine: Engine,
@@ -225,12 +230,20 @@ impl GuestBackend {
         let mut store = self.new_store()?;
         let outer = self.limits.timeout + OUTER_GRACE;
         let outcome = tokio::time::timeout(outer, async {
+            let started = Instant::now();
             let guest = self.pre.instantiate_async(&mut store).await?;
-            call(&guest, &mut store).await
+            self.metrics.instantiated(&self.name, started.elapsed());
+            let called = Instant::now();
+            let result = call(&guest, &mut store).await;
+            self.metrics.called(&self.name, called.elapsed());
+            result
         })
         .await;
         match outcome {
-            Err(_elapsed) => Err(StorageError::GuestTimedOut(self.limits.timeout)),
+            Err(_elapsed) => {
+                self.metrics.fault(&self.name, Fault::Timeout);
+                Err(StorageError::GuestTimedOut(self.limits.timeout))
+            }
             Ok(Ok(result)) => result.map_err(StorageError::from),
             Ok(Err(error)) => Err(self.fault(error, store.data())),
         }
@@ -240,11 +253,14 @@ impl GuestBackend {
     /// own panic message when it left one.
     fn fault(&self, error: wasmtime::Error, sandbox: &Sandbox) -> StorageError {
         if sandbox.limiter.refused() {
+            self.metrics.fault(&self.name, Fault::OutOfMemory);
             return StorageError::GuestOutOfMemory(self.limits.memory_bytes);
         }
         if matches!(error.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
+            self.metrics.fault(&self.name, Fault::Timeout);
             return StorageError::GuestTimedOut(self.limits.timeout);
         }
+        self.metrics.fault(&self.name, Fault::Trap);
         let reason = match sandbox.last_stderr_line() {
             Some(line) => line,
             None => format!("{error}"),

@@ -1,0 +1,305 @@
+//! Prometheus metrics, served at `GET /metrics`. The protocol layer records
+//! requests and locks, the runtime records guest instantiation, execution
+//! and faults; neither knows the other's types, both know this module.
+//!
+//! Labels are bounded: `backend` is a configured backend's name or `-`,
+//! `method` one of the protocol's methods or `other`, so no request can
+//! create new series at will.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    backend: String,
+    method: String,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabels {
+    backend: String,
+    method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendLabels {
+    backend: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FaultLabels {
+    backend: String,
+    kind: String,
+}
+
+/// How a guest call was stopped.
+#[derive(Debug, Clone, Copy)]
+pub enum Fault {
+    /// It trapped (panicked, or hit its memory limit).
+    Trap,
+    /// It ran past its deadline.
+    Timeout,
+    /// It tried to grow past its memory limit.
+    OutOfMemory,
+}
+
+impl Fault {
+    fn label(self) -> &'static str {
+        match self {
+            Fault::Trap => "trap",
+            Fault::Timeout => "timeout",
+            Fault::OutOfMemory => "out_of_memory",
+        }
+    }
+}
+
+const METHODS: &[&str] = &["GET", "POST", "PUT", "DELETE", "LOCK", "UNLOCK"];
+
+fn latency() -> Histogram {
+    // 100 µs … ~3.3 s
+    Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+}
+
+/// Every metric the server exports.
+pub struct Metrics {
+    registry: Registry,
+    backends: Vec<String>,
+    requests: Family<RequestLabels, Counter>,
+    request_seconds: Family<MethodLabels, Histogram, fn() -> Histogram>,
+    instantiate_seconds: Family<BackendLabels, Histogram, fn() -> Histogram>,
+    call_seconds: Family<BackendLabels, Histogram, fn() -> Histogram>,
+    faults: Family<FaultLabels, Counter>,
+    lock_conflicts: Family<BackendLabels, Counter>,
+    locks_held: Family<BackendLabels, Gauge>,
+    lock_held_seconds: Family<BackendLabels, Histogram, fn() -> Histogram>,
+    /// Locks granted through this server, for the held gauge and duration.
+    held: Mutex<HashMap<(String, String), (String, Instant)>>,
+}
+
+impl Metrics {
+    /// Metrics for a server with these backends.
+    pub fn new(backends: impl IntoIterator<Item = String>) -> Self {
+        let mut registry = Registry::with_prefix("wasmstate");
+        let requests = Family::default();
+        let request_seconds: Family<_, _, fn() -> Histogram> =
+            Family::new_with_constructor(latency);
+        let instantiate_seconds: Family<_, _, fn() -> Histogram> =
+            Family::new_with_constructor(latency);
+        let call_seconds: Family<_, _, fn() -> Histogram> = Family::new_with_constructor(latency);
+        let faults = Family::default();
+        let lock_conflicts = Family::default();
+        let locks_held = Family::default();
+        let lock_held_seconds: Family<_, _, fn() -> Histogram> =
+            Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.1, 2.0, 16)));
+        registry.register("requests", "HTTP requests answered", requests.clone());
+        registry.register(
+            "request_seconds",
+            "Time to answer a request",
+            request_seconds.clone(),
+        );
+        registry.register(
+            "guest_instantiate_seconds",
+            "Time to create a guest instance for a request",
+            instantiate_seconds.clone(),
+        );
+        registry.register(
+            "guest_call_seconds",
+            "Time a guest spent serving a call",
+            call_seconds.clone(),
+        );
+        registry.register(
+            "guest_faults",
+            "Guest calls stopped by the sandbox",
+            faults.clone(),
+        );
+        registry.register(
+            "lock_conflicts",
+            "LOCK requests refused because another holds the lock",
+            lock_conflicts.clone(),
+        );
+        registry.register(
+            "locks_held",
+            "Locks granted through this server and not yet released",
+            locks_held.clone(),
+        );
+        registry.register(
+            "lock_held_seconds",
+            "How long locks granted here were held",
+            lock_held_seconds.clone(),
+        );
+        Metrics {
+            registry,
+            backends: backends.into_iter().collect(),
+            requests,
+            request_seconds,
+            instantiate_seconds,
+            call_seconds,
+            faults,
+            lock_conflicts,
+            locks_held,
+            lock_held_seconds,
+            held: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn backend(&self, name: &str) -> String {
+        if self.backends.iter().any(|b| b == name) {
+            name.to_string()
+        } else {
+            "-".to_string()
+        }
+    }
+
+    /// One answered request.
+    pub fn request(&self, backend: &str, method: &str, status: u16, elapsed: Duration) {
+        let backend = self.backend(backend);
+        let method = if METHODS.contains(&method) {
+            method
+        } else {
+            "other"
+        }
+        .to_string();
+        self.requests
+            .get_or_create(&RequestLabels {
+                backend: backend.clone(),
+                method: method.clone(),
+                status,
+            })
+            .inc();
+        self.request_seconds
+            .get_or_create(&MethodLabels { backend, method })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// A guest instance was created.
+    pub fn instantiated(&self, backend: &str, elapsed: Duration) {
+        self.instantiate_seconds
+            .get_or_create(&BackendLabels {
+                backend: self.backend(backend),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// A guest call finished (however it ended).
+    pub fn called(&self, backend: &str, elapsed: Duration) {
+        self.call_seconds
+            .get_or_create(&BackendLabels {
+                backend: self.backend(backend),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// The sandbox stopped a guest.
+    pub fn fault(&self, backend: &str, fault: Fault) {
+        self.faults
+            .get_or_create(&FaultLabels {
+                backend: self.backend(backend),
+                kind: fault.label().into(),
+            })
+            .inc();
+    }
+
+    /// A LOCK was refused: someone else holds it.
+    pub fn lock_conflict(&self, backend: &str) {
+        self.lock_conflicts
+            .get_or_create(&BackendLabels {
+                backend: self.backend(backend),
+            })
+            .inc();
+    }
+
+    /// A LOCK under `id` succeeded (a retry by the holder counts once).
+    pub fn lock_granted(&self, backend: &str, workspace: &str, id: &str) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (backend.to_string(), workspace.to_string());
+        if held.get(&key).is_some_and(|(holder, _)| holder == id) {
+            return;
+        }
+        if held.insert(key, (id.to_string(), Instant::now())).is_none() {
+            self.locks_held
+                .get_or_create(&BackendLabels {
+                    backend: self.backend(backend),
+                })
+                .inc();
+        }
+    }
+
+    /// The lock of `workspace` was released (by its holder or by force).
+    pub fn lock_released(&self, backend: &str, workspace: &str) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, since)) = held.remove(&(backend.to_string(), workspace.to_string())) {
+            let labels = BackendLabels {
+                backend: self.backend(backend),
+            };
+            self.locks_held.get_or_create(&labels).dec();
+            self.lock_held_seconds
+                .get_or_create(&labels)
+                .observe(since.elapsed().as_secs_f64());
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_stay_bounded() {
+        let m = Metrics::new(["prod".to_string()]);
+        m.request("prod", "GET", 200, Duration::from_millis(2));
+        m.request("random-junk", "BREW", 404, Duration::from_millis(1));
+        let text = m.render();
+        assert!(
+            text.contains(
+                r#"wasmstate_requests_total{backend="prod",method="GET",status="200"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"wasmstate_requests_total{backend="-",method="other",status="404"} 1"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains("random-junk") && !text.contains("BREW"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn held_locks_count_once_and_release() {
+        let m = Metrics::new(["prod".to_string()]);
+        m.lock_granted("prod", "ws", "a");
+        m.lock_granted("prod", "ws", "a"); // a retry
+        assert!(
+            m.render()
+                .contains(r#"wasmstate_locks_held{backend="prod"} 1"#)
+        );
+        m.lock_released("prod", "ws");
+        m.lock_released("prod", "ws");
+        let text = m.render();
+        assert!(
+            text.contains(r#"wasmstate_locks_held{backend="prod"} 0"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"wasmstate_lock_held_seconds_count{backend="prod"} 1"#),
+            "{text}"
+        );
+    }
+}
