@@ -118,6 +118,7 @@ fn http_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storage:
         backends: BTreeMap::from([("default".to_string(), storage)]),
         max_body_bytes: 64 << 20,
         metrics: metrics(),
+        auth: Default::default(),
     });
     let request = |method: &str, body: Vec<u8>| {
         Request::builder()
@@ -160,6 +161,7 @@ fn socket_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storag
         backends: BTreeMap::from([("default".to_string(), storage)]),
         max_body_bytes: 64 << 20,
         metrics: metrics(),
+        auth: Default::default(),
     });
     let listener =
         f.rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))

@@ -1,6 +1,6 @@
 //! Command-line interface.
 
-use crate::client::Client;
+use crate::client::{Client, Credentials};
 use crate::config::{Config, GuestSource, Limits, Overrides};
 use crate::conformance::{GuestUnderTest, run_guest};
 use crate::policy::Origin;
@@ -47,6 +47,12 @@ pub enum Command {
         /// The TOML config file.
         config: PathBuf,
     },
+    /// Hash a password for a [[users]] entry: reads one line from stdin,
+    /// prints an argon2id hash.
+    HashPassword,
+    /// Make a bearer token for a [[tokens]] entry: prints the token (give it
+    /// to the client) and its sha256 (put it in the config).
+    GenerateToken,
     /// Work with guest components.
     Guest {
         /// Which operation.
@@ -69,6 +75,12 @@ pub enum Command {
             default_value = "http://127.0.0.1:6061"
         )]
         server: String,
+        /// Bearer token, when the server requires authentication.
+        #[arg(long, global = true, env = "WASMSTATE_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// User for HTTP Basic; the password comes from WASMSTATE_PASSWORD.
+        #[arg(long, global = true, env = "WASMSTATE_USER")]
+        user: Option<String>,
     },
 }
 
@@ -193,12 +205,38 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::HashPassword => {
+            let mut password = String::new();
+            std::io::stdin().read_line(&mut password)?;
+            let password = password.trim_end_matches(['\r', '\n']);
+            anyhow::ensure!(
+                !password.is_empty(),
+                "no password on stdin: echo 'the password' | wasmstate hash-password"
+            );
+            println!("{}", crate::auth::hash_password(password));
+            Ok(())
+        }
+        Command::GenerateToken => {
+            let (token, sha256) = crate::auth::generate_token();
+            println!("token:  {token}\nsha256: {sha256}");
+            Ok(())
+        }
         Command::Workspace {
             action,
             backend,
             server,
+            token,
+            user,
         } => {
-            let client = Client::new(&server);
+            let credentials = match (token, user) {
+                (Some(token), _) => Some(Credentials::Bearer(token)),
+                (None, Some(user)) => Some(Credentials::Basic(
+                    user,
+                    std::env::var("WASMSTATE_PASSWORD").unwrap_or_default(),
+                )),
+                (None, None) => None,
+            };
+            let client = Client::new(&server, credentials);
             match action {
                 WorkspaceAction::List => {
                     for name in client.list(&backend).await? {

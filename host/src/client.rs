@@ -2,18 +2,29 @@
 
 use anyhow::Context;
 
+/// How the client signs in, when the server requires it.
+#[derive(Debug, Clone)]
+pub enum Credentials {
+    /// HTTP Basic user and password.
+    Basic(String, String),
+    /// A bearer token.
+    Bearer(String),
+}
+
 /// Talks to `--server`.
 pub struct Client {
     server: String,
     http: reqwest::Client,
+    credentials: Option<Credentials>,
 }
 
 impl Client {
     /// A client for the server at `server` (e.g. `http://127.0.0.1:6061`).
-    pub fn new(server: &str) -> Self {
+    pub fn new(server: &str, credentials: Option<Credentials>) -> Self {
         Client {
             server: server.trim_end_matches('/').to_string(),
             http: reqwest::Client::new(),
+            credentials,
         }
     }
 
@@ -43,6 +54,11 @@ impl Client {
         request: reqwest::RequestBuilder,
         url: &str,
     ) -> anyhow::Result<reqwest::Response> {
+        let request = match &self.credentials {
+            Some(Credentials::Basic(user, password)) => request.basic_auth(user, Some(password)),
+            Some(Credentials::Bearer(token)) => request.bearer_auth(token),
+            None => request,
+        };
         let response = request.send().await.with_context(|| {
             format!("cannot reach the wasmstate server at {} (is `wasmstate serve` running? pass --server)", self.server)
         })?;

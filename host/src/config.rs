@@ -14,8 +14,19 @@
 //! allow_http = []          # origins the guest may call, e.g. "http://127.0.0.1:2379"
 //! [backends.default.config]
 //! fsync = true             # handed to the guest as strings
+//!
+//! [[users]]                # HTTP Basic; hash from `wasmstate hash-password`
+//! name = "alice"
+//! password_hash = "$argon2id$v=19$..."
+//! grants = ["default:*:write"]   # backend:workspaces:role (read|write|admin)
+//!
+//! [[tokens]]               # bearer; from `wasmstate generate-token`
+//! name = "ci"
+//! sha256 = "9f86d081..."
+//! grants = ["*:*:admin"]
 //! ```
 
+use crate::auth::{Grant, Token, User, check_hash};
 use crate::guests;
 use crate::names::check_name;
 use crate::policy::Origin;
@@ -50,6 +61,10 @@ pub struct Config {
     pub max_instances: u32,
     /// The configured backends, by name.
     pub backends: Vec<BackendConfig>,
+    /// Users who sign in with HTTP Basic.
+    pub users: Vec<User>,
+    /// Bearer tokens.
+    pub tokens: Vec<Token>,
 }
 
 /// One `[backends.NAME]` table, validated.
@@ -131,6 +146,26 @@ struct RawConfig {
     max_instances: Option<u32>,
     #[serde(default)]
     backends: BTreeMap<String, RawBackend>,
+    #[serde(default)]
+    users: Vec<RawUser>,
+    #[serde(default)]
+    tokens: Vec<RawToken>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUser {
+    name: String,
+    password_hash: String,
+    grants: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawToken {
+    name: String,
+    sha256: String,
+    grants: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -194,6 +229,8 @@ impl Config {
                 guest_config: Vec::new(),
                 allow_http: Vec::new(),
             }],
+            users: Vec::new(),
+            tokens: Vec::new(),
         }
     }
 
@@ -330,12 +367,56 @@ fn validate(
             "{file}: no backends: add a table such as\n\n[backends.default]\nguest = \"local\""
         )));
     }
-    let backends = raw
+    let backends: Vec<BackendConfig> = raw
         .backends
         .into_iter()
         .map(|(name, b)| validate_backend(name, b, base, file))
         .collect::<Result<_, _>>()?;
+    let names: Vec<&str> = backends.iter().map(|b| b.name.as_str()).collect();
+    let grants = |who: &str, grants: &[String]| -> Result<Vec<Grant>, ConfigError> {
+        grants
+            .iter()
+            .map(|g| {
+                let grant = Grant::parse(g).map_err(|e| ConfigError(format!("{file}: {who}: {e}")))?;
+                let backend = g.split(':').next().unwrap_or_default();
+                if !backend.ends_with('*') && !names.contains(&backend) {
+                    return Err(ConfigError(format!(
+                        "{file}: {who}: grant {g:?} names backend {backend:?}, which is not configured ({})",
+                        names.join(", ")
+                    )));
+                }
+                Ok(grant)
+            })
+            .collect()
+    };
+    let mut users = Vec::new();
+    for u in raw.users {
+        let who = format!("user {:?}", u.name);
+        check_hash(&u.password_hash)
+            .map_err(|e| ConfigError(format!("{file}: {who}: password_hash: {e}")))?;
+        users.push(User {
+            grants: grants(&who, &u.grants)?,
+            name: u.name,
+            password_hash: u.password_hash,
+        });
+    }
+    let mut tokens = Vec::new();
+    for t in raw.tokens {
+        let who = format!("token {:?}", t.name);
+        if t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(ConfigError(format!(
+                "{file}: {who}: sha256 must be 64 hex digits; make a token with `wasmstate generate-token`"
+            )));
+        }
+        tokens.push(Token {
+            grants: grants(&who, &t.grants)?,
+            name: t.name,
+            sha256: t.sha256.to_ascii_lowercase(),
+        });
+    }
     Ok(Config {
+        users,
+        tokens,
         listen,
         data_dir,
         cache_dir,
@@ -565,6 +646,36 @@ mod tests {
             .map(ToString::to_string)
             .collect();
         assert_eq!(grants, ["https://b.s3.eu-west-1.amazonaws.com:443"]);
+    }
+
+    #[test]
+    fn users_and_tokens_are_checked() {
+        let hash = crate::auth::hash_password("pw");
+        let ok = format!(
+            "[backends.prod]\nguest = \"local\"\n[[users]]\nname = \"a\"\npassword_hash = \"{hash}\"\ngrants = [\"prod:*:write\"]\n"
+        );
+        assert_eq!(parse(&ok).unwrap().users.len(), 1);
+        let typo = ok.replace("prod:*:write", "prd:*:write");
+        assert!(
+            parse(&typo)
+                .unwrap_err()
+                .to_string()
+                .contains("names backend \"prd\", which is not configured")
+        );
+        let plain = ok.replace(&hash, "hunter2");
+        assert!(
+            parse(&plain)
+                .unwrap_err()
+                .to_string()
+                .contains("wasmstate hash-password")
+        );
+        let token = "[backends.prod]\nguest = \"local\"\n[[tokens]]\nname = \"ci\"\nsha256 = \"abc\"\ngrants = [\"*:*:read\"]\n";
+        assert!(
+            parse(token)
+                .unwrap_err()
+                .to_string()
+                .contains("64 hex digits")
+        );
     }
 
     #[test]

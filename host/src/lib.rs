@@ -8,11 +8,13 @@
 //!   instance per request; implements [`backend::Storage`]; never parses HTTP.
 //! - [`config`]: the TOML config file, validated once at startup.
 //! - [`guests`]: the first-party guests embedded in the binary.
+//! - [`auth`]: users, tokens and what each may do.
 //! - [`policy`]: which origins a guest may call over HTTP.
 //! - [`metrics`]: what `GET /metrics` reports, fed by both layers.
 //! - [`server`], [`cli`], [`client`]: the `wasmstate` command.
 #![warn(missing_docs)]
 
+pub mod auth;
 pub mod backend;
 pub mod cli;
 pub mod client;

@@ -1,6 +1,7 @@
 //! `wasmstate serve`: load every backend's guest, bind, print the Terraform
 //! snippet, serve until SIGTERM or Ctrl-C (letting in-flight requests finish).
 
+use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::guests;
 use crate::metrics::Metrics;
@@ -36,6 +37,17 @@ pub async fn load_backends(
 
 /// Run the server described by `config` until a shutdown signal.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let auth = Arc::new(Authenticator::new(
+        config.users.clone(),
+        config.tokens.clone(),
+    ));
+    if !config.listen.ip().is_loopback() && !auth.enabled() {
+        anyhow::bail!(
+            "refusing to listen on {} without authentication: anyone who can reach it could read \
+             and overwrite state. Add [[users]] or [[tokens]] to the config file, or listen on 127.0.0.1",
+            config.listen
+        );
+    }
     let metrics = Arc::new(Metrics::new(config.backends.iter().map(|b| b.name.clone())));
     let runtime = Runtime::new(&config, metrics.clone())?;
     let backends = load_backends(&config, &runtime).await?;
@@ -43,17 +55,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
-    if !addr.ip().is_loopback() {
-        tracing::warn!(
-            "listening on {addr}, reachable from other machines, with no authentication: \
-             anyone who can reach it can read and overwrite state"
-        );
-    }
     print_banner(addr, &backends);
     let app = protocol::router(App {
         backends,
         max_body_bytes: config.max_body_bytes,
         metrics,
+        auth,
     });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())

@@ -10,6 +10,8 @@ use axum::response::{IntoResponse, Response};
 pub enum ApiError {
     /// A plain-text, one-line reason.
     Message(StatusCode, String),
+    /// 401: no or wrong credentials; asks for HTTP Basic.
+    Unauthorized(String),
     /// The lock holder's LockInfo as JSON (Terraform parses it to report who
     /// holds the lock, and since 1.15 to decide whether to retry).
     Holder(StatusCode, LockInfo),
@@ -74,6 +76,18 @@ impl IntoResponse for ApiError {
                 )
                     .into_response()
             }
+            ApiError::Unauthorized(reason) => (
+                StatusCode::UNAUTHORIZED,
+                [
+                    (
+                        header::WWW_AUTHENTICATE,
+                        "Basic realm=\"wasmstate\", charset=\"UTF-8\"",
+                    ),
+                    (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+                ],
+                reason + "\n",
+            )
+                .into_response(),
             ApiError::Holder(status, holder) => (
                 status,
                 [(header::CONTENT_TYPE, "application/json")],

@@ -13,6 +13,7 @@ mod workspaces;
 pub use error::ApiError;
 pub use workspaces::DEFAULT_WORKSPACE;
 
+use crate::auth::{AuthError, Authenticator, Role};
 use crate::backend::{Storage, StorageError};
 use crate::metrics::Metrics;
 use crate::names::check_name;
@@ -36,6 +37,8 @@ pub struct App<S> {
     pub max_body_bytes: usize,
     /// Where requests and locks are counted.
     pub metrics: Arc<Metrics>,
+    /// Who may do what; with no users or tokens, everyone may do anything.
+    pub auth: Arc<Authenticator>,
 }
 
 /// A validated request target: a known backend and a well-formed workspace.
@@ -52,6 +55,56 @@ impl<S> Target<'_, S> {
     /// Map a storage failure for this target.
     pub fn error(&self, error: StorageError) -> ApiError {
         ApiError::from_storage(self.backend, error)
+    }
+}
+
+impl<S> App<S> {
+    /// Allow the request only if its credentials may act as `role` on
+    /// `backend` (and `workspace`): 401 without valid credentials, 403 when
+    /// the caller lacks the grant.
+    pub fn authorize(
+        &self,
+        headers: &HeaderMap,
+        backend: &str,
+        workspace: Option<&str>,
+        role: Role,
+    ) -> Result<(), ApiError> {
+        if !self.auth.enabled() {
+            return Ok(());
+        }
+        let header = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let identity = self.auth.authenticate(header).map_err(|e| {
+            ApiError::Unauthorized(match e {
+                AuthError::Missing => "credentials required: HTTP Basic (Terraform's username/password) or a bearer token".into(),
+                AuthError::Invalid => "wrong user name, password or token".into(),
+            })
+        })?;
+        if backend.is_empty() || identity.may(backend, workspace, role) {
+            return Ok(());
+        }
+        let on = match workspace {
+            Some(ws) => format!("{backend}/{ws}"),
+            None => backend.to_string(),
+        };
+        Err(ApiError::Message(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{} may not {} {on} (needs the {role:?} role)",
+                identity.name,
+                role_verb(role)
+            )
+            .to_lowercase(),
+        ))
+    }
+}
+
+fn role_verb(role: Role) -> &'static str {
+    match role {
+        Role::Read => "read",
+        Role::Write => "write to",
+        Role::Admin => "administer",
     }
 }
 
@@ -85,21 +138,12 @@ impl<S: Storage> App<S> {
 pub fn router<S: Storage>(app: App<S>) -> Router {
     let limit = app.max_body_bytes;
     let metrics = app.metrics.clone();
-    let scrape = app.metrics.clone();
     Router::new()
         .route("/states/{backend}/{workspace}", any(state_route::<S>))
         .route("/workspaces/{backend}", get(list_route::<S>))
         .route("/workspaces/{backend}/{workspace}", any(workspace_route::<S>))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/metrics",
-            get(move || async move {
-                (
-                    [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-                    scrape.render(),
-                )
-            }),
-        )
+        .route("/metrics", get(metrics_route::<S>))
         .fallback(|| async {
             ApiError::not_found(
                 "no such route; use /states/{backend}/{workspace}, /workspaces/{backend} or /healthz",
@@ -127,19 +171,45 @@ async fn state_route<S: Storage>(
 async fn list_route<S: Storage>(
     State(app): State<Arc<App<S>>>,
     Path(backend): Path<String>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    workspaces::list(&backend, app.storage(&backend)?).await
+    let storage = app.storage(&backend)?;
+    app.authorize(&headers, &backend, None, Role::Read)?;
+    workspaces::list(&backend, storage).await
+}
+
+/// Any signed-in caller may read the metrics (they name backends, not data).
+async fn metrics_route<S: Storage>(
+    State(app): State<Arc<App<S>>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    app.authorize(&headers, "", None, Role::Read)?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.metrics.render(),
+    )
+        .into_response())
 }
 
 async fn workspace_route<S: Storage>(
     State(app): State<Arc<App<S>>>,
     Path((backend, workspace)): Path<(String, String)>,
     method: Method,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let target = app.target(&backend, &workspace)?;
     match method {
-        Method::PUT => workspaces::create(target).await,
-        Method::DELETE => workspaces::delete(target).await,
+        Method::PUT => {
+            app.authorize(&headers, &backend, Some(&workspace), Role::Write)?;
+            workspaces::create(target).await
+        }
+        Method::DELETE => {
+            app.authorize(&headers, &backend, Some(&workspace), Role::Admin)?;
+            workspaces::delete(target).await
+        }
         _ => Ok((
             StatusCode::METHOD_NOT_ALLOWED,
             [(axum::http::header::ALLOW, "PUT, DELETE")],

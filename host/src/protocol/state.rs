@@ -10,6 +10,7 @@
 
 use super::error::ApiError;
 use super::{App, Target};
+use crate::auth::Role;
 use crate::backend::{LockInfo, Storage};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -37,6 +38,18 @@ pub async fn handle<S: Storage>(
         .get("ID")
         .map(String::as_str)
         .filter(|id| !id.is_empty());
+    // Force-unlock (UNLOCK without a body) and deletes need admin.
+    let force = method.as_str() == "UNLOCK"
+        && body
+            .as_ref()
+            .is_ok_and(|b| b.iter().all(u8::is_ascii_whitespace));
+    let role = match method.as_str() {
+        "GET" => Role::Read,
+        "DELETE" => Role::Admin,
+        "UNLOCK" if force => Role::Admin,
+        _ => Role::Write,
+    };
+    app.authorize(&headers, target.backend, Some(target.workspace), role)?;
     match method.as_str() {
         "GET" => read(target).await,
         "POST" | "PUT" => write(target, lock_id, &headers, body?).await,

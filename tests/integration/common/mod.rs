@@ -319,6 +319,17 @@ fn moto_auth(service: &str) -> String {
     )
 }
 
+/// `moto_server`, but serving one request at a time.
+const MOTO_SINGLE_THREADED: &str = r#"
+import os, sys
+from werkzeug.serving import run_simple
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+from moto.moto_server.threaded_moto_server import MotoRequestHandler
+host, port = sys.argv[1], int(sys.argv[2])
+os.environ.setdefault("MOTO_PORT", str(port))
+run_simple(host, port, DomainDispatcherApplication(create_backend_app), threaded=False, request_handler=MotoRequestHandler)
+"#;
+
 /// A throwaway moto server (S3 and DynamoDB) on a loopback port.
 pub struct Moto {
     child: std::process::Child,
@@ -331,8 +342,12 @@ impl Moto {
     pub fn start() -> Moto {
         ensure_pip_installed("moto_server", "moto[server]");
         let port = free_port();
-        let child = Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        // moto's `If-None-Match: *` is check-then-put without a lock, and
+        // `moto_server` serves requests on threads, so two concurrent
+        // conditional PUTs can both succeed. S3 makes them atomic; serving
+        // one request at a time restores that guarantee.
+        let child = Command::new("python3")
+            .args(["-c", MOTO_SINGLE_THREADED, "127.0.0.1", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
