@@ -13,7 +13,7 @@ mod workspaces;
 pub use error::ApiError;
 pub use workspaces::DEFAULT_WORKSPACE;
 
-use crate::auth::{AuthError, Authenticator, Role};
+use crate::auth::{AuthError, Authenticator, Identity, Role};
 use crate::backend::{Storage, StorageError};
 use crate::metrics::Metrics;
 use crate::names::check_name;
@@ -59,6 +59,23 @@ impl<S> Target<'_, S> {
 }
 
 impl<S> App<S> {
+    /// Who sent the request: `None` when authentication is off, 401 when
+    /// it is on and the credentials are missing or wrong.
+    pub fn identify(&self, headers: &HeaderMap) -> Result<Option<Identity>, ApiError> {
+        if !self.auth.enabled() {
+            return Ok(None);
+        }
+        let header = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        self.auth.authenticate(header).map(Some).map_err(|e| {
+            ApiError::Unauthorized(match e {
+                AuthError::Missing => "credentials required: HTTP Basic (Terraform's username/password) or a bearer token".into(),
+                AuthError::Invalid => "wrong user name, password or token".into(),
+            })
+        })
+    }
+
     /// Allow the request only if its credentials may act as `role` on
     /// `backend` (and `workspace`): 401 without valid credentials, 403 when
     /// the caller lacks the grant.
@@ -69,19 +86,10 @@ impl<S> App<S> {
         workspace: Option<&str>,
         role: Role,
     ) -> Result<(), ApiError> {
-        if !self.auth.enabled() {
+        let Some(identity) = self.identify(headers)? else {
             return Ok(());
-        }
-        let header = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        let identity = self.auth.authenticate(header).map_err(|e| {
-            ApiError::Unauthorized(match e {
-                AuthError::Missing => "credentials required: HTTP Basic (Terraform's username/password) or a bearer token".into(),
-                AuthError::Invalid => "wrong user name, password or token".into(),
-            })
-        })?;
-        if backend.is_empty() || identity.may(backend, workspace, role) {
+        };
+        if identity.may(backend, workspace, role) {
             return Ok(());
         }
         let on = match workspace {
@@ -183,7 +191,7 @@ async fn metrics_route<S: Storage>(
     State(app): State<Arc<App<S>>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    app.authorize(&headers, "", None, Role::Read)?;
+    app.identify(&headers)?;
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,
