@@ -119,6 +119,7 @@ fn http_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storage:
         max_body_bytes: 64 << 20,
         metrics: metrics(),
         auth: Default::default(),
+        allow_force_push: Default::default(),
     });
     let request = |method: &str, body: Vec<u8>| {
         Request::builder()
@@ -162,6 +163,7 @@ fn socket_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storag
         max_body_bytes: 64 << 20,
         metrics: metrics(),
         auth: Default::default(),
+        allow_force_push: Default::default(),
     });
     let listener =
         f.rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))

@@ -12,6 +12,7 @@
 //! memory_mib = 256         # per-request memory cap
 //! timeout_ms = 10000       # per-request deadline
 //! allow_http = []          # origins the guest may call, e.g. "http://127.0.0.1:2379"
+//! allow_force_push = false # accept older/unrelated states (`state push -force`)
 //! [backends.default.config]
 //! fsync = true             # handed to the guest as strings
 //!
@@ -82,6 +83,8 @@ pub struct BackendConfig {
     pub guest_config: Vec<(String, String)>,
     /// Origins the guest may send HTTP requests to.
     pub allow_http: Vec<Origin>,
+    /// Accept states older than, or unrelated to, the stored one.
+    pub allow_force_push: bool,
 }
 
 /// Where a guest's component comes from.
@@ -178,6 +181,8 @@ struct RawBackend {
     #[serde(default)]
     allow_http: Vec<String>,
     #[serde(default)]
+    allow_force_push: bool,
+    #[serde(default)]
     config: toml::Table,
 }
 
@@ -228,6 +233,7 @@ impl Config {
                 limits: Limits::default(),
                 guest_config: Vec::new(),
                 allow_http: Vec::new(),
+                allow_force_push: false,
             }],
             users: Vec::new(),
             tokens: Vec::new(),
@@ -491,6 +497,7 @@ fn validate_backend(
     }
     Ok(BackendConfig {
         allow_http,
+        allow_force_push: raw.allow_force_push,
         dir: raw.dir.map(|d| base.join(d)),
         name,
         guest,

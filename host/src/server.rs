@@ -61,6 +61,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         max_body_bytes: config.max_body_bytes,
         metrics,
         auth,
+        allow_force_push: config
+            .backends
+            .iter()
+            .filter(|b| b.allow_force_push)
+            .map(|b| b.name.clone())
+            .collect(),
     });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())

@@ -393,3 +393,77 @@ fn sigterm_stops_the_server_cleanly() {
     let status = server.terminate(std::time::Duration::from_secs(10));
     assert!(status.success(), "exit status {status}");
 }
+
+fn lineage_state(lineage: &str, serial: u64, note: &str) -> Vec<u8> {
+    format!(r#"{{"version":4,"serial":{serial},"lineage":"{lineage}","note":"{note}"}}"#)
+        .into_bytes()
+}
+
+#[test]
+fn stale_or_unrelated_states_are_refused() {
+    let dir = tempdir();
+    let server = Server::with_config(
+        dir.path(),
+        "[backends.default]\nguest = \"local\"\n[backends.forceable]\nguest = \"local\"\nallow_force_push = true\n",
+    );
+    let url = server.state_url("default", "guarded");
+    assert_eq!(
+        send("POST", &url, Some(&lineage_state("L1", 5, "five"))).status,
+        200
+    );
+
+    let older = send("POST", &url, Some(&lineage_state("L1", 4, "four")));
+    assert_eq!(older.status, 409, "{}", older.text());
+    assert!(
+        older
+            .text()
+            .contains("serial 4 is older than the stored state's 5"),
+        "{}",
+        older.text()
+    );
+
+    let unrelated = send("POST", &url, Some(&lineage_state("L2", 9, "other")));
+    assert_eq!(unrelated.status, 409);
+    assert!(
+        unrelated
+            .text()
+            .contains("\"L2\" differs from the stored state's \"L1\""),
+        "{}",
+        unrelated.text()
+    );
+
+    let rival = send(
+        "POST",
+        &url,
+        Some(&lineage_state("L1", 5, "someone else's five")),
+    );
+    assert_eq!(
+        rival.status,
+        409,
+        "same serial, other content: {}",
+        rival.text()
+    );
+
+    // A retried POST of what is stored succeeds; a newer serial is written.
+    assert_eq!(
+        send("POST", &url, Some(&lineage_state("L1", 5, "five"))).status,
+        200
+    );
+    assert_eq!(
+        send("POST", &url, Some(&lineage_state("L1", 6, "six"))).status,
+        200
+    );
+    assert_eq!(send("GET", &url, None).body, lineage_state("L1", 6, "six"));
+
+    // The operator can allow `state push -force` per backend.
+    let forced = server.state_url("forceable", "ws");
+    assert_eq!(
+        send("POST", &forced, Some(&lineage_state("L1", 5, "a"))).status,
+        200
+    );
+    assert_eq!(
+        send("POST", &forced, Some(&lineage_state("L2", 1, "b"))).status,
+        200
+    );
+    assert_eq!(send("GET", &forced, None).body, lineage_state("L2", 1, "b"));
+}

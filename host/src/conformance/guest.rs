@@ -53,6 +53,7 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
         limits: subject.limits,
         guest_config: config,
         allow_http: allow_http.clone(),
+        allow_force_push: false,
     };
     let mut config = Config::default_with(Overrides {
         data_dir: Some(scratch.path().to_path_buf()),

@@ -25,7 +25,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -39,6 +39,8 @@ pub struct App<S> {
     pub metrics: Arc<Metrics>,
     /// Who may do what; with no users or tokens, everyone may do anything.
     pub auth: Arc<Authenticator>,
+    /// Backends that accept older or unrelated states (`state push -force`).
+    pub allow_force_push: BTreeSet<String>,
 }
 
 /// A validated request target: a known backend and a well-formed workspace.

@@ -52,7 +52,7 @@ pub async fn handle<S: Storage>(
     app.authorize(&headers, target.backend, Some(target.workspace), role)?;
     match method.as_str() {
         "GET" => read(target).await,
-        "POST" | "PUT" => write(target, lock_id, &headers, body?).await,
+        "POST" | "PUT" => write(app, target, lock_id, &headers, body?).await,
         "DELETE" => {
             let store = target.storage;
             store
@@ -89,24 +89,34 @@ async fn read<S: Storage>(target: Target<'_, S>) -> Result<Response, ApiError> {
 }
 
 /// The only parts of a state the server looks at; the rest is skipped
-/// unparsed. Requiring these keeps non-state bodies out of storage.
+/// unparsed. Requiring `version` keeps non-state bodies out of storage.
 #[derive(Deserialize)]
 struct StateHeader {
     #[allow(dead_code)]
     version: u64,
+    #[serde(default)]
+    lineage: Option<String>,
+    #[serde(default)]
+    serial: Option<u64>,
 }
 
 async fn write<S: Storage>(
+    app: &App<S>,
     target: Target<'_, S>,
     lock_id: Option<&str>,
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     verify_md5(headers, &body)?;
-    if let Err(e) = serde_json::from_slice::<StateHeader>(&body) {
-        return Err(ApiError::bad_request(format!(
+    let incoming = serde_json::from_slice::<StateHeader>(&body).map_err(|e| {
+        ApiError::bad_request(format!(
             "the body is not a Terraform state (a JSON object with a \"version\"): {e}; nothing was written"
-        )));
+        ))
+    })?;
+    if !app.allow_force_push.contains(target.backend)
+        && guard_stale_write(&target, &incoming, &body).await?
+    {
+        return Ok(StatusCode::OK.into_response());
     }
     target
         .storage
@@ -114,6 +124,65 @@ async fn write<S: Storage>(
         .await
         .map_err(|e| target.error(e))?;
     Ok(StatusCode::OK.into_response())
+}
+
+/// Refuse a write that would replace the stored state with an unrelated
+/// (other lineage) or older (lower serial) one, as `terraform state push`
+/// does without `-force`. `Ok(true)`: the same serial with the same bytes
+/// is already stored, so there is nothing to write (a retried POST).
+/// States without lineage and serial are not judged.
+async fn guard_stale_write<S: Storage>(
+    target: &Target<'_, S>,
+    incoming: &StateHeader,
+    body: &[u8],
+) -> Result<bool, ApiError> {
+    let (Some(lineage), Some(serial)) = (&incoming.lineage, incoming.serial) else {
+        return Ok(false);
+    };
+    let Some(stored) = target
+        .storage
+        .read(target.workspace)
+        .await
+        .map_err(|e| target.error(e))?
+    else {
+        return Ok(false);
+    };
+    let Ok(StateHeader {
+        lineage: Some(stored_lineage),
+        serial: Some(stored_serial),
+        ..
+    }) = serde_json::from_slice::<StateHeader>(&stored)
+    else {
+        return Ok(false);
+    };
+    let refuse = |why: String| {
+        Err(ApiError::Message(
+            StatusCode::CONFLICT,
+            format!(
+                "{why}; nothing was written (`terraform state push -force` needs allow_force_push = true on backend {:?})",
+                target.backend
+            ),
+        ))
+    };
+    if *lineage != stored_lineage {
+        return refuse(format!(
+            "the state's lineage {lineage:?} differs from the stored state's {stored_lineage:?}"
+        ));
+    }
+    if serial < stored_serial {
+        return refuse(format!(
+            "the state's serial {serial} is older than the stored state's {stored_serial}"
+        ));
+    }
+    if serial == stored_serial {
+        if stored == body {
+            return Ok(true);
+        }
+        return refuse(format!(
+            "the state has serial {serial} like the stored state, but different content: another writer got there first"
+        ));
+    }
+    Ok(false)
 }
 
 /// Terraform sends `Content-MD5: base64(md5(body))` with every write; a
