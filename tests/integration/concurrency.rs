@@ -83,19 +83,24 @@ fn readers_never_see_a_torn_state() {
     let url_b = servers[1].state_url("default", "torn");
     // 1 MiB states that differ everywhere from one serial to the next.
     const PAD: usize = 1 << 20;
+    // The letter a serial's pad is made of.
+    let fill = |serial: u64| if serial.is_multiple_of(2) { 'a' } else { 'b' };
     let make = |serial: u64| {
-        let fill = if serial % 2 == 0 { "a" } else { "b" };
         format!(
             r#"{{"version":4,"serial":{serial},"lineage":"t","pad":"{}"}}"#,
-            fill.repeat(PAD)
+            fill(serial).to_string().repeat(PAD)
         )
         .into_bytes()
     };
     assert_eq!(send("POST", &url_a, Some(&make(1))).status, 200);
     std::thread::scope(|scope| {
         scope.spawn(|| {
-            for serial in 2..22 {
-                let url = if serial % 2 == 0 { &url_a } else { &url_b };
+            for serial in 2..22u64 {
+                let url = if serial.is_multiple_of(2) {
+                    &url_a
+                } else {
+                    &url_b
+                };
                 let answer = send("POST", url, Some(&make(serial)));
                 assert_eq!(answer.status, 200, "{}", answer.text());
             }
@@ -108,9 +113,8 @@ fn readers_never_see_a_torn_state() {
                 // letter is the one its serial wrote.
                 let serial = state["serial"].as_u64().unwrap();
                 let pad = state["pad"].as_str().unwrap();
-                let fill = if serial % 2 == 0 { 'a' } else { 'b' };
                 assert!(
-                    pad.len() == PAD && pad.chars().all(|c| c == fill),
+                    pad.len() == PAD && pad.chars().all(|c| c == fill(serial)),
                     "torn state at serial {serial}"
                 );
             }
