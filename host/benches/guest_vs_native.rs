@@ -27,12 +27,40 @@ use wasmstate::runtime::{GuestBackend, Runtime};
 
 const SIZES: &[(&str, usize)] = &[("100KiB", 100 << 10), ("10MiB", 10 << 20)];
 
+/// A state of `size` bytes whose serial sits in a fixed-width slot (JSON
+/// allows the padding spaces), so [`next_serial`] can set it in place.
 fn state_of(size: usize) -> Vec<u8> {
-    let header = br#"{"version":4,"serial":1,"lineage":"bench","pad":""#;
-    let mut body = header.to_vec();
+    let header = format!(
+        r#"{{"version":4,"serial":{:>SERIAL_WIDTH$},"lineage":"bench","pad":""#,
+        1
+    );
+    let mut body = header.into_bytes();
     body.resize(size - 2, b'x');
     body.extend_from_slice(b"\"}");
     body
+}
+
+const SERIAL_WIDTH: usize = 20;
+const SERIAL_AT: usize = r#"{"version":4,"serial":"#.len();
+
+/// The same state with the next serial. Every POST through the protocol
+/// must carry a newer serial: the stale-write guard answers a repeated one
+/// without writing, which would time a read instead of a write.
+fn next_serial(body: &mut [u8], serial: &mut u64) {
+    *serial += 1;
+    let slot = format!("{:>SERIAL_WIDTH$}", *serial);
+    body[SERIAL_AT..SERIAL_AT + SERIAL_WIDTH].copy_from_slice(slot.as_bytes());
+}
+
+/// The protocol layer serving `storage` as backend `default`.
+fn single_backend_app<S: Storage>(storage: S) -> axum::Router {
+    router(App {
+        backends: BTreeMap::from([("default".to_string(), storage)]),
+        max_body_bytes: 64 << 20,
+        metrics: metrics(),
+        auth: Default::default(),
+        allow_force_push: Default::default(),
+    })
 }
 
 fn criterion_dir() -> PathBuf {
@@ -114,13 +142,7 @@ fn storage_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, stora
 }
 
 fn http_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storage: S) {
-    let app = router(App {
-        backends: BTreeMap::from([("default".to_string(), storage)]),
-        max_body_bytes: 64 << 20,
-        metrics: metrics(),
-        auth: Default::default(),
-        allow_force_push: Default::default(),
-    });
+    let app = single_backend_app(storage);
     let request = |method: &str, body: Vec<u8>| {
         Request::builder()
             .method(method)
@@ -137,13 +159,21 @@ fn http_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storage:
                 .unwrap()
         })
     };
+    // One serial for the whole workspace: every POST must be newer.
+    let mut serial = 0;
     for &(label, size) in SIZES {
-        let body = state_of(size);
+        let mut body = state_of(size);
+        next_serial(&mut body, &mut serial);
         call(request("POST", body.clone()));
         c.benchmark_group(format!("http-GET-{label}"))
             .bench_function(name, |b| b.iter(|| call(request("GET", Vec::new()))));
         c.benchmark_group(format!("http-POST-{label}"))
-            .bench_function(name, |b| b.iter(|| call(request("POST", body.clone()))));
+            .bench_function(name, |b| {
+                b.iter(|| {
+                    next_serial(&mut body, &mut serial);
+                    call(request("POST", body.clone()))
+                })
+            });
     }
     let lock = serde_json::to_vec(&lock_info()).unwrap();
     c.benchmark_group("http-LOCK+UNLOCK")
@@ -158,13 +188,7 @@ fn http_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storage:
 /// What a client sees: a real HTTP/1.1 server on a loopback socket, a
 /// keep-alive client, 100 KiB states.
 fn socket_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storage: S) {
-    let app = router(App {
-        backends: BTreeMap::from([("default".to_string(), storage)]),
-        max_body_bytes: 64 << 20,
-        metrics: metrics(),
-        auth: Default::default(),
-        allow_force_push: Default::default(),
-    });
+    let app = single_backend_app(storage);
     let listener =
         f.rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
@@ -187,12 +211,18 @@ fn socket_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storag
             response.bytes().await.unwrap()
         })
     };
-    let body = state_of(100 << 10);
+    let (mut body, mut serial) = (state_of(100 << 10), 0);
+    next_serial(&mut body, &mut serial);
     call("POST", body.clone());
     c.benchmark_group("socket-GET-100KiB")
         .bench_function(name, |b| b.iter(|| call("GET", Vec::new())));
     c.benchmark_group("socket-POST-100KiB")
-        .bench_function(name, |b| b.iter(|| call("POST", body.clone())));
+        .bench_function(name, |b| {
+            b.iter(|| {
+                next_serial(&mut body, &mut serial);
+                call("POST", body.clone())
+            })
+        });
     let lock = serde_json::to_vec(&lock_info()).unwrap();
     c.benchmark_group("socket-LOCK+UNLOCK")
         .bench_function(name, |b| {

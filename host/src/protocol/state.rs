@@ -54,8 +54,8 @@ pub async fn handle<S: Storage>(
         "GET" => read(target).await,
         "POST" | "PUT" => write(app, target, lock_id, &headers, body?).await,
         "DELETE" => {
-            let store = target.storage;
-            store
+            target
+                .storage
                 .delete(target.workspace, lock_id)
                 .await
                 .map_err(|e| target.error(e))?;

@@ -15,21 +15,24 @@ pub fn sha256_hex(wasm: &[u8]) -> String {
     hex::encode(Sha256::digest(wasm))
 }
 
-/// Where the compiled form of `wasm` for `engine` lives under `dir`.
-pub fn artifact_path(engine: &Engine, wasm: &[u8], dir: &Path) -> PathBuf {
+/// Where the compiled form of the component with digest `sha256` for
+/// `engine` lives under `dir`.
+pub fn artifact_path(engine: &Engine, sha256: &str, dir: &Path) -> PathBuf {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut hasher);
-    dir.join(format!(
-        "{}-{:016x}.cwasm",
-        sha256_hex(wasm),
-        hasher.finish()
-    ))
+    dir.join(format!("{sha256}-{:016x}.cwasm", hasher.finish()))
 }
 
-/// Compile `wasm`, or load its cached compilation from `dir`. A cache that
-/// cannot be read or written only costs time: it is reported and bypassed.
-pub fn compile(engine: &Engine, wasm: &[u8], dir: &Path) -> anyhow::Result<Component> {
-    let path = artifact_path(engine, wasm, dir);
+/// Compile `wasm` (whose digest is `sha256`), or load its cached
+/// compilation from `dir`. A cache that cannot be read or written only costs
+/// time: it is reported and bypassed.
+pub fn compile(
+    engine: &Engine,
+    wasm: &[u8],
+    sha256: &str,
+    dir: &Path,
+) -> anyhow::Result<Component> {
+    let path = artifact_path(engine, sha256, dir);
     if path.is_file() {
         // SAFETY: `deserialize_file` trusts its input to be wasmtime's own
         // output. Only this function writes this directory, naming each file
@@ -75,6 +78,10 @@ mod tests {
         super::super::engine::build(2, 64 << 20).unwrap()
     }
 
+    fn digest() -> String {
+        sha256_hex(local_guest())
+    }
+
     fn local_guest() -> &'static [u8] {
         crate::guests::embedded("local").unwrap().wasm
     }
@@ -83,11 +90,11 @@ mod tests {
     fn a_second_load_maps_the_cached_artifact() {
         let dir = tempfile::tempdir().unwrap();
         let engine = engine();
-        compile(&engine, local_guest(), dir.path()).unwrap();
-        let path = artifact_path(&engine, local_guest(), dir.path());
+        compile(&engine, local_guest(), &digest(), dir.path()).unwrap();
+        let path = artifact_path(&engine, &digest(), dir.path());
         let first = std::fs::metadata(&path).unwrap().modified().unwrap();
 
-        compile(&engine, local_guest(), dir.path()).unwrap();
+        compile(&engine, local_guest(), &digest(), dir.path()).unwrap();
         let second = std::fs::metadata(&path).unwrap().modified().unwrap();
         assert_eq!(
             first, second,
@@ -98,7 +105,7 @@ mod tests {
                 .unwrap()
                 .to_str()
                 .unwrap()
-                .starts_with(&sha256_hex(local_guest()))
+                .starts_with(&digest())
         );
     }
 
@@ -106,16 +113,16 @@ mod tests {
     fn a_corrupt_artifact_is_replaced_not_fatal() {
         let dir = tempfile::tempdir().unwrap();
         let engine = engine();
-        let path = artifact_path(&engine, local_guest(), dir.path());
+        let path = artifact_path(&engine, &digest(), dir.path());
         std::fs::write(&path, b"not machine code").unwrap();
-        compile(&engine, local_guest(), dir.path()).unwrap();
+        compile(&engine, local_guest(), &digest(), dir.path()).unwrap();
         assert_ne!(std::fs::read(&path).unwrap(), b"not machine code");
     }
 
     #[test]
     fn garbage_is_refused_with_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        let err = compile(&engine(), b"\0asm garbage", dir.path()).unwrap_err();
+        let err = compile(&engine(), b"\0asm garbage", "garbage", dir.path()).unwrap_err();
         assert!(
             format!("{err:#}").contains("not a valid WebAssembly component"),
             "{err:#}"

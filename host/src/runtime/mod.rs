@@ -86,8 +86,9 @@ impl Runtime {
     ) -> anyhow::Result<GuestBackend> {
         let name = &backend.name;
         let context = || format!("backend {name:?} (guest {})", backend.guest);
+        let sha256 = sha256_hex(wasm);
         let component =
-            cache::compile(&self.engine, wasm, &self.cache_dir).with_context(context)?;
+            cache::compile(&self.engine, wasm, &sha256, &self.cache_dir).with_context(context)?;
         let exports: Vec<String> = component
             .component_type()
             .exports(&self.engine)
@@ -113,7 +114,7 @@ impl Runtime {
             dir,
             config: backend.guest_config.clone().into(),
             outbound: Arc::new(OutboundPolicy::new(backend.allow_http.clone())),
-            sha256: sha256_hex(wasm),
+            sha256,
         };
         let diagnostics = guest
             .validate_config()
