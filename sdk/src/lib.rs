@@ -54,6 +54,7 @@ mod config;
 mod error;
 mod export;
 pub mod fs;
+pub mod git;
 pub mod http;
 pub mod log;
 mod types;
