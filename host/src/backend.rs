@@ -60,11 +60,32 @@ pub enum StorageError {
     /// The guest tried to grow past its memory limit and was stopped.
     #[error("guest exceeded its memory limit of {} MiB", .0 / (1024 * 1024))]
     GuestOutOfMemory(u64),
+    /// The host could not seal or open a state (wrong or missing key).
+    #[error("encryption: {0}")]
+    Encryption(String),
+    /// Neither the host nor the guest keeps versions for this backend.
+    #[error(
+        "this backend keeps no version history; set history = N (versions per workspace) on it"
+    )]
+    NoHistory,
 }
 
 fn join(diagnostics: &[Diagnostic]) -> String {
     let lines: Vec<String> = diagnostics.iter().map(ToString::to_string).collect();
     lines.join("; ")
+}
+
+/// One kept version, as listed by `GET …/versions`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Version {
+    /// Opaque id for `GET …/versions/{id}`: `<unix ms>-<serial>`.
+    pub id: String,
+    /// The state's serial, when it has one.
+    pub serial: Option<u64>,
+    /// When it was written, in milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// Size as stored.
+    pub bytes: u64,
 }
 
 /// Result of a storage operation.
@@ -113,6 +134,24 @@ pub trait Storage: Send + Sync + 'static {
     fn create_workspace(&self, name: &str) -> impl Future<Output = StorageResult<bool>> + Send;
     /// Delete a workspace and its state.
     fn delete_workspace(&self, name: &str) -> impl Future<Output = StorageResult<()>> + Send;
+    /// Previous versions of a state, newest first, when this storage keeps
+    /// them.
+    fn list_versions(
+        &self,
+        workspace: &str,
+    ) -> impl Future<Output = StorageResult<Vec<Version>>> + Send {
+        let _ = workspace;
+        async { Err(StorageError::NoHistory) }
+    }
+    /// One previous version; `None` when there is no such version.
+    fn read_version(
+        &self,
+        workspace: &str,
+        id: &str,
+    ) -> impl Future<Output = StorageResult<Option<Vec<u8>>>> + Send {
+        let _ = (workspace, id);
+        async { Err(StorageError::NoHistory) }
+    }
 }
 
 /// A shared backend is a backend.
@@ -165,5 +204,18 @@ impl<S: Storage> Storage for std::sync::Arc<S> {
     }
     fn delete_workspace(&self, name: &str) -> impl Future<Output = StorageResult<()>> + Send {
         (**self).delete_workspace(name)
+    }
+    fn list_versions(
+        &self,
+        workspace: &str,
+    ) -> impl Future<Output = StorageResult<Vec<Version>>> + Send {
+        (**self).list_versions(workspace)
+    }
+    fn read_version(
+        &self,
+        workspace: &str,
+        id: &str,
+    ) -> impl Future<Output = StorageResult<Option<Vec<u8>>>> + Send {
+        (**self).read_version(workspace, id)
     }
 }

@@ -1,6 +1,6 @@
 //! Command-line interface.
 
-use crate::client::{Client, Credentials};
+use crate::client::{Client, ClientTls, Credentials};
 use crate::config::{Config, GuestSource, Limits, Overrides};
 use crate::conformance::{GuestUnderTest, run_guest};
 use crate::policy::Origin;
@@ -64,23 +64,100 @@ pub enum Command {
         /// Which operation.
         #[command(subcommand)]
         action: WorkspaceAction,
-        /// Backend whose workspaces to manage.
-        #[arg(long, short, global = true, default_value = "default")]
-        backend: String,
-        /// URL of the running server.
-        #[arg(
-            long,
-            global = true,
-            env = "WASMSTATE_SERVER",
-            default_value = "http://127.0.0.1:6061"
-        )]
-        server: String,
-        /// Bearer token, when the server requires authentication.
-        #[arg(long, global = true, env = "WASMSTATE_TOKEN", hide_env_values = true)]
-        token: Option<String>,
-        /// User for HTTP Basic; the password comes from WASMSTATE_PASSWORD.
-        #[arg(long, global = true, env = "WASMSTATE_USER")]
-        user: Option<String>,
+        /// Which server and how to sign in.
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// List a state's kept versions, or write one back, on a running server.
+    State {
+        /// Which operation.
+        #[command(subcommand)]
+        action: StateAction,
+        /// Which server and how to sign in.
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Make a random AES-256 key for a backend's `encryption.keys`: prints it
+    /// base64-encoded; keep it in a file or environment variable.
+    GenerateKey,
+}
+
+/// How the CLI reaches a running server.
+#[derive(Debug, clap::Args)]
+pub struct RemoteArgs {
+    /// Backend to act on.
+    #[arg(long, short, global = true, default_value = "default")]
+    backend: String,
+    /// URL of the running server.
+    #[arg(
+        long,
+        global = true,
+        env = "WASMSTATE_SERVER",
+        default_value = "http://127.0.0.1:6061"
+    )]
+    server: String,
+    /// Bearer token, when the server requires authentication.
+    #[arg(long, global = true, env = "WASMSTATE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// User for HTTP Basic; the password comes from WASMSTATE_PASSWORD.
+    #[arg(long, global = true, env = "WASMSTATE_USER")]
+    user: Option<String>,
+    /// PEM CA certificate to trust for an https server (besides the
+    /// public roots).
+    #[arg(long, global = true, env = "WASMSTATE_CA_CERT")]
+    ca_cert: Option<PathBuf>,
+    /// PEM client certificate, when the server requires one (mTLS).
+    #[arg(
+        long,
+        global = true,
+        env = "WASMSTATE_CLIENT_CERT",
+        requires = "client_key"
+    )]
+    client_cert: Option<PathBuf>,
+    /// PEM private key of --client-cert.
+    #[arg(
+        long,
+        global = true,
+        env = "WASMSTATE_CLIENT_KEY",
+        requires = "client_cert"
+    )]
+    client_key: Option<PathBuf>,
+}
+
+impl RemoteArgs {
+    fn client(&self) -> anyhow::Result<Client> {
+        let credentials = match (&self.token, &self.user) {
+            (Some(token), _) => Some(Credentials::Bearer(token.clone())),
+            (None, Some(user)) => Some(Credentials::Basic(
+                user.clone(),
+                std::env::var("WASMSTATE_PASSWORD").unwrap_or_default(),
+            )),
+            (None, None) => None,
+        };
+        let tls = ClientTls {
+            ca_cert: self.ca_cert.clone(),
+            identity: self.client_cert.clone().zip(self.client_key.clone()),
+        };
+        Client::new(&self.server, credentials, &tls)
+    }
+}
+
+/// State operations.
+#[derive(Debug, Subcommand)]
+pub enum StateAction {
+    /// List the kept versions of a workspace's state, newest first.
+    Versions {
+        /// Workspace name.
+        #[arg(default_value = "default")]
+        workspace: String,
+    },
+    /// Write a kept version back as the newest state: takes the lock, gives
+    /// the version the next serial, writes it, releases the lock.
+    Restore {
+        /// Workspace name.
+        workspace: String,
+        /// Version id, from `wasmstate state versions`.
+        version: String,
     },
 }
 
@@ -103,6 +180,10 @@ pub enum GuestAction {
         /// http://127.0.0.1:2379 (repeatable).
         #[arg(long = "allow-http", value_name = "ORIGIN")]
         allow_http: Vec<String>,
+        /// Git repository URL the guest may use through the host (repeatable;
+        /// the embedded git guest gets its --config repository=URL).
+        #[arg(long = "allow-git", value_name = "URL")]
+        allow_git: Vec<String>,
         /// Memory cap per call.
         #[arg(long, default_value_t = 256)]
         memory_mib: u64,
@@ -174,6 +255,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     config,
                     dir,
                     allow_http,
+                    allow_git,
                     memory_mib,
                     timeout_ms,
                 },
@@ -193,6 +275,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     .iter()
                     .map(|o| Origin::parse(o).map_err(|e| anyhow::anyhow!("--allow-http {e}")))
                     .collect::<Result<_, _>>()?,
+                allow_git,
                 limits: Limits {
                     memory_bytes: memory_mib << 20,
                     timeout: std::time::Duration::from_millis(timeout_ms),
@@ -221,35 +304,52 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("token:  {token}\nsha256: {sha256}");
             Ok(())
         }
-        Command::Workspace {
-            action,
-            backend,
-            server,
-            token,
-            user,
-        } => {
-            let credentials = match (token, user) {
-                (Some(token), _) => Some(Credentials::Bearer(token)),
-                (None, Some(user)) => Some(Credentials::Basic(
-                    user,
-                    std::env::var("WASMSTATE_PASSWORD").unwrap_or_default(),
-                )),
-                (None, None) => None,
-            };
-            let client = Client::new(&server, credentials);
+        Command::Workspace { action, remote } => {
+            let client = remote.client()?;
+            let backend = &remote.backend;
             match action {
                 WorkspaceAction::List => {
-                    for name in client.list(&backend).await? {
+                    for name in client.list(backend).await? {
                         println!("{name}");
                     }
                 }
                 WorkspaceAction::Create { name } => {
-                    println!("{}", client.create(&backend, &name).await?)
+                    println!("{}", client.create(backend, &name).await?)
                 }
                 WorkspaceAction::Delete { name } => {
-                    println!("{}", client.delete(&backend, &name).await?)
+                    println!("{}", client.delete(backend, &name).await?)
                 }
             }
+            Ok(())
+        }
+        Command::State { action, remote } => {
+            let client = remote.client()?;
+            let backend = &remote.backend;
+            match action {
+                StateAction::Versions { workspace } => {
+                    let versions = client.versions(backend, &workspace).await?;
+                    println!("{:<20} {:>8} {:>10}  written", "id", "serial", "bytes");
+                    for v in versions {
+                        println!(
+                            "{:<20} {:>8} {:>10}  {}",
+                            v.id,
+                            v.serial.map_or("-".to_string(), |s| s.to_string()),
+                            v.bytes,
+                            crate::client::format_unix_ms(v.created_unix_ms)
+                        );
+                    }
+                }
+                StateAction::Restore { workspace, version } => {
+                    let serial = client.restore(backend, &workspace, &version).await?;
+                    println!(
+                        "restored version {version} of {backend}/{workspace} as serial {serial}"
+                    );
+                }
+            }
+            Ok(())
+        }
+        Command::GenerateKey => {
+            println!("{}", crate::store::envelope::EncryptionKey::generate());
             Ok(())
         }
     }

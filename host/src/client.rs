@@ -1,6 +1,11 @@
-//! The CLI's client for a running server's workspace API.
+//! The CLI's client for a running server: the workspace API, version
+//! history and restore.
 
+use crate::backend::{LockInfo, Version};
 use anyhow::Context;
+use base64::Engine as _;
+use md5::{Digest, Md5};
+use std::path::PathBuf;
 
 /// How the client signs in, when the server requires it.
 #[derive(Debug, Clone)]
@@ -9,6 +14,15 @@ pub enum Credentials {
     Basic(String, String),
     /// A bearer token.
     Bearer(String),
+}
+
+/// Certificates for an https server.
+#[derive(Debug, Clone, Default)]
+pub struct ClientTls {
+    /// Extra CA to trust (PEM), e.g. the server's private CA.
+    pub ca_cert: Option<PathBuf>,
+    /// Client certificate and key (PEM) for servers that require one.
+    pub identity: Option<(PathBuf, PathBuf)>,
 }
 
 /// Talks to `--server`.
@@ -20,11 +34,112 @@ pub struct Client {
 
 impl Client {
     /// A client for the server at `server` (e.g. `http://127.0.0.1:6061`).
-    pub fn new(server: &str, credentials: Option<Credentials>) -> Self {
-        Client {
+    pub fn new(
+        server: &str,
+        credentials: Option<Credentials>,
+        tls: &ClientTls,
+    ) -> anyhow::Result<Self> {
+        let read = |path: &PathBuf| {
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+        };
+        let mut http = reqwest::Client::builder().use_rustls_tls();
+        if let Some(ca) = &tls.ca_cert {
+            let cert = reqwest::Certificate::from_pem(&read(ca)?)
+                .with_context(|| format!("{}: not a PEM certificate", ca.display()))?;
+            http = http.add_root_certificate(cert);
+        }
+        if let Some((cert, key)) = &tls.identity {
+            let pem = [read(cert)?, b"\n".to_vec(), read(key)?].concat();
+            let identity = reqwest::Identity::from_pem(&pem).with_context(|| {
+                format!(
+                    "{} and {}: not a PEM certificate and private key",
+                    cert.display(),
+                    key.display()
+                )
+            })?;
+            http = http.identity(identity);
+        }
+        Ok(Client {
             server: server.trim_end_matches('/').to_string(),
-            http: reqwest::Client::new(),
+            http: http.build().context("cannot set up the HTTP client")?,
             credentials,
+        })
+    }
+
+    fn state_url(&self, backend: &str, workspace: &str) -> String {
+        format!("{}/states/{backend}/{workspace}", self.server)
+    }
+
+    /// The kept versions of a state, newest first.
+    pub async fn versions(&self, backend: &str, workspace: &str) -> anyhow::Result<Vec<Version>> {
+        let url = format!("{}/versions", self.state_url(backend, workspace));
+        let response = self.send(self.http.get(&url), &url).await?;
+        Ok(response.json().await?)
+    }
+
+    /// Write version `id` back as the newest state, under the lock, with
+    /// the next serial (so Terraform and the stale-write guard see a newer
+    /// state). Returns the serial written.
+    pub async fn restore(&self, backend: &str, workspace: &str, id: &str) -> anyhow::Result<u64> {
+        let base = self.state_url(backend, workspace);
+        let url = format!("{base}/versions/{id}");
+        let old = self.send(self.http.get(&url), &url).await?.bytes().await?;
+        let mut state: serde_json::Value = serde_json::from_slice(&old)
+            .with_context(|| format!("version {id} is not a JSON state"))?;
+        let info = restore_lock_info(id);
+        let lock_body = info.to_json();
+        let lock = reqwest::Method::from_bytes(b"LOCK").expect("valid method");
+        self.send(
+            self.http.request(lock, &base).body(lock_body.clone()),
+            &base,
+        )
+        .await
+        .context("cannot take the lock to restore")?;
+        let written = async {
+            let current = self.credentials(self.http.get(&base)).send().await?;
+            let current_serial = match current.status() {
+                reqwest::StatusCode::OK => {
+                    let bytes = current.bytes().await?;
+                    serde_json::from_slice::<serde_json::Value>(&bytes)
+                        .ok()
+                        .and_then(|v| v["serial"].as_u64())
+                }
+                _ => None,
+            };
+            let serial = match (current_serial, state["serial"].as_u64()) {
+                (Some(current), _) => current + 1,
+                (None, Some(old)) => old,
+                (None, None) => 1,
+            };
+            state["serial"] = serial.into();
+            let body = serde_json::to_vec_pretty(&state)?;
+            let md5 = base64::engine::general_purpose::STANDARD.encode(Md5::digest(&body));
+            let post = format!("{base}?ID={}", info.id);
+            let request = self
+                .http
+                .post(&post)
+                .header("Content-Type", "application/json")
+                .header("Content-MD5", md5)
+                .body(body);
+            self.send(request, &base).await?;
+            anyhow::Ok(serial)
+        }
+        .await;
+        let unlock = reqwest::Method::from_bytes(b"UNLOCK").expect("valid method");
+        let unlocked = self
+            .send(self.http.request(unlock, &base).body(lock_body), &base)
+            .await;
+        let serial = written.context("restore failed; the state was not changed")?;
+        unlocked
+            .context("restored, but releasing the lock failed; run `terraform force-unlock`")?;
+        Ok(serial)
+    }
+
+    fn credentials(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.credentials {
+            Some(Credentials::Basic(user, password)) => request.basic_auth(user, Some(password)),
+            Some(Credentials::Bearer(token)) => request.bearer_auth(token),
+            None => request,
         }
     }
 
@@ -54,12 +169,7 @@ impl Client {
         request: reqwest::RequestBuilder,
         url: &str,
     ) -> anyhow::Result<reqwest::Response> {
-        let request = match &self.credentials {
-            Some(Credentials::Basic(user, password)) => request.basic_auth(user, Some(password)),
-            Some(Credentials::Bearer(token)) => request.bearer_auth(token),
-            None => request,
-        };
-        let response = request.send().await.with_context(|| {
+        let response = self.credentials(request).send().await.with_context(|| {
             format!("cannot reach the wasmstate server at {} (is `wasmstate serve` running? pass --server)", self.server)
         })?;
         let status = response.status();
@@ -76,4 +186,46 @@ impl Client {
         };
         anyhow::bail!("{url}: {status}: {reason}")
     }
+}
+
+/// The lock `state restore` takes, in Terraform's shape so `terraform
+/// force-unlock` and other clients understand who holds it.
+fn restore_lock_info(version: &str) -> LockInfo {
+    use argon2::password_hash::rand_core::{OsRng, RngCore};
+    let mut id = [0u8; 16];
+    OsRng.fill_bytes(&mut id);
+    let hex = hex::encode(id);
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into());
+    LockInfo {
+        id: format!(
+            "{}-{}-{}-{}-{}",
+            &hex[..8],
+            &hex[8..12],
+            &hex[12..16],
+            &hex[16..20],
+            &hex[20..]
+        ),
+        operation: "wasmstate-state-restore".into(),
+        info: format!("restoring version {version}"),
+        who: format!("{user}@{host}"),
+        version: env!("CARGO_PKG_VERSION").into(),
+        created: time::OffsetDateTime::now_utc()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default(),
+        path: String::new(),
+    }
+}
+
+/// A version's time for people: RFC 3339, UTC, to the millisecond.
+pub fn format_unix_ms(ms: u64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| ms.to_string())
 }

@@ -7,12 +7,23 @@
 //! # cache_dir = "/var/cache/wasmstate"   # compiled guests; default <data_dir>/cache
 //! max_body_mib = 64
 //!
+//! [tls]                    # HTTPS (optional)
+//! cert = "server.pem"      # PEM certificate chain
+//! key = "server.key"       # PEM private key
+//! # client_ca = "ca.pem"   # require client certificates signed by this CA (mTLS)
+//!
 //! [backends.default]
 //! guest = "local"          # an embedded guest, or a path to a .wasm file
 //! memory_mib = 256         # per-request memory cap
 //! timeout_ms = 10000       # per-request deadline
 //! allow_http = []          # origins the guest may call, e.g. "http://127.0.0.1:2379"
 //! allow_force_push = false # accept older/unrelated states (`state push -force`)
+//! history = 10             # versions kept per workspace by the host; 0 = none
+//! allow_git = []           # repositories the guest may use through the host's git
+//!                          # (the embedded git guest: its config.repository)
+//! # git_auth = { username_env = "GIT_USER", password_env = "GIT_TOKEN" }  # or ssh_key = "path"
+//! # Encrypt states before the guest sees them; the first key seals, all open.
+//! # encryption = { keys = [{ id = "2026-11", env = "WASMSTATE_KEY" }, { id = "old", file = "old.key" }] }
 //! [backends.default.config]
 //! fsync = true             # handed to the guest as strings
 //!
@@ -28,9 +39,11 @@
 //! ```
 
 use crate::auth::{Grant, Token, User, check_hash};
+use crate::capabilities::git::{GitAuth, GitGrant};
 use crate::guests;
 use crate::names::check_name;
 use crate::policy::Origin;
+use crate::store::envelope::EncryptionKey;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -45,6 +58,7 @@ const DEFAULT_MAX_BODY_MIB: u64 = 64;
 const DEFAULT_MEMORY_MIB: u64 = 256;
 const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 const DEFAULT_MAX_INSTANCES: u32 = 64;
+const DEFAULT_HISTORY: u64 = 10;
 
 /// Validated server configuration.
 #[derive(Debug, Clone)]
@@ -66,6 +80,19 @@ pub struct Config {
     pub users: Vec<User>,
     /// Bearer tokens.
     pub tokens: Vec<Token>,
+    /// HTTPS settings; plain HTTP when `None`.
+    pub tls: Option<TlsConfig>,
+}
+
+/// The `[tls]` table: certificate files for HTTPS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+    /// When set, clients must present a certificate signed by this CA.
+    pub client_ca: Option<PathBuf>,
 }
 
 /// One `[backends.NAME]` table, validated.
@@ -85,6 +112,12 @@ pub struct BackendConfig {
     pub allow_http: Vec<Origin>,
     /// Accept states older than, or unrelated to, the stored one.
     pub allow_force_push: bool,
+    /// Versions the host keeps per workspace (0: none).
+    pub history: usize,
+    /// Git repositories the guest may use, with the host-held credentials.
+    pub allow_git: Vec<GitGrant>,
+    /// Keys for encryption at rest; the first seals. Empty: no encryption.
+    pub encryption_keys: Vec<EncryptionKey>,
 }
 
 /// Where a guest's component comes from.
@@ -153,6 +186,37 @@ struct RawConfig {
     users: Vec<RawUser>,
     #[serde(default)]
     tokens: Vec<RawToken>,
+    tls: Option<RawTls>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    cert: PathBuf,
+    key: PathBuf,
+    client_ca: Option<PathBuf>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGitAuth {
+    username_env: Option<String>,
+    password_env: Option<String>,
+    ssh_key: Option<PathBuf>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEncryption {
+    keys: Vec<RawKey>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKey {
+    id: String,
+    env: Option<String>,
+    file: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -182,6 +246,11 @@ struct RawBackend {
     allow_http: Vec<String>,
     #[serde(default)]
     allow_force_push: bool,
+    history: Option<u64>,
+    encryption: Option<RawEncryption>,
+    #[serde(default)]
+    allow_git: Vec<String>,
+    git_auth: Option<RawGitAuth>,
     #[serde(default)]
     config: toml::Table,
 }
@@ -234,9 +303,13 @@ impl Config {
                 guest_config: Vec::new(),
                 allow_http: Vec::new(),
                 allow_force_push: false,
+                history: DEFAULT_HISTORY as usize,
+                encryption_keys: Vec::new(),
+                allow_git: Vec::new(),
             }],
             users: Vec::new(),
             tokens: Vec::new(),
+            tls: None,
         }
     }
 
@@ -420,7 +493,29 @@ fn validate(
             sha256: t.sha256.to_ascii_lowercase(),
         });
     }
+    let tls = raw
+        .tls
+        .map(|t| -> Result<TlsConfig, ConfigError> {
+            let file_at = |key: &str, path: PathBuf| {
+                let path = base.join(path);
+                if path.is_file() {
+                    Ok(path)
+                } else {
+                    Err(ConfigError(format!(
+                        "{file}: tls.{key} = {}: no such file",
+                        path.display()
+                    )))
+                }
+            };
+            Ok(TlsConfig {
+                cert: file_at("cert", t.cert)?,
+                key: file_at("key", t.key)?,
+                client_ca: t.client_ca.map(|c| file_at("client_ca", c)).transpose()?,
+            })
+        })
+        .transpose()?;
     Ok(Config {
+        tls,
         users,
         tokens,
         listen,
@@ -495,7 +590,66 @@ fn validate_backend(
     {
         allow_http = (embedded.default_grants)(&guest_config);
     }
+    let history = in_range(
+        file,
+        &key("history"),
+        raw.history.unwrap_or(DEFAULT_HISTORY),
+        0,
+        10_000,
+    )? as usize;
+    let encryption_keys = match raw.encryption {
+        None => Vec::new(),
+        Some(enc) => encryption_keys(enc, base, &key("encryption.keys"), file)?,
+    };
+    let auth = match raw.git_auth {
+        None => GitAuth::default(),
+        Some(a) => {
+            let env = |var: Option<String>, what: &str| {
+                var.map(|var| {
+                    std::env::var(&var).map_err(|_| {
+                        ConfigError(format!(
+                            "{file}: {}.{what}: environment variable {var} is not set",
+                            key("git_auth")
+                        ))
+                    })
+                })
+                .transpose()
+            };
+            GitAuth {
+                username: env(a.username_env, "username_env")?,
+                password: env(a.password_env, "password_env")?,
+                ssh_key: a.ssh_key.map(|k| base.join(k)),
+            }
+        }
+    };
+    let mut git_urls = raw.allow_git;
+    // The embedded git guest is granted the repository its own
+    // configuration names, unless the operator lists grants explicitly.
+    if git_urls.is_empty()
+        && guest == GuestSource::Embedded("git")
+        && let Some((_, url)) = guest_config.iter().find(|(k, _)| k == "repository")
+    {
+        git_urls.push(url.clone());
+    }
+    let allow_git = git_urls
+        .into_iter()
+        .map(|url| {
+            if url.trim().is_empty() {
+                return Err(ConfigError(format!(
+                    "{file}: {}: empty repository URL",
+                    key("allow_git")
+                )));
+            }
+            Ok(GitGrant {
+                url,
+                auth: auth.clone(),
+            })
+        })
+        .collect::<Result<_, _>>()?;
     Ok(BackendConfig {
+        allow_git,
+        history,
+        encryption_keys,
         allow_http,
         allow_force_push: raw.allow_force_push,
         dir: raw.dir.map(|d| base.join(d)),
@@ -507,6 +661,51 @@ fn validate_backend(
         },
         guest_config,
     })
+}
+
+/// Read each key from the environment variable or file it names.
+fn encryption_keys(
+    raw: RawEncryption,
+    base: &Path,
+    key: &str,
+    file: &str,
+) -> Result<Vec<EncryptionKey>, ConfigError> {
+    if raw.keys.is_empty() {
+        return Err(ConfigError(format!(
+            "{file}: {key}: empty; list at least one {{ id = \"…\", env = \"VAR\" }} or remove the encryption table"
+        )));
+    }
+    let mut keys: Vec<EncryptionKey> = Vec::new();
+    for k in raw.keys {
+        let at = format!("{key}[id={:?}]", k.id);
+        check_name("key id", &k.id).map_err(|e| ConfigError(format!("{file}: {at}: {e}")))?;
+        if keys.iter().any(|existing| existing.id == k.id) {
+            return Err(ConfigError(format!("{file}: {at}: the id is used twice")));
+        }
+        let text = match (k.env, k.file) {
+            (Some(var), None) => std::env::var(&var).map_err(|_| {
+                ConfigError(format!(
+                    "{file}: {at}: environment variable {var} is not set"
+                ))
+            })?,
+            (None, Some(path)) => {
+                let path = base.join(path);
+                std::fs::read_to_string(&path).map_err(|e| {
+                    ConfigError(format!("{file}: {at}: cannot read {}: {e}", path.display()))
+                })?
+            }
+            _ => {
+                return Err(ConfigError(format!(
+                    "{file}: {at}: give exactly one of env = \"VAR\" or file = \"path\""
+                )));
+            }
+        };
+        keys.push(
+            EncryptionKey::parse(&k.id, &text)
+                .map_err(|e| ConfigError(format!("{file}: {at}: {e}")))?,
+        );
+    }
+    Ok(keys)
 }
 
 #[cfg(test)]

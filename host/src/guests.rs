@@ -38,6 +38,14 @@ pub const EMBEDDED: &[EmbeddedGuest] = &[
         wasm: include_bytes!(env!("WASMSTATE_GUEST_DYNAMODB")),
         default_grants: aws_grants,
     },
+    EmbeddedGuest {
+        name: "git",
+        summary: "a git repository: state files on a branch, locks as branches (terraform-backend-git's layout)",
+        wasm: include_bytes!(env!("WASMSTATE_GUEST_GIT")),
+        // No HTTP: it reaches its repository through the host's git
+        // capability, granted from its `repository` setting.
+        default_grants: |_| Vec::new(),
+    },
 ];
 
 /// The origin (`scheme://host:port`) of a URL.

@@ -10,12 +10,16 @@
 //! - [`guests`]: the first-party guests embedded in the binary.
 //! - [`auth`]: users, tokens and what each may do.
 //! - [`policy`]: which origins a guest may call over HTTP.
+//! - [`capabilities`]: what the host lends guests beyond WASI (git).
 //! - [`metrics`]: what `GET /metrics` reports, fed by both layers.
+//! - [`store`]: encryption at rest and version history, around any storage.
+//! - [`tls`]: HTTPS and client certificates for `serve`.
 //! - [`server`], [`cli`], [`client`]: the `wasmstate` command.
 #![warn(missing_docs)]
 
 pub mod auth;
 pub mod backend;
+pub mod capabilities;
 pub mod cli;
 pub mod client;
 pub mod config;
@@ -27,3 +31,5 @@ pub mod policy;
 pub mod protocol;
 pub mod runtime;
 pub mod server;
+pub mod store;
+pub mod tls;

@@ -74,6 +74,7 @@ pub struct Metrics {
     registry: Registry,
     backends: Vec<String>,
     requests: Family<RequestLabels, Counter>,
+    in_flight: Gauge,
     request_seconds: Family<MethodLabels, Histogram, fn() -> Histogram>,
     instantiate_seconds: Family<BackendLabels, Histogram, fn() -> Histogram>,
     call_seconds: Family<BackendLabels, Histogram, fn() -> Histogram>,
@@ -90,6 +91,7 @@ impl Metrics {
     pub fn new(backends: impl IntoIterator<Item = String>) -> Self {
         let mut registry = Registry::with_prefix("wasmstate");
         let requests = Family::default();
+        let in_flight = Gauge::default();
         let request_seconds: Family<_, _, fn() -> Histogram> =
             Family::new_with_constructor(latency);
         let instantiate_seconds: Family<_, _, fn() -> Histogram> =
@@ -101,6 +103,11 @@ impl Metrics {
         let lock_held_seconds: Family<_, _, fn() -> Histogram> =
             Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.1, 2.0, 16)));
         registry.register("requests", "HTTP requests answered", requests.clone());
+        registry.register(
+            "requests_in_flight",
+            "HTTP requests being served right now",
+            in_flight.clone(),
+        );
         registry.register(
             "request_seconds",
             "Time to answer a request",
@@ -140,6 +147,7 @@ impl Metrics {
             registry,
             backends: backends.into_iter().collect(),
             requests,
+            in_flight,
             request_seconds,
             instantiate_seconds,
             call_seconds,
@@ -157,6 +165,13 @@ impl Metrics {
         } else {
             "-".to_string()
         }
+    }
+
+    /// A request started; the returned guard marks it finished when
+    /// dropped (also when the client goes away mid-request).
+    pub fn request_started(&self) -> InFlight {
+        self.in_flight.inc();
+        InFlight(self.in_flight.clone())
     }
 
     /// One answered request.
@@ -301,5 +316,14 @@ mod tests {
             text.contains(r#"wasmstate_lock_held_seconds_count{backend="prod"} 1"#),
             "{text}"
         );
+    }
+}
+
+/// A request being served; see [`Metrics::request_started`].
+pub struct InFlight(Gauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

@@ -7,6 +7,8 @@ use crate::guests;
 use crate::metrics::Metrics;
 use crate::protocol::{self, App};
 use crate::runtime::{GuestBackend, Runtime};
+use crate::store::Store;
+use crate::store::history::History;
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -41,13 +43,20 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         config.users.clone(),
         config.tokens.clone(),
     ));
-    if !config.listen.ip().is_loopback() && !auth.enabled() {
+    let client_certs = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+    if !config.listen.ip().is_loopback() && !auth.enabled() && !client_certs {
         anyhow::bail!(
             "refusing to listen on {} without authentication: anyone who can reach it could read \
-             and overwrite state. Add [[users]] or [[tokens]] to the config file, or listen on 127.0.0.1",
+             and overwrite state. Add [[users]] or [[tokens]] to the config file, require client \
+             certificates with [tls] client_ca, or listen on 127.0.0.1",
             config.listen
         );
     }
+    let tls = config
+        .tls
+        .as_ref()
+        .map(crate::tls::server_config)
+        .transpose()?;
     let metrics = Arc::new(Metrics::new(config.backends.iter().map(|b| b.name.clone())));
     let runtime = Runtime::new(&config, metrics.clone())?;
     let backends = load_backends(&config, &runtime).await?;
@@ -55,7 +64,23 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
-    print_banner(addr, &backends);
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    print_banner(scheme, addr, &backends);
+    let backends = backends
+        .into_iter()
+        .map(|(name, guest)| {
+            let backend = config
+                .backends
+                .iter()
+                .find(|b| b.name == name)
+                .expect("every loaded backend is configured");
+            let history = (backend.history > 0).then(|| {
+                History::new(config.data_dir.join("history").join(&name), backend.history)
+            });
+            let store = Store::new(guest, backend.encryption_keys.clone(), history);
+            (name, store)
+        })
+        .collect();
     let app = protocol::router(App {
         backends,
         max_body_bytes: config.max_body_bytes,
@@ -68,17 +93,26 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             .map(|b| b.name.clone())
             .collect(),
     });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    match tls {
+        Some(tls) => {
+            axum::serve(crate::tls::TlsListener::new(listener, tls)?, app)
+                .with_graceful_shutdown(shutdown_signal())
+                .await?
+        }
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown_signal())
+                .await?
+        }
+    }
     drop(runtime);
     tracing::info!("stopped");
     Ok(())
 }
 
 /// What an operator needs to point Terraform here. The first line is stable
-/// (`wasmstate listening on http://ADDR`): scripts and tests read it.
-fn print_banner(addr: SocketAddr, backends: &BTreeMap<String, GuestBackend>) {
+/// (`wasmstate listening on http[s]://ADDR`): scripts and tests read it.
+fn print_banner(scheme: &str, addr: SocketAddr, backends: &BTreeMap<String, GuestBackend>) {
     let name = backends
         .keys()
         .find(|n| *n == "default")
@@ -86,14 +120,14 @@ fn print_banner(addr: SocketAddr, backends: &BTreeMap<String, GuestBackend>) {
         .map(String::as_str)
         .unwrap_or("default");
     let url = format!(
-        "http://{addr}/states/{name}/{}",
+        "{scheme}://{addr}/states/{name}/{}",
         protocol::DEFAULT_WORKSPACE
     );
     let names: Vec<&str> = backends.keys().map(String::as_str).collect();
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
         out,
-        "wasmstate listening on http://{addr}\n\
+        "wasmstate listening on {scheme}://{addr}\n\
          backends: {}\n\n\
          Paste into your Terraform configuration (change the last path segment to pick another state):\n\n\
          terraform {{\n  backend \"http\" {{\n    address        = \"{url}\"\n    lock_address   = \"{url}\"\n    unlock_address = \"{url}\"\n  }}\n}}\n",

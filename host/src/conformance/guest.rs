@@ -2,6 +2,7 @@
 //! `wasmstate guest test` does.
 
 use super::{Outcome, Report};
+use crate::capabilities::git::{GitAuth, GitGrant};
 use crate::config::{BackendConfig, Config, GuestSource, Limits, Overrides};
 use crate::guests;
 use crate::policy::Origin;
@@ -20,6 +21,9 @@ pub struct GuestUnderTest {
     pub dir: Option<PathBuf>,
     /// Origins it may call.
     pub allow_http: Vec<Origin>,
+    /// Git repositories it may use (the embedded git guest: its
+    /// configured `repository` when empty).
+    pub allow_git: Vec<String>,
     /// Sandbox limits.
     pub limits: Limits,
 }
@@ -42,6 +46,20 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
     {
         allow_http = (embedded.default_grants)(&subject.config);
     }
+    let mut git_urls = subject.allow_git.clone();
+    if git_urls.is_empty()
+        && subject.guest == GuestSource::Embedded("git")
+        && let Some((_, url)) = subject.config.iter().find(|(k, _)| k == "repository")
+    {
+        git_urls.push(url.clone());
+    }
+    let allow_git: Vec<GitGrant> = git_urls
+        .into_iter()
+        .map(|url| GitGrant {
+            url,
+            auth: GitAuth::default(),
+        })
+        .collect();
     let dir = subject
         .dir
         .clone()
@@ -54,6 +72,9 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
         guest_config: config,
         allow_http: allow_http.clone(),
         allow_force_push: false,
+        history: 0,
+        encryption_keys: Vec::new(),
+        allow_git: allow_git.clone(),
     };
     let mut config = Config::default_with(Overrides {
         data_dir: Some(scratch.path().to_path_buf()),

@@ -47,9 +47,9 @@ impl ApiError {
             InvalidInput(_) => StatusCode::BAD_REQUEST,
             Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             GuestTimedOut(_) => StatusCode::GATEWAY_TIMEOUT,
-            InvalidConfig(_) | Internal(_) | GuestTrapped(_) | GuestOutOfMemory(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            NoHistory => StatusCode::NOT_FOUND,
+            InvalidConfig(_) | Internal(_) | GuestTrapped(_) | GuestOutOfMemory(_)
+            | Encryption(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let message = if status.is_server_error() {
             format!("backend {backend:?}: {error}")

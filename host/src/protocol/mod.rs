@@ -3,11 +3,13 @@
 //!
 //! Routes:
 //! - `GET|POST|PUT|DELETE|LOCK|UNLOCK /states/{backend}/{workspace}`
+//! - `GET /states/{backend}/{workspace}/versions[/{id}]`
 //! - `GET /workspaces/{backend}`, `PUT|DELETE /workspaces/{backend}/{workspace}`
 //! - `GET /healthz`, `GET /metrics` (Prometheus)
 
 mod error;
 mod state;
+mod versions;
 mod workspaces;
 
 pub use error::ApiError;
@@ -150,6 +152,14 @@ pub fn router<S: Storage>(app: App<S>) -> Router {
     let metrics = app.metrics.clone();
     Router::new()
         .route("/states/{backend}/{workspace}", any(state_route::<S>))
+        .route(
+            "/states/{backend}/{workspace}/versions",
+            get(versions_route::<S>),
+        )
+        .route(
+            "/states/{backend}/{workspace}/versions/{id}",
+            get(version_route::<S>),
+        )
         .route("/workspaces/{backend}", get(list_route::<S>))
         .route("/workspaces/{backend}/{workspace}", any(workspace_route::<S>))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -176,6 +186,26 @@ async fn state_route<S: Storage>(
     let Query(query) =
         query.map_err(|e| ApiError::bad_request(format!("bad query string: {e}")))?;
     state::handle(&app, target, method, query, headers, body).await
+}
+
+async fn versions_route<S: Storage>(
+    State(app): State<Arc<App<S>>>,
+    Path((backend, workspace)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let target = app.target(&backend, &workspace)?;
+    app.authorize(&headers, &backend, Some(&workspace), Role::Read)?;
+    versions::list(target).await
+}
+
+async fn version_route<S: Storage>(
+    State(app): State<Arc<App<S>>>,
+    Path((backend, workspace, id)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let target = app.target(&backend, &workspace)?;
+    app.authorize(&headers, &backend, Some(&workspace), Role::Read)?;
+    versions::read(target, &id).await
 }
 
 async fn list_route<S: Storage>(
@@ -237,10 +267,11 @@ async fn log_request(
     next: Next,
 ) -> Response {
     let started = Instant::now();
+    let _in_flight = metrics.request_started();
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let response = next.run(request).await;
-    let mut segments = path.trim_start_matches('/').splitn(3, '/').skip(1);
+    let mut segments = path.trim_start_matches('/').split('/').skip(1);
     let backend = segments.next().unwrap_or("-");
     let workspace = segments.next().unwrap_or("-");
     let elapsed = started.elapsed();

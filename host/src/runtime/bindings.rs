@@ -7,6 +7,9 @@ use crate::backend::{Diagnostic, LockInfo, StorageError};
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "backend",
+    // Async imports: the git capability does network I/O on a blocking
+    // thread and must not stall the executor; log/get-config are trivial.
+    imports: { default: async },
     exports: { default: async },
 });
 

@@ -7,6 +7,7 @@
 mod bindings;
 mod cache;
 mod engine;
+mod git;
 mod limits;
 mod outbound;
 mod sandbox;
@@ -48,6 +49,7 @@ pub struct Runtime {
     linker: Linker<Sandbox>,
     instances: Arc<Semaphore>,
     cache_dir: PathBuf,
+    git: Arc<crate::capabilities::git::GitHost>,
     _ticker: engine::EpochTicker,
 }
 
@@ -73,6 +75,9 @@ impl Runtime {
             linker,
             instances: Arc::new(Semaphore::new(config.max_instances as usize)),
             cache_dir: config.cache_dir(),
+            git: Arc::new(crate::capabilities::git::GitHost::new(
+                config.data_dir.join("git"),
+            )),
         })
     }
 
@@ -114,6 +119,10 @@ impl Runtime {
             dir,
             config: backend.guest_config.clone().into(),
             outbound: Arc::new(OutboundPolicy::new(backend.allow_http.clone())),
+            git: (!backend.allow_git.is_empty()).then(|| git::GitAccess {
+                host: self.git.clone(),
+                grants: backend.allow_git.clone().into(),
+            }),
             sha256,
         };
         let diagnostics = guest
@@ -153,6 +162,7 @@ pub struct GuestBackend {
     dir: Option<PathBuf>,
     config: Arc<[(String, String)]>,
     outbound: Arc<OutboundPolicy>,
+    git: Option<git::GitAccess>,
     sha256: String,
 }
 
@@ -198,6 +208,7 @@ impl GuestBackend {
             backend: self.name.clone(),
             config: self.config.clone(),
             log_lines: 0,
+            git: self.git.clone(),
         };
         let mut store = Store::new(&self.engine, sandbox);
         store.limiter(|s| &mut s.limiter);

@@ -38,6 +38,8 @@ pub struct Sandbox {
     pub config: Arc<[(String, String)]>,
     /// Log lines written so far in this request.
     pub log_lines: usize,
+    /// Git repositories this backend may use, if any.
+    pub git: Option<super::git::GitAccess>,
 }
 
 impl Sandbox {
@@ -85,7 +87,7 @@ impl WasiHttpView for Sandbox {
 impl types::Host for Sandbox {}
 
 impl host::Host for Sandbox {
-    fn log(&mut self, level: host::LogLevel, message: String) {
+    async fn log(&mut self, level: host::LogLevel, message: String) {
         self.log_lines += 1;
         if self.log_lines > MAX_LOG_LINES {
             if self.log_lines == MAX_LOG_LINES + 1 {
@@ -104,7 +106,7 @@ impl host::Host for Sandbox {
         }
     }
 
-    fn get_config(&mut self) -> Vec<(String, String)> {
+    async fn get_config(&mut self) -> Vec<(String, String)> {
         self.config.to_vec()
     }
 }

@@ -1,0 +1,407 @@
+//! wasmstate guest: Terraform state in a git repository, in the layout of
+//! [terraform-backend-git](https://github.com/plumber-cd/terraform-backend-git),
+//! so its users point wasmstate at the same repository and carry on.
+//!
+//! ```text
+//! refs/heads/<ref>         <dir>/<workspace>.tfstate      the state (P below)
+//! refs/heads/locks/<P>     <P>.lock                       LockInfo JSON while locked
+//! ```
+//!
+//! Configuration: `repository` (the URL the operator granted with
+//! `allow_git`), `ref` (branch, default `main`), `dir` (directory of the
+//! state files, default the repository root).
+//!
+//! - A state is replaced by a commit on `ref`, pushed with compare-and-swap
+//!   against the tip it was built on. A push that loses to another writer
+//!   (usually one of another workspace: they share the branch) is rebuilt
+//!   on the new tip, so no update is lost and none is merged blindly.
+//! - A lock is a branch that exists only while held. Taking it is a
+//!   create-only push, so exactly one of several lockers wins; releasing it
+//!   deletes the branch only if it still holds the commit we read, so an
+//!   unlock never removes a lock someone else took meanwhile. Our lock
+//!   commit is a root commit holding just `<P>.lock` (one small push);
+//!   terraform-backend-git's lock branches fork `ref` and carry the whole
+//!   tree, and are read the same way, as only `<P>.lock` matters.
+//! - An empty state file marks a workspace that exists without state, so
+//!   `delete` empties the file and `delete_workspace` removes it.
+//! - Checking the lock and pushing the state are two steps on two refs,
+//!   as in terraform-backend-git: Terraform takes the lock before it writes,
+//!   so only clients running with locking disabled can slip between them.
+//!
+//! Every git call goes through the host, which holds the credentials and a
+//! clone; this guest names the repository by URL and nothing else.
+
+mod layout;
+
+use layout::{Paths, Settings, commit_message, state_serial, workspace_of};
+use wasmstate_guest::git::{FileChange, GitError, Repo};
+use wasmstate_guest::{Backend, Config, Error, LockInfo, check_lock, register_backend};
+
+/// Pushes to `ref` tried before giving up when other writers keep moving
+/// it; each attempt re-reads the lock, so a lock taken meanwhile is honoured.
+const PUSH_ATTEMPTS: usize = 8;
+
+/// Rounds of "create the lock branch, read the holder" before giving up
+/// when the lock is released and retaken between the two.
+const LOCK_ATTEMPTS: usize = 20;
+
+/// Holder id reported for a lock branch whose lock file is missing or
+/// unreadable; `force-unlock` removes such a branch.
+const UNKNOWN_HOLDER: &str = "unknown";
+
+/// The git storage guest: configuration only; each call fetches afresh, as
+/// nothing survives between requests anyway.
+struct Git {
+    repo: Repo,
+    settings: Settings,
+}
+
+/// A lock branch as fetched: its commit (for compare-and-swap deletes) and
+/// the holder recorded in it.
+struct Lock {
+    commit: String,
+    holder: LockInfo,
+}
+
+/// What one fetch saw of a workspace: the tip of `ref` and its lock.
+struct Snapshot {
+    tip: Option<String>,
+    lock: Option<Lock>,
+}
+
+impl Snapshot {
+    fn holder(&self) -> Option<&LockInfo> {
+        self.lock.as_ref().map(|l| &l.holder)
+    }
+}
+
+/// One file change and its commit message, planned from a [`Snapshot`].
+type Change = (FileChange, String);
+
+/// Turn a git failure into the storage error it means (the SDK's mapping:
+/// unreachable remote → retryable `Unavailable`, ungranted repository →
+/// configuration) and say what was being done.
+fn failed(doing: &str) -> impl FnOnce(GitError) -> Error + '_ {
+    move |err| match Error::from(err) {
+        Error::Unavailable(m) => Error::Unavailable(format!("{m} while {doing}")),
+        Error::Internal(m) => Error::Internal(format!("{m} while {doing}")),
+        Error::InvalidInput(m) => Error::InvalidInput(format!("{m} while {doing}")),
+        Error::InvalidConfig(mut diagnostics) => {
+            for d in &mut diagnostics {
+                d.message = format!("{} while {doing}", d.message);
+            }
+            Error::InvalidConfig(diagnostics)
+        }
+        other => other,
+    }
+}
+
+impl Git {
+    fn paths(&self, workspace: &str) -> Result<Paths, Error> {
+        self.settings.paths(workspace)
+    }
+
+    /// Fetch `refs` in one round trip; what each points at, in order.
+    fn fetch<const N: usize>(
+        &self,
+        refs: [&str; N],
+        doing: &str,
+    ) -> Result<[Option<String>; N], Error> {
+        let tips = self.repo.fetch(&refs).map_err(failed(doing))?;
+        let count = tips.len();
+        tips.try_into().map_err(|_| {
+            Error::Internal(format!(
+                "the host answered a fetch of {N} refs with {count} while {doing}"
+            ))
+        })
+    }
+
+    /// The holder recorded in lock commit `commit`. A lock branch without a
+    /// readable lock file still locks: ignoring it could let two writers in.
+    fn holder_in(&self, paths: &Paths, commit: &str, doing: &str) -> Result<LockInfo, Error> {
+        let why = match self.repo.read_file(commit, &paths.lock_file) {
+            Ok(Some(bytes)) => match LockInfo::from_json(&bytes) {
+                Ok(holder) => return Ok(holder),
+                Err(e) => format!("its {} is not LockInfo JSON ({e})", paths.lock_file),
+            },
+            Ok(None) => format!("it has no file {}", paths.lock_file),
+            Err(e) => return Err(failed(doing)(e)),
+        };
+        Ok(LockInfo {
+            id: UNKNOWN_HOLDER.into(),
+            who: UNKNOWN_HOLDER.into(),
+            info: format!(
+                "lock branch {} exists but {why}; force-unlock to remove it",
+                paths.lock_ref
+            ),
+            path: paths.state.clone(),
+            ..LockInfo::default()
+        })
+    }
+
+    fn lock_at(
+        &self,
+        paths: &Paths,
+        commit: Option<String>,
+        doing: &str,
+    ) -> Result<Option<Lock>, Error> {
+        commit
+            .map(|commit| {
+                let holder = self.holder_in(paths, &commit, doing)?;
+                Ok(Lock { commit, holder })
+            })
+            .transpose()
+    }
+
+    /// The lock branch of `paths` as it is now on the remote.
+    fn fetch_lock(&self, paths: &Paths, doing: &str) -> Result<Option<Lock>, Error> {
+        let [commit] = self.fetch([paths.lock_ref.as_str()], doing)?;
+        self.lock_at(paths, commit, doing)
+    }
+
+    /// The tip of `ref` and the lock, fetched together in one round trip.
+    fn snapshot(&self, paths: &Paths, doing: &str) -> Result<Snapshot, Error> {
+        let [tip, lock] = self.fetch([&self.settings.main_ref, &paths.lock_ref], doing)?;
+        Ok(Snapshot {
+            tip,
+            lock: self.lock_at(paths, lock, doing)?,
+        })
+    }
+
+    /// The state file's bytes at `tip` (`None`: no branch or no file).
+    fn file_at(
+        &self,
+        tip: Option<&str>,
+        paths: &Paths,
+        doing: &str,
+    ) -> Result<Option<Vec<u8>>, Error> {
+        match tip {
+            None => Ok(None),
+            Some(tip) => self
+                .repo
+                .read_file(tip, &paths.state)
+                .map_err(failed(doing)),
+        }
+    }
+
+    /// Commit the change `plan` makes to a fresh snapshot on top of its tip
+    /// and push it if `ref` has not moved since; on losing that race, plan
+    /// again from the new tip. `plan` returns `None` when nothing needs
+    /// changing; the result says whether a commit was pushed.
+    fn update(
+        &self,
+        paths: &Paths,
+        doing: &str,
+        mut plan: impl FnMut(&Snapshot) -> Result<Option<Change>, Error>,
+    ) -> Result<bool, Error> {
+        for _ in 0..PUSH_ATTEMPTS {
+            let snapshot = self.snapshot(paths, doing)?;
+            let Some((change, message)) = plan(&snapshot)? else {
+                return Ok(false);
+            };
+            let tip = snapshot.tip.as_deref();
+            let commit = self
+                .repo
+                .commit(tip, &[change], &message)
+                .map_err(failed(doing))?;
+            match self.repo.push(&self.settings.main_ref, &commit, tip) {
+                Ok(()) => return Ok(true),
+                Err(GitError::Rejected(_)) => continue,
+                Err(e) => return Err(failed(doing)(e)),
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "branch {} is busy: {PUSH_ATTEMPTS} pushes in a row lost to other writers while {doing}",
+            self.settings.main_ref
+        )))
+    }
+}
+
+impl Backend for Git {
+    fn new(config: &Config) -> Result<Self, Error> {
+        // Only parses: validation must not touch the remote, and neither
+        // does building a `Repo`.
+        let settings = Settings::from_config(config)?;
+        Ok(Git {
+            repo: Repo::new(&settings.repository),
+            settings,
+        })
+    }
+
+    fn read(&self, ws: &str) -> Result<Option<Vec<u8>>, Error> {
+        let paths = self.paths(ws)?;
+        let doing = format!("reading the state of workspace {ws}");
+        let [tip] = self.fetch([&self.settings.main_ref], &doing)?;
+        let state = self.file_at(tip.as_deref(), &paths, &doing)?;
+        // An empty file is a workspace without state.
+        Ok(state.filter(|s| !s.is_empty()))
+    }
+
+    fn write(&self, ws: &str, state: &[u8], lock_id: Option<&str>) -> Result<(), Error> {
+        let paths = self.paths(ws)?;
+        let doing = format!("writing the state of workspace {ws}");
+        let serial = state_serial(state);
+        self.update(&paths, &doing, |snapshot| {
+            check_lock(snapshot.holder().cloned(), lock_id)?;
+            let who = snapshot.holder().map(|h| h.who.as_str());
+            let message = commit_message("Update", &paths, ws, serial, who, lock_id);
+            Ok(Some((
+                FileChange::put(&paths.state, state.to_vec()),
+                message,
+            )))
+        })?;
+        Ok(())
+    }
+
+    fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
+        let paths = self.paths(ws)?;
+        let doing = format!("deleting the state of workspace {ws}");
+        self.update(&paths, &doing, |snapshot| {
+            check_lock(snapshot.holder().cloned(), lock_id)?;
+            match self.file_at(snapshot.tip.as_deref(), &paths, &doing)? {
+                // Absent stays absent (no workspace is created), and an
+                // already empty file needs no commit: a retry is a no-op.
+                None => Ok(None),
+                Some(state) if state.is_empty() => Ok(None),
+                Some(_) => {
+                    let who = snapshot.holder().map(|h| h.who.as_str());
+                    let message = commit_message("Clear", &paths, ws, None, who, lock_id);
+                    Ok(Some((FileChange::put(&paths.state, Vec::new()), message)))
+                }
+            }
+        })?;
+        Ok(())
+    }
+
+    fn lock(&self, ws: &str, info: &LockInfo) -> Result<(), Error> {
+        let paths = self.paths(ws)?;
+        let doing = format!("locking workspace {ws}");
+        // The message terraform-backend-git uses for its lock commits.
+        let message = format!("Lock {}", paths.state);
+        let lock_file = FileChange::put(&paths.lock_file, info.to_json());
+        let commit = self
+            .repo
+            .commit(None, &[lock_file], &message)
+            .map_err(failed(&doing))?;
+        for _ in 0..LOCK_ATTEMPTS {
+            match self.repo.push(&paths.lock_ref, &commit, None) {
+                Ok(()) => return Ok(()),
+                Err(GitError::Rejected(_)) => {}
+                Err(e) => return Err(failed(&doing)(e)),
+            }
+            match self.fetch_lock(&paths, &doing)? {
+                // Our own earlier attempt got through: a retry is harmless.
+                Some(lock) if lock.holder.id == info.id => return Ok(()),
+                Some(lock) => return Err(Error::locked(lock.holder)),
+                // Released between our push and our read: try again.
+                None => continue,
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "the lock of workspace {ws} changed hands {LOCK_ATTEMPTS} times while being taken"
+        )))
+    }
+
+    fn unlock(&self, ws: &str, id: &str) -> Result<(), Error> {
+        let paths = self.paths(ws)?;
+        let doing = format!("unlocking workspace {ws}");
+        for _ in 0..LOCK_ATTEMPTS {
+            let Some(lock) = self.fetch_lock(&paths, &doing)? else {
+                return Ok(()); // not locked: a retried unlock is harmless
+            };
+            if lock.holder.id != id {
+                return Err(Error::lock_mismatch(Some(lock.holder)));
+            }
+            // Delete only the lock we just read, never one taken since.
+            match self.repo.delete_ref(&paths.lock_ref, &lock.commit) {
+                Ok(()) | Err(GitError::NotFound(_)) => return Ok(()),
+                Err(GitError::Rejected(_)) => continue, // re-read and report
+                Err(e) => return Err(failed(&doing)(e)),
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "the lock of workspace {ws} changed hands {LOCK_ATTEMPTS} times while being released"
+        )))
+    }
+
+    fn current_lock(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
+        let paths = self.paths(ws)?;
+        let doing = format!("reading the lock of workspace {ws}");
+        Ok(self.fetch_lock(&paths, &doing)?.map(|l| l.holder))
+    }
+
+    fn force_unlock(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
+        let paths = self.paths(ws)?;
+        let doing = format!("force-unlocking workspace {ws}");
+        for _ in 0..LOCK_ATTEMPTS {
+            let Some(lock) = self.fetch_lock(&paths, &doing)? else {
+                return Ok(None);
+            };
+            match self.repo.delete_ref(&paths.lock_ref, &lock.commit) {
+                // NotFound: released meanwhile; the holder we saw is gone.
+                Ok(()) | Err(GitError::NotFound(_)) => return Ok(Some(lock.holder)),
+                // Retaken meanwhile: force means whoever holds it now.
+                Err(GitError::Rejected(_)) => continue,
+                Err(e) => return Err(failed(&doing)(e)),
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "the lock of workspace {ws} changed hands {LOCK_ATTEMPTS} times while being forced open"
+        )))
+    }
+
+    fn list_workspaces(&self) -> Result<Vec<String>, Error> {
+        let doing = "listing workspaces";
+        let [tip] = self.fetch([&self.settings.main_ref], doing)?;
+        let Some(tip) = tip else {
+            return Ok(Vec::new()); // no branch yet: nothing written
+        };
+        let files = match self.repo.list_files(&tip, &self.settings.dir) {
+            Ok(files) => files,
+            // The state directory does not exist yet.
+            Err(GitError::NotFound(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(failed(doing)(e)),
+        };
+        // Like the other guests, only what exists: the host adds `default`.
+        Ok(files
+            .iter()
+            .filter_map(|f| workspace_of(f).map(str::to_string))
+            .collect())
+    }
+
+    fn create_workspace(&self, ws: &str) -> Result<bool, Error> {
+        let paths = self.paths(ws)?;
+        let doing = format!("creating workspace {ws}");
+        self.update(&paths, &doing, |snapshot| {
+            if self
+                .file_at(snapshot.tip.as_deref(), &paths, &doing)?
+                .is_some()
+            {
+                return Ok(None);
+            }
+            let message = commit_message("Create", &paths, ws, None, None, None);
+            Ok(Some((FileChange::put(&paths.state, Vec::new()), message)))
+        })
+    }
+
+    fn delete_workspace(&self, ws: &str) -> Result<(), Error> {
+        let paths = self.paths(ws)?;
+        let doing = format!("deleting workspace {ws}");
+        self.update(&paths, &doing, |snapshot| {
+            if let Some(holder) = snapshot.holder() {
+                return Err(Error::locked(holder.clone()));
+            }
+            if self
+                .file_at(snapshot.tip.as_deref(), &paths, &doing)?
+                .is_none()
+            {
+                return Err(Error::NotFound);
+            }
+            let message = commit_message("Remove", &paths, ws, None, None, None);
+            Ok(Some((FileChange::remove(&paths.state), message)))
+        })?;
+        Ok(())
+    }
+}
+
+register_backend!(Git);

@@ -1,0 +1,41 @@
+//! `/states/{backend}/{workspace}/versions[/{id}]`: previous versions of a
+//! state, newest first, and one version's bytes. Reading needs the read
+//! role; writing a version back is `wasmstate state restore` (a normal,
+//! locked POST), so there is no write route here.
+
+use super::Target;
+use super::error::ApiError;
+use crate::backend::Storage;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+/// `GET …/versions`: a JSON list of `{id, serial, created_unix_ms, bytes}`.
+pub async fn list<S: Storage>(target: Target<'_, S>) -> Result<Response, ApiError> {
+    let versions = target
+        .storage
+        .list_versions(target.workspace)
+        .await
+        .map_err(|e| target.error(e))?;
+    Ok(axum::Json(versions).into_response())
+}
+
+/// `GET …/versions/{id}`: that version's state, 404 when it is not kept.
+pub async fn read<S: Storage>(target: Target<'_, S>, id: &str) -> Result<Response, ApiError> {
+    match target
+        .storage
+        .read_version(target.workspace, id)
+        .await
+        .map_err(|e| target.error(e))?
+    {
+        Some(state) => Ok((
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            state,
+        )
+            .into_response()),
+        None => Err(ApiError::not_found(format!(
+            "no version {id:?} of {}/{}; list them at /states/{}/{}/versions",
+            target.backend, target.workspace, target.backend, target.workspace
+        ))),
+    }
+}

@@ -1,0 +1,161 @@
+//! The WIT `git` interface for guests, on top of the host's git capability
+//! ([`crate::capabilities::git`]). Every call checks the backend's grants,
+//! then runs libgit2 on tokio's blocking pool so network waits never stall
+//! the executor.
+
+use super::bindings::wasmstate::backend::git as wit;
+use super::sandbox::Sandbox;
+use crate::capabilities::git::{FileChange, GitError, GitGrant, GitHost, RepoHandle};
+use std::sync::Arc;
+
+/// What one backend's guest may do with git: the host's clones and the
+/// repositories the operator granted it.
+#[derive(Clone)]
+pub struct GitAccess {
+    /// The host's git capability (one clone per repository).
+    pub host: Arc<GitHost>,
+    /// Repositories granted to this backend, with their credentials.
+    pub grants: Arc<[GitGrant]>,
+}
+
+impl From<GitError> for wit::GitError {
+    fn from(e: GitError) -> Self {
+        match e {
+            GitError::Denied(m) => wit::GitError::Denied(m),
+            GitError::Unavailable(m) => wit::GitError::Unavailable(m),
+            GitError::Rejected(m) => wit::GitError::Rejected(m),
+            GitError::NotFound(m) => wit::GitError::NotFound(m),
+            GitError::InvalidInput(m) => wit::GitError::InvalidInput(m),
+            GitError::Internal(m) => wit::GitError::Internal(m),
+        }
+    }
+}
+
+impl Sandbox {
+    /// Run `call` on repository `url` if this backend was granted it. The
+    /// future owns what it needs (the store's data is not `Sync`).
+    fn git<T: Send + 'static>(
+        &self,
+        url: String,
+        call: impl FnOnce(&RepoHandle<'_>) -> Result<T, GitError> + Send + 'static,
+    ) -> impl Future<Output = Result<T, wit::GitError>> + Send + 'static {
+        let access = self.git.clone();
+        let backend = self.backend.clone();
+        async move {
+            let Some(access) = access else {
+                tracing::warn!(backend = %backend, %url, "git call refused: the backend has no git grant");
+                return Err(wit::GitError::Denied(format!(
+                    "backend {backend:?} may not use git; the operator must add allow_git = [\"{url}\"] to it"
+                )));
+            };
+            run(access, backend, url, call).await
+        }
+    }
+}
+
+async fn run<T: Send + 'static>(
+    access: GitAccess,
+    backend: Arc<str>,
+    url: String,
+    call: impl FnOnce(&RepoHandle<'_>) -> Result<T, GitError> + Send + 'static,
+) -> Result<T, wit::GitError> {
+    tokio::task::spawn_blocking(move || {
+            let repo = access.host.repo(&access.grants, &url).inspect_err(|e| {
+                if let GitError::Denied(_) = e {
+                    tracing::warn!(backend = %backend, %url, "git call refused: repository not granted");
+                }
+            })?;
+            call(&repo)
+        })
+        .await
+        .map_err(|e| wit::GitError::Internal(format!("git task failed: {e}")))?
+        .map_err(Into::into)
+}
+
+impl wit::Host for Sandbox {
+    async fn list_remote_refs(
+        &mut self,
+        url: String,
+        prefix: String,
+    ) -> Result<Vec<wit::RemoteRef>, wit::GitError> {
+        let refs = self
+            .git(url, move |repo| repo.list_remote_refs(&prefix))
+            .await?;
+        Ok(refs
+            .into_iter()
+            .map(|r| wit::RemoteRef {
+                name: r.name,
+                target: r.target,
+            })
+            .collect())
+    }
+
+    async fn fetch(
+        &mut self,
+        url: String,
+        refs: Vec<String>,
+    ) -> Result<Vec<Option<String>>, wit::GitError> {
+        self.git(url, move |repo| repo.fetch(&refs)).await
+    }
+
+    async fn read_file(
+        &mut self,
+        url: String,
+        commit: String,
+        path: String,
+    ) -> Result<Option<Vec<u8>>, wit::GitError> {
+        self.git(url, move |repo| repo.read_file(&commit, &path))
+            .await
+    }
+
+    async fn list_files(
+        &mut self,
+        url: String,
+        commit: String,
+        dir: String,
+    ) -> Result<Vec<String>, wit::GitError> {
+        self.git(url, move |repo| repo.list_files(&commit, &dir))
+            .await
+    }
+
+    async fn commit(
+        &mut self,
+        url: String,
+        parent: Option<String>,
+        changes: Vec<wit::FileChange>,
+        message: String,
+    ) -> Result<String, wit::GitError> {
+        let changes: Vec<FileChange> = changes
+            .into_iter()
+            .map(|c| FileChange {
+                path: c.path,
+                content: c.content,
+            })
+            .collect();
+        self.git(url, move |repo| {
+            repo.commit(parent.as_deref(), &changes, &message)
+        })
+        .await
+    }
+
+    async fn push(
+        &mut self,
+        url: String,
+        name: String,
+        new: String,
+        expected: Option<String>,
+    ) -> Result<(), wit::GitError> {
+        self.git(url, move |repo| repo.push(&name, &new, expected.as_deref()))
+            .await
+    }
+
+    async fn delete_ref(
+        &mut self,
+        url: String,
+        name: String,
+        expected: String,
+    ) -> Result<(), wit::GitError> {
+        self.git(url, move |repo| repo.delete_ref(&name, &expected))
+            .await
+    }
+}

@@ -1,0 +1,182 @@
+//! Version history kept by the host: after every successful write, the
+//! bytes handed to the guest (ciphertext when encryption is on) are copied
+//! to `<data_dir>/history/<backend>/<workspace>/`, keeping the newest
+//! `keep` per workspace.
+//!
+//! Each replica keeps the writes that went through it; replicas that share
+//! the data directory share the history.
+
+use super::envelope::StateHeader;
+use crate::backend::Version;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The history folder of one backend.
+#[derive(Debug, Clone)]
+pub struct History {
+    root: PathBuf,
+    keep: usize,
+}
+
+const SUFFIX: &str = ".tfstate";
+
+impl History {
+    /// Keep `keep` versions per workspace under `root`.
+    pub fn new(root: PathBuf, keep: usize) -> Self {
+        History { root, keep }
+    }
+
+    fn dir(&self, workspace: &str) -> PathBuf {
+        self.root.join(workspace)
+    }
+
+    /// Record `stored` as the newest version of `workspace`, then prune.
+    pub async fn record(&self, workspace: &str, stored: Vec<u8>) -> io::Result<()> {
+        let dir = self.dir(workspace);
+        let keep = self.keep;
+        tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&dir)?;
+            let serial = StateHeader::of(&stored)
+                .serial
+                .map_or_else(|| "none".to_string(), |s| s.to_string());
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            let id = format!("{:013}-{serial}", now.as_millis());
+            // Write whole, then rename: a listed version is always complete.
+            let mut temp = tempfile::NamedTempFile::new_in(&dir)?;
+            std::io::Write::write_all(&mut temp, &stored)?;
+            temp.persist(dir.join(format!("{id}{SUFFIX}")))
+                .map_err(|e| e.error)?;
+            prune(&dir, keep)
+        })
+        .await
+        .map_err(io::Error::other)?
+    }
+
+    /// Kept versions of `workspace`, newest first.
+    pub async fn list(&self, workspace: &str) -> io::Result<Vec<Version>> {
+        let dir = self.dir(workspace);
+        tokio::task::spawn_blocking(move || {
+            let mut versions = Vec::new();
+            for (id, path) in ids(&dir)? {
+                let Some((ms, serial)) = parse_id(&id) else {
+                    continue;
+                };
+                // A concurrent prune may remove a file between the listing
+                // and this call: skip it.
+                let Ok(meta) = std::fs::metadata(&path) else {
+                    continue;
+                };
+                versions.push(Version {
+                    id,
+                    serial,
+                    created_unix_ms: ms,
+                    bytes: meta.len(),
+                });
+            }
+            versions.reverse();
+            Ok(versions)
+        })
+        .await
+        .map_err(io::Error::other)?
+    }
+
+    /// The stored bytes of version `id`, `None` when it is not kept (or the
+    /// id is not one this history could have made).
+    pub async fn read(&self, workspace: &str, id: &str) -> io::Result<Option<Vec<u8>>> {
+        if parse_id(id).is_none() {
+            return Ok(None);
+        }
+        match tokio::fs::read(self.dir(workspace).join(format!("{id}{SUFFIX}"))).await {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// `(id, path)` of every version file, oldest first.
+fn ids(dir: &Path) -> io::Result<Vec<(String, PathBuf)>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut ids = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(id) = name.strip_suffix(SUFFIX)
+            && parse_id(id).is_some()
+        {
+            ids.push((id.to_string(), entry.path()));
+        }
+    }
+    // Zero-padded milliseconds first, so text order is time order.
+    ids.sort();
+    Ok(ids)
+}
+
+fn prune(dir: &Path, keep: usize) -> io::Result<()> {
+    let ids = ids(dir)?;
+    for (_, path) in ids.iter().take(ids.len().saturating_sub(keep)) {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// `<13 digits>-<serial digits | none>` → (ms, serial). Anything else is
+/// not an id (which also keeps path tricks out of `read`).
+fn parse_id(id: &str) -> Option<(u64, Option<u64>)> {
+    let (ms, serial) = id.split_once('-')?;
+    if ms.len() != 13 || !ms.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let serial = match serial {
+        "none" => None,
+        s if !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit()) => {
+            Some(s.parse().ok()?)
+        }
+        _ => return None,
+    };
+    Some((ms.parse().ok()?, serial))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(serial: u64) -> Vec<u8> {
+        format!(r#"{{"version":4,"serial":{serial},"lineage":"l"}}"#).into_bytes()
+    }
+
+    #[tokio::test]
+    async fn keeps_the_newest_versions_newest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let history = History::new(dir.path().to_path_buf(), 3);
+        for serial in 1..=5 {
+            history.record("prod", state(serial)).await.unwrap();
+        }
+        let versions = history.list("prod").await.unwrap();
+        let serials: Vec<_> = versions.iter().map(|v| v.serial).collect();
+        assert_eq!(serials, [Some(5), Some(4), Some(3)]);
+        let newest = history.read("prod", &versions[0].id).await.unwrap();
+        assert_eq!(newest, Some(state(5)));
+        assert!(history.list("other").await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn ids_that_history_never_made_are_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("secret"), b"x").unwrap();
+        let history = History::new(dir.path().join("h"), 3);
+        for id in ["../../secret", "1-2", "0000000000001-../x", ""] {
+            assert_eq!(history.read("prod", id).await.unwrap(), None, "{id}");
+        }
+    }
+}
