@@ -9,6 +9,7 @@ mod concurrency;
 mod conformance;
 mod etcd;
 mod metrics;
+mod production;
 mod protocol;
 mod sandbox;
 mod terraform;

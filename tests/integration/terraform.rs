@@ -22,10 +22,10 @@ output "value" {
 }
 "#;
 
-const HTTP_BACKEND: &str = "terraform {\n  backend \"http\" {}\n}\n";
+pub const HTTP_BACKEND: &str = "terraform {\n  backend \"http\" {}\n}\n";
 
 /// `terraform` in `dir`, with no colour, no telemetry and no user config.
-fn terraform(dir: &Path, args: &[&str]) -> Command {
+pub fn terraform(dir: &Path, args: &[&str]) -> Command {
     let rc = dir.join("test.tfrc");
     if !rc.exists() {
         std::fs::write(&rc, "").unwrap();
@@ -57,7 +57,7 @@ pub fn ok(dir: &Path, args: &[&str]) -> String {
     text
 }
 
-fn backend_config(url: &str) -> Vec<String> {
+pub fn backend_config(url: &str) -> Vec<String> {
     ["address", "lock_address", "unlock_address"]
         .iter()
         .map(|k| format!("-backend-config={k}={url}"))

@@ -97,6 +97,19 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The value of an unlabelled metric, from `GET /metrics`.
+    pub fn metric(&self, name: &str) -> f64 {
+        let text = send("GET", &format!("{}/metrics", self.url), None).text();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
+    }
+
     /// Send SIGTERM and wait (up to `deadline`) for a clean exit.
     pub fn terminate(mut self, deadline: Duration) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
