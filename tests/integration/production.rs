@@ -469,3 +469,47 @@ fn sigterm_during_a_write_lets_it_finish_whole() {
         200
     );
 }
+
+/// The configuration shipped in the Kubernetes example, cut out of its
+/// ConfigMap.
+fn kubernetes_example_config() -> String {
+    let manifest = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/kubernetes/wasmstate.yaml"),
+    )
+    .unwrap();
+    let start = manifest
+        .find("wasmstate.toml: |\n")
+        .expect("the ConfigMap's config")
+        + 18;
+    manifest[start..]
+        .lines()
+        .take_while(|l| l.is_empty() || l.starts_with("    "))
+        .map(|l| l.strip_prefix("    ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn kubernetes_example_config_passes_check_config() {
+    let dir = tempdir();
+    let k8s = dir.path().join("k8s.toml");
+    std::fs::write(&k8s, kubernetes_example_config()).unwrap();
+    let (_, key) = wasmstate(&["generate-key"]);
+    let out = std::process::Command::new(BIN)
+        .args(["check-config"])
+        .arg(&k8s)
+        .env("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+        .env("AWS_SECRET_ACCESS_KEY", "secret")
+        .env("WASMSTATE_KEY", key.trim())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("configuration OK"),
+        "{text}"
+    );
+}
