@@ -31,16 +31,23 @@ fn two_hosts_one_directory_no_lost_update() {
         .iter()
         .map(|s| s.state_url("default", "counter"))
         .collect();
-    let holders = Arc::new(AtomicUsize::new(0));
+    increment_concurrently(&urls, CLIENTS, INCREMENTS);
+}
 
+/// `clients` threads each increment a counter state `increments` times
+/// under the lock, alternating between `urls` (one per host) so the hosts
+/// contend for every lock. Fails if a lock is ever granted twice or an
+/// update is lost.
+pub fn increment_concurrently(urls: &[String], clients: usize, increments: usize) {
+    let holders = Arc::new(AtomicUsize::new(0));
+    let before = read_counter(&urls[0]);
     std::thread::scope(|scope| {
-        for client in 0..CLIENTS {
-            let urls = urls.clone();
+        for client in 0..clients {
             let holders = holders.clone();
             scope.spawn(move || {
-                for i in 0..INCREMENTS {
+                for i in 0..increments {
                     // Alternate hosts so both processes contend for every lock.
-                    let url = &urls[(client + i) % 2];
+                    let url = &urls[(client + i) % urls.len()];
                     let id = format!("client-{client}-{i}");
                     let deadline = Instant::now() + Duration::from_secs(120);
                     loop {
@@ -57,7 +64,7 @@ fn two_hosts_one_directory_no_lost_update() {
                         0,
                         "lock granted twice"
                     );
-                    let other = &urls[(client + i + 1) % 2];
+                    let other = &urls[(client + i + 1) % urls.len()];
                     let counter = read_counter(other);
                     let write = send(
                         "POST",
@@ -72,7 +79,10 @@ fn two_hosts_one_directory_no_lost_update() {
             });
         }
     });
-    assert_eq!(read_counter(&urls[0]), (CLIENTS * INCREMENTS) as u64);
+    assert_eq!(
+        read_counter(&urls[0]),
+        before + (clients * increments) as u64
+    );
 }
 
 #[test]

@@ -8,6 +8,7 @@ mod common;
 mod concurrency;
 mod conformance;
 mod etcd;
+mod git;
 mod metrics;
 mod production;
 mod protocol;

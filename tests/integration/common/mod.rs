@@ -437,3 +437,113 @@ impl Drop for Moto {
         let _ = self.child.wait();
     }
 }
+
+/// Run `git` with a fixed identity; panics with its output on failure.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .args([
+            "-c",
+            "user.name=Plain Git",
+            "-c",
+            "user.email=plain@git",
+            "-c",
+            "init.defaultBranch=main",
+        ])
+        .args(args)
+        .output()
+        .expect("run git (is it installed?)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "git {args:?} failed:\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// A fresh bare repository `<dir>/<name>.git` whose default branch is main.
+pub fn bare_repo(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.git"));
+    git(
+        dir,
+        &[
+            "init",
+            "-q",
+            "--bare",
+            "--initial-branch=main",
+            path.to_str().unwrap(),
+        ],
+    );
+    path
+}
+
+/// `git daemon` serving every repository under a folder, with pushes
+/// enabled, on a free loopback port; killed on drop.
+pub struct GitDaemon {
+    child: Child,
+    base: PathBuf,
+    /// Its port.
+    pub port: u16,
+}
+
+impl GitDaemon {
+    /// Serve `base` on a free port.
+    pub fn start(base: &Path) -> GitDaemon {
+        GitDaemon::start_on(base, free_port())
+    }
+
+    /// Serve `base` on `port` (to bring a stopped remote back).
+    pub fn start_on(base: &Path, port: u16) -> GitDaemon {
+        // Run git-daemon itself: `git daemon` is a wrapper that would
+        // leave the real daemon listening when killed.
+        let exec_path = git(base, &["--exec-path"]);
+        let child = Command::new(Path::new(exec_path.trim()).join("git-daemon"))
+            .args([
+                "--export-all",
+                "--enable=receive-pack",
+                "--reuseaddr",
+                "--listen=127.0.0.1",
+            ])
+            .arg(format!("--port={port}"))
+            .arg(format!("--base-path={}", base.display()))
+            .arg(base)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start git daemon");
+        wait_until(
+            "git daemon to accept connections",
+            Duration::from_secs(30),
+            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        );
+        GitDaemon {
+            child,
+            base: base.to_path_buf(),
+            port,
+        }
+    }
+
+    /// `git://127.0.0.1:PORT/<name>.git`
+    pub fn url(&self, name: &str) -> String {
+        format!("git://127.0.0.1:{}/{name}.git", self.port)
+    }
+
+    /// Stop serving (the repositories stay on disk).
+    pub fn stop(mut self) -> (PathBuf, u16) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        wait_until("git daemon to stop", Duration::from_secs(30), || {
+            std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err()
+        });
+        (self.base.clone(), self.port)
+    }
+}
+
+impl Drop for GitDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
