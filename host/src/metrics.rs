@@ -270,6 +270,15 @@ impl Metrics {
     }
 }
 
+/// A request being served; see [`Metrics::request_started`].
+pub struct InFlight(Gauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -316,14 +325,5 @@ mod tests {
             text.contains(r#"wasmstate_lock_held_seconds_count{backend="prod"} 1"#),
             "{text}"
         );
-    }
-}
-
-/// A request being served; see [`Metrics::request_started`].
-pub struct InFlight(Gauge);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.dec();
     }
 }

@@ -117,7 +117,8 @@ pub struct FileChange {
 }
 
 /// The host side of the git capability: owns the clones directory and the
-/// per-repository locks. One per process is enough; it is `Sync`.
+/// per-repository locks. One per process is enough; it is `Sync`. Its locks only
+/// cover this process, so do not share `clones_dir` between processes.
 pub struct GitHost {
     clones_dir: PathBuf,
     identity: (String, String),
@@ -184,11 +185,11 @@ impl RepoHandle<'_> {
         let auth = Auth::new(self.auth);
         let mut remote = repo
             .remote_anonymous(&self.url)
-            .map_err(|e| self.internal("cannot set up the remote", e))?;
+            .or_internal(self, "cannot set up the remote")?;
         let conn = remote
             .connect_auth(Direction::Fetch, Some(auth.callbacks()), None)
-            .map_err(|e| self.net_error(&auth, e))?;
-        let heads = conn.list().map_err(|e| self.net_error(&auth, e))?;
+            .or_net(self, &auth)?;
+        let heads = conn.list().or_net(self, &auth)?;
         Ok(heads
             .iter()
             .filter(|h| {
@@ -213,13 +214,13 @@ impl RepoHandle<'_> {
         let auth = Auth::new(self.auth);
         let mut remote = repo
             .remote_anonymous(&self.url)
-            .map_err(|e| self.internal("cannot set up the remote", e))?;
+            .or_internal(self, "cannot set up the remote")?;
         let mut conn = remote
             .connect_auth(Direction::Fetch, Some(auth.callbacks()), None)
-            .map_err(|e| self.net_error(&auth, e))?;
+            .or_net(self, &auth)?;
         let heads: HashMap<String, Oid> = conn
             .list()
-            .map_err(|e| self.net_error(&auth, e))?
+            .or_net(self, &auth)?
             .iter()
             .map(|h| (h.name().to_owned(), h.oid()))
             .collect();
@@ -227,7 +228,7 @@ impl RepoHandle<'_> {
 
         let odb = repo
             .odb()
-            .map_err(|e| self.internal("cannot open the object database", e))?;
+            .or_internal(self, "cannot open the object database")?;
         let mut specs = Vec::new();
         for (name, id) in refs.iter().zip(&found) {
             let tracking = tracking_ref(name);
@@ -237,7 +238,7 @@ impl RepoHandle<'_> {
                 Some(id) if odb.exists(*id) => {
                     if repo.refname_to_id(&tracking).ok() != Some(*id) {
                         repo.reference(&tracking, *id, true, "fetch")
-                            .map_err(|e| self.internal("cannot update a tracking ref", e))?;
+                            .or_internal(self, "cannot update a tracking ref")?;
                     }
                 }
                 Some(_) => specs.push(format!("+{name}:{tracking}")),
@@ -262,7 +263,7 @@ impl RepoHandle<'_> {
             // Reuses the connection opened above (libgit2 only reconnects when disconnected).
             conn.remote()
                 .fetch(&specs, Some(&mut opts), None)
-                .map_err(|e| self.net_error(&auth, e))?;
+                .or_net(self, &auth)?;
         }
         Ok(found
             .into_iter()
@@ -285,7 +286,7 @@ impl RepoHandle<'_> {
         };
         let blob = repo
             .find_blob(entry.id())
-            .map_err(|e| self.internal("cannot read a blob", e))?;
+            .or_internal(self, "cannot read a blob")?;
         Ok(Some(blob.content().to_vec()))
     }
 
@@ -305,7 +306,7 @@ impl RepoHandle<'_> {
             match root.get_path(Path::new(dir)) {
                 Ok(e) if e.kind() == Some(ObjectType::Tree) => repo
                     .find_tree(e.id())
-                    .map_err(|e| self.internal("cannot read a tree", e))?,
+                    .or_internal(self, "cannot read a tree")?,
                 Ok(_) => return Ok(Vec::new()),
                 Err(e) if e.code() == ErrorCode::NotFound => return Ok(Vec::new()),
                 Err(e) => return Err(self.internal("cannot read the tree", e)),
@@ -343,21 +344,19 @@ impl RepoHandle<'_> {
         let base = match &parent {
             Some(c) => c
                 .tree()
-                .map_err(|e| self.internal("cannot read the parent's tree", e))?,
+                .or_internal(self, "cannot read the parent's tree")?,
             None => {
                 let empty = repo.treebuilder(None).and_then(|b| b.write());
                 empty
                     .and_then(|id| repo.find_tree(id))
-                    .map_err(|e| self.internal("cannot write the empty tree", e))?
+                    .or_internal(self, "cannot write the empty tree")?
             }
         };
         let mut update = TreeUpdateBuilder::new();
         for (path, content) in edits {
             match content {
                 Some(bytes) => {
-                    let id = repo
-                        .blob(bytes)
-                        .map_err(|e| self.internal("cannot write a blob", e))?;
+                    let id = repo.blob(bytes).or_internal(self, "cannot write a blob")?;
                     update.upsert(path, id, FileMode::Blob);
                 }
                 // libgit2 errors on removing an absent entry; the contract says no-op.
@@ -379,17 +378,13 @@ impl RepoHandle<'_> {
         })?;
         let tree = repo
             .find_tree(tree_id)
-            .map_err(|e| self.internal("cannot read the new tree", e))?;
-        let sig = Signature::now(&self.host.identity.0, &self.host.identity.1).map_err(|e| {
-            GitError::Internal(format!(
-                "bad commit identity ({}); fix the git identity in the host config",
-                one_line(e.message())
-            ))
-        })?;
+            .or_internal(self, "cannot read the new tree")?;
+        let (name, email) = &self.host.identity;
+        let sig = Signature::now(name, email).or_internal(self, "bad commit identity")?;
         let parents: Vec<_> = parent.iter().collect();
         let id = repo
             .commit(None, &sig, &sig, message, &tree, &parents)
-            .map_err(|e| self.internal("cannot write the commit", e))?;
+            .or_internal(self, "cannot write the commit")?;
         Ok(id.to_string())
     }
 
@@ -445,13 +440,13 @@ impl RepoHandle<'_> {
         let auth = Auth::new(self.auth);
         let mut remote = repo
             .remote_anonymous(&self.url)
-            .map_err(|e| self.internal("cannot set up the remote", e))?;
+            .or_internal(self, "cannot set up the remote")?;
         let mut conn = remote
             .connect_auth(Direction::Push, Some(auth.callbacks()), None)
-            .map_err(|e| self.net_error(&auth, e))?;
+            .or_net(self, &auth)?;
         let current = conn
             .list()
-            .map_err(|e| self.net_error(&auth, e))?
+            .or_net(self, &auth)?
             .iter()
             .find(|h| h.name() == name)
             .map(|h| h.oid());
@@ -474,11 +469,11 @@ impl RepoHandle<'_> {
             // old values advertised above, which receive-pack verifies atomically.
             conn.remote()
                 .push(&[refspec], Some(&mut opts))
-                .map_err(|e| self.net_error(&auth, e))?;
+                .or_net(self, &auth)?;
         }
         match rejection.into_inner() {
             Some(msg) => Err(GitError::Rejected(format!(
-                "{} refused the update ({}); it changed concurrently: fetch it and retry",
+                "{} refused to update {name} ({}); it probably changed concurrently: fetch it and retry",
                 redact(&self.url),
                 one_line(&msg)
             ))),
@@ -494,9 +489,8 @@ impl RepoHandle<'_> {
         new: Option<Oid>,
         expected: Option<Oid>,
     ) -> Result<(), GitError> {
-        let url = self.url.strip_prefix("file://").unwrap_or(&self.url);
         let remote =
-            Repository::open_bare(url).map_err(|e| self.net_error(&Auth::new(self.auth), e))?;
+            Repository::open_bare(local_path(&self.url)).or_net(self, &Auth::new(self.auth))?;
         let current = match remote.refname_to_id(name) {
             Ok(id) => Some(id),
             Err(e) if e.code() == ErrorCode::NotFound => None,
@@ -509,7 +503,7 @@ impl RepoHandle<'_> {
         let result = match (new, expected) {
             (Some(new), _) => {
                 copy_missing_objects(repo, &remote, new)
-                    .map_err(|e| self.internal("cannot copy objects to the remote", e))?;
+                    .or_internal(self, "cannot copy objects to the remote")?;
                 match expected {
                     None => remote
                         .reference(name, new, false, "wasmstate push")
@@ -540,6 +534,13 @@ impl RepoHandle<'_> {
                     redact(&self.url)
                 ))
             }
+            // Another writer holds the ref's lock file right now, i.e. it is changing
+            // under us; git's receive-pack answers the same ("failed to lock").
+            ErrorCode::Locked => GitError::Rejected(format!(
+                "{name} on {} is being updated by someone else ({}); fetch it and retry",
+                redact(&self.url),
+                self.clean(e.message())
+            )),
             _ => self.internal("cannot update the remote ref", e),
         })
     }
@@ -607,7 +608,7 @@ impl RepoHandle<'_> {
     fn commit_tree<'r>(&self, repo: &'r Repository, commit: &str) -> Result<Tree<'r>, GitError> {
         self.find_commit(repo, commit)?
             .tree()
-            .map_err(|e| self.internal("cannot read a commit's tree", e))
+            .or_internal(self, "cannot read a commit's tree")
     }
 
     fn internal(&self, what: &str, e: git2::Error) -> GitError {
@@ -622,14 +623,13 @@ impl RepoHandle<'_> {
     fn net_error(&self, auth: &Auth, e: git2::Error) -> GitError {
         let url = redact(&self.url);
         let msg = self.clean(e.message());
-        let path = Path::new(self.url.strip_prefix("file://").unwrap_or(&self.url));
-        if is_local(&self.url) && !path.exists() {
+        tracing::debug!(url = %url, code = ?e.code(), class = ?e.class(), "git remote error: {msg}");
+        if is_local(&self.url) && !local_path(&self.url).exists() {
             // libgit2 only says "unsupported URL protocol" for a missing plain path.
             return GitError::Unavailable(format!(
                 "there is no git repository at {url}; check the path, then retry"
             ));
         }
-        tracing::debug!(url = %url, code = ?e.code(), class = ?e.class(), "git remote error: {msg}");
         if auth.refused.get() || e.code() == ErrorCode::Auth {
             return GitError::Denied(format!(
                 "{url} refused the credentials ({msg}); check the username/password or ssh key granted for it"
@@ -653,6 +653,21 @@ impl RepoHandle<'_> {
     /// A libgit2 message on one line, without credentials embedded in the URL.
     fn clean(&self, msg: &str) -> String {
         one_line(&msg.replace(&self.url, &redact(&self.url)))
+    }
+}
+
+/// Shorthands turning libgit2 errors into [`GitError`]s with context.
+trait OrGitError<T> {
+    fn or_internal(self, h: &RepoHandle<'_>, what: &str) -> Result<T, GitError>;
+    fn or_net(self, h: &RepoHandle<'_>, auth: &Auth<'_>) -> Result<T, GitError>;
+}
+
+impl<T> OrGitError<T> for Result<T, git2::Error> {
+    fn or_internal(self, h: &RepoHandle<'_>, what: &str) -> Result<T, GitError> {
+        self.map_err(|e| h.internal(what, e))
+    }
+    fn or_net(self, h: &RepoHandle<'_>, auth: &Auth<'_>) -> Result<T, GitError> {
+        self.map_err(|e| h.net_error(auth, e))
     }
 }
 
@@ -781,6 +796,11 @@ fn is_local(url: &str) -> bool {
         (Some(_), None) => false,
         _ => true,
     }
+}
+
+/// The path of a local remote. (Percent-escapes in `file://` URLs are not decoded.)
+fn local_path(url: &str) -> &Path {
+    Path::new(url.strip_prefix("file://").unwrap_or(url))
 }
 
 /// The URL with any `user:password@` part masked, for messages and logs.
@@ -1393,7 +1413,7 @@ mod tests {
         };
         assert_eq!(
             h.list_remote_refs("refs/heads/locks/").unwrap(),
-            [want.clone()]
+            std::slice::from_ref(&want)
         );
         let all = h.list_remote_refs("").unwrap();
         assert!(
@@ -1404,6 +1424,45 @@ mod tests {
         assert_eq!(
             h.read_file(&target, "foo.tfstate.lock").unwrap(),
             Some(br#"{"ID":"abc"}"#.to_vec())
+        );
+    }
+
+    #[test]
+    fn credential_offers_are_bounded_and_secrets_stay_out_of_messages() {
+        let with_password = GitAuth {
+            password: Some("s3cret".into()),
+            ..GitAuth::default()
+        };
+        let auth = Auth::new(&with_password);
+        for _ in 0..MAX_AUTH_ATTEMPTS {
+            assert!(
+                auth.offer(None, CredentialType::USER_PASS_PLAINTEXT)
+                    .is_ok()
+            );
+        }
+        // libgit2 would keep asking forever after the server refuses; we stop.
+        assert!(
+            auth.offer(None, CredentialType::USER_PASS_PLAINTEXT)
+                .is_err()
+        );
+        assert!(auth.refused.get());
+        let none = GitAuth::default();
+        let auth = Auth::new(&none);
+        assert!(
+            auth.offer(None, CredentialType::USER_PASS_PLAINTEXT)
+                .is_err(),
+            "nothing to offer"
+        );
+        assert!(auth.refused.get());
+        assert!(!format!("{with_password:?}").contains("s3cret"));
+        assert_eq!(
+            redact("https://u:s3cret@h.example/r.git"),
+            "https://***@h.example/r.git"
+        );
+        assert_eq!(redact("git@h.example:r.git"), "git@h.example:r.git");
+        assert!(is_local("/srv/r.git") && is_local("file:///srv/r.git") && is_local("r.git"));
+        assert!(
+            !is_local("git@h.example:r.git") && !is_local("ssh://h/r") && !is_local("https://h/r")
         );
     }
 
