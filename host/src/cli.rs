@@ -164,6 +164,67 @@ pub enum StateAction {
 /// Guest operations.
 #[derive(Debug, Subcommand)]
 pub enum GuestAction {
+    /// Install a guest into the data directory's store: from a path, an
+    /// https URL, or an index name; pin it with @sha256:HEX. Checks the
+    /// manifest, the WIT version and the publisher's signature.
+    Install {
+        /// PATH, https://URL or NAME (from --index), optionally @sha256:HEX.
+        source: String,
+        /// The `.minisig` signature (path or URL) [default: SOURCE.minisig].
+        #[arg(long)]
+        signature: Option<String>,
+        /// Where the store is and what it trusts.
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// List installed guests.
+    List {
+        /// Where the store is.
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Show an installed guest (or a component file): manifest, requested
+    /// capabilities, imports and exports, sha256, size, signer.
+    Inspect {
+        /// Installed guest name, or a path to a `.wasm` file.
+        guest: String,
+        /// Where the store is.
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Remove an installed guest.
+    Remove {
+        /// Installed guest name.
+        name: String,
+        /// Where the store is.
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Make a minisign key pair for signing guests: writes the secret key
+    /// (password from WASMSTATE_SIGNING_PASSWORD), prints the public key for
+    /// operators' [marketplace] trusted_keys.
+    Keygen {
+        /// Where to write the secret key.
+        secret_key: PathBuf,
+    },
+    /// Sign a guest component: writes COMPONENT.minisig.
+    Sign {
+        /// The component to sign.
+        component: PathBuf,
+        /// The secret key from `guest keygen` (or the minisign tool).
+        #[arg(long)]
+        key: PathBuf,
+    },
+    /// Search a guest index (JSON at a path or URL) by name, description or
+    /// publisher.
+    Search {
+        /// Text to look for [default: list everything].
+        #[arg(default_value = "")]
+        term: String,
+        /// Where the store is, and the index ([marketplace] index).
+        #[command(flatten)]
+        store: StoreArgs,
+    },
     /// Run the conformance kit against a guest: a PASS/FAIL line per case,
     /// exit status 1 if any case fails.
     Test {
@@ -191,6 +252,36 @@ pub enum GuestAction {
         #[arg(long, default_value_t = 30_000)]
         timeout_ms: u64,
     },
+}
+
+/// Which data directory's guest store, and the marketplace settings.
+#[derive(Debug, clap::Args)]
+pub struct StoreArgs {
+    /// The server's config file, for data_dir and [marketplace].
+    #[arg(long, short, env = "WASMSTATE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Data directory (overrides the config file) [default: ./wasmstate-data].
+    #[arg(long, env = "WASMSTATE_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Guest index, path or URL (overrides [marketplace] index).
+    #[arg(long)]
+    index: Option<String>,
+}
+
+impl StoreArgs {
+    pub(crate) fn load(&self) -> anyhow::Result<Config> {
+        let mut config = Config::load(
+            self.config.as_deref(),
+            Overrides {
+                data_dir: self.data_dir.clone(),
+                ..Overrides::default()
+            },
+        )?;
+        if let Some(index) = &self.index {
+            config.marketplace.index = Some(index.clone());
+        }
+        Ok(config)
+    }
 }
 
 /// Workspace operations.
@@ -288,6 +379,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Guest { action } => crate::marketplace::cli::run(action).await,
         Command::HashPassword => {
             let mut password = String::new();
             std::io::stdin().read_line(&mut password)?;

@@ -82,6 +82,23 @@ pub struct Config {
     pub tokens: Vec<Token>,
     /// HTTPS settings; plain HTTP when `None`.
     pub tls: Option<TlsConfig>,
+    /// Signature policy and catalogue for installed guests.
+    pub marketplace: MarketplaceConfig,
+}
+
+/// The `[marketplace]` table: which publishers' guests may be installed
+/// and run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MarketplaceConfig {
+    /// Publisher public keys (minisign base64, or paths to `.pub` files).
+    #[serde(default)]
+    pub trusted_keys: Vec<String>,
+    /// Install and run guests without a trusted signature.
+    #[serde(default)]
+    pub allow_unsigned: bool,
+    /// Guest catalogue (path or URL) for `guest search` and `guest install NAME`.
+    pub index: Option<String>,
 }
 
 /// The `[tls]` table: certificate files for HTTPS.
@@ -116,6 +133,8 @@ pub struct BackendConfig {
     pub history: usize,
     /// Git repositories the guest may use, with the host-held credentials.
     pub allow_git: Vec<GitGrant>,
+    /// Named secrets the guest may read (`host.get-secret`), resolved.
+    pub secrets: Vec<(String, String)>,
     /// Keys for encryption at rest; the first seals. Empty: no encryption.
     pub encryption_keys: Vec<EncryptionKey>,
 }
@@ -127,6 +146,13 @@ pub enum GuestSource {
     Embedded(&'static str),
     /// A component file on disk.
     File(PathBuf),
+    /// A guest from the store (`wasmstate guest install`), pinned by digest.
+    Installed {
+        /// Name from its manifest.
+        name: String,
+        /// The sha256 it must have.
+        sha256: String,
+    },
 }
 
 impl std::fmt::Display for GuestSource {
@@ -134,6 +160,7 @@ impl std::fmt::Display for GuestSource {
         match self {
             GuestSource::Embedded(name) => write!(f, "{name} (embedded)"),
             GuestSource::File(path) => write!(f, "{}", path.display()),
+            GuestSource::Installed { name, sha256 } => write!(f, "{name}@sha256:{sha256}"),
         }
     }
 }
@@ -187,6 +214,8 @@ struct RawConfig {
     #[serde(default)]
     tokens: Vec<RawToken>,
     tls: Option<RawTls>,
+    #[serde(default)]
+    marketplace: MarketplaceConfig,
 }
 
 #[derive(Deserialize)]
@@ -195,6 +224,13 @@ struct RawTls {
     cert: PathBuf,
     key: PathBuf,
     client_ca: Option<PathBuf>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSecret {
+    env: Option<String>,
+    file: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -252,6 +288,8 @@ struct RawBackend {
     allow_git: Vec<String>,
     git_auth: Option<RawGitAuth>,
     #[serde(default)]
+    secrets: BTreeMap<String, RawSecret>,
+    #[serde(default)]
     config: toml::Table,
 }
 
@@ -306,10 +344,12 @@ impl Config {
                 history: DEFAULT_HISTORY as usize,
                 encryption_keys: Vec::new(),
                 allow_git: Vec::new(),
+                secrets: Vec::new(),
             }],
             users: Vec::new(),
             tokens: Vec::new(),
             tls: None,
+            marketplace: MarketplaceConfig::default(),
         }
     }
 
@@ -515,6 +555,7 @@ fn validate(
         })
         .transpose()?;
     Ok(Config {
+        marketplace: raw.marketplace,
         tls,
         users,
         tokens,
@@ -538,6 +579,21 @@ fn validate_backend(
         .map_err(|e| ConfigError(format!("{file}: [backends.{name}]: {e}")))?;
     let guest = match guests::embedded(&raw.guest) {
         Some(embedded) => GuestSource::Embedded(embedded.name),
+        None if raw.guest.contains("@sha256:") => {
+            let (name, sha256) = raw.guest.split_once("@sha256:").expect("checked");
+            let sha256 = sha256.to_ascii_lowercase();
+            if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(ConfigError(format!(
+                    "{file}: {} = {:?}: the pin after @sha256: must be 64 hex digits (see `wasmstate guest list`)",
+                    key("guest"),
+                    raw.guest
+                )));
+            }
+            GuestSource::Installed {
+                name: name.to_string(),
+                sha256,
+            }
+        }
         None if raw.guest.ends_with(".wasm") => {
             let path = base.join(&raw.guest);
             if !path.is_file() {
@@ -552,7 +608,7 @@ fn validate_backend(
         }
         None => {
             return Err(ConfigError(format!(
-                "{file}: {} = {:?}: not an embedded guest ({}) nor a path to a .wasm file",
+                "{file}: {} = {:?}: not an embedded guest ({}), a path to a .wasm file, nor an installed guest pinned as NAME@sha256:HEX (see `wasmstate guest list`)",
                 key("guest"),
                 raw.guest,
                 guests::embedded_names().join(", ")
@@ -646,7 +702,33 @@ fn validate_backend(
             })
         })
         .collect::<Result<_, _>>()?;
+    let mut secrets = Vec::new();
+    for (name, secret) in raw.secrets {
+        let at = format!("{}.{name}", key("secrets"));
+        let value = match (secret.env, secret.file) {
+            (Some(var), None) => std::env::var(&var).map_err(|_| {
+                ConfigError(format!(
+                    "{file}: {at}: environment variable {var} is not set"
+                ))
+            })?,
+            (None, Some(path)) => {
+                let path = base.join(path);
+                std::fs::read_to_string(&path)
+                    .map(|s| s.trim_end().to_string())
+                    .map_err(|e| {
+                        ConfigError(format!("{file}: {at}: cannot read {}: {e}", path.display()))
+                    })?
+            }
+            _ => {
+                return Err(ConfigError(format!(
+                    "{file}: {at}: give exactly one of env = \"VAR\" or file = \"path\""
+                )));
+            }
+        };
+        secrets.push((name, value));
+    }
     Ok(BackendConfig {
+        secrets,
         allow_git,
         history,
         encryption_keys,

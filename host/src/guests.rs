@@ -97,9 +97,21 @@ pub fn embedded_names() -> Vec<&'static str> {
     EMBEDDED.iter().map(|g| g.name).collect()
 }
 
-/// The component bytes of `source`.
-pub fn load(source: &GuestSource) -> anyhow::Result<std::borrow::Cow<'static, [u8]>> {
+/// The component bytes of `source`; installed guests come from the store
+/// of `config`'s data directory, checked against their pin and signature.
+pub fn load(
+    source: &GuestSource,
+    config: &crate::config::Config,
+) -> anyhow::Result<std::borrow::Cow<'static, [u8]>> {
+    use crate::marketplace::{Policy, load_installed, store::GuestStore};
     match source {
+        GuestSource::Installed { name, sha256 } => {
+            let policy = Policy::new(&config.marketplace).map_err(anyhow::Error::msg)?;
+            let store = GuestStore::new(&config.data_dir);
+            load_installed(&store, &policy, name, sha256)
+                .map(std::borrow::Cow::Owned)
+                .map_err(anyhow::Error::msg)
+        }
         GuestSource::Embedded(name) => embedded(name)
             .map(|g| std::borrow::Cow::Borrowed(g.wasm))
             .ok_or_else(|| anyhow::anyhow!("no embedded guest named {name:?}")),

@@ -8,6 +8,7 @@
 //!   instance per request; implements [`backend::Storage`]; never parses HTTP.
 //! - [`config`]: the TOML config file, validated once at startup.
 //! - [`guests`]: the first-party guests embedded in the binary.
+//! - [`marketplace`]: installed guests: manifests, grants, signatures, store.
 //! - [`auth`]: users, tokens and what each may do.
 //! - [`policy`]: which origins a guest may call over HTTP.
 //! - [`capabilities`]: what the host lends guests beyond WASI (git).
@@ -25,6 +26,7 @@ pub mod client;
 pub mod config;
 pub mod conformance;
 pub mod guests;
+pub mod marketplace;
 pub mod metrics;
 pub mod names;
 pub mod policy;

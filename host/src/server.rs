@@ -22,9 +22,9 @@ pub async fn load_backends(
 ) -> anyhow::Result<BTreeMap<String, GuestBackend>> {
     let mut backends = BTreeMap::new();
     for backend in &config.backends {
-        let wasm = guests::load(&backend.guest)?;
-        let dir = config.granted_dir(backend);
-        let guest = runtime.load_backend(backend, &wasm, dir.clone()).await?;
+        let wasm = guests::load(&backend.guest, config)?;
+        let (backend, dir) = narrow_to_manifest(config, backend, &wasm)?;
+        let guest = runtime.load_backend(&backend, &wasm, dir.clone()).await?;
         tracing::info!(
             backend = %backend.name,
             guest = %backend.guest,
@@ -35,6 +35,50 @@ pub async fn load_backends(
         backends.insert(backend.name.clone(), guest);
     }
     Ok(backends)
+}
+
+/// A guest that carries a manifest gets only what it asks for and the
+/// operator granted; one that asks for more does not start. Guests without
+/// a manifest (embedded, or a local file) get the operator's grants as
+/// written; installed guests always carry one.
+fn narrow_to_manifest(
+    config: &Config,
+    backend: &crate::config::BackendConfig,
+    wasm: &[u8],
+) -> anyhow::Result<(crate::config::BackendConfig, Option<std::path::PathBuf>)> {
+    use crate::marketplace::{grants, manifest};
+    let dir = config.granted_dir(backend);
+    let info =
+        manifest::inspect(wasm).map_err(|e| anyhow::anyhow!("backend {:?}: {e}", backend.name))?;
+    let Some(manifest) = info.manifest else {
+        anyhow::ensure!(
+            !matches!(backend.guest, crate::config::GuestSource::Installed { .. }),
+            "backend {:?}: installed guest {} carries no manifest",
+            backend.name,
+            backend.guest
+        );
+        return Ok((backend.clone(), dir));
+    };
+    let narrowed = grants::intersect(&manifest.capabilities, backend, dir.is_some()).map_err(|missing| {
+        anyhow::anyhow!(
+            "backend {:?}: guest {} {} asks for capabilities the operator has not granted; add to [backends.{}]:\n{}",
+            backend.name,
+            manifest.name,
+            manifest.version,
+            backend.name,
+            missing
+                .lines()
+                .map(|l| format!("  {l}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    })?;
+    let dir = if manifest.capabilities.directory {
+        dir
+    } else {
+        None
+    };
+    Ok((narrowed, dir))
 }
 
 /// Run the server described by `config` until a shutdown signal.

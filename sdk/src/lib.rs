@@ -71,6 +71,13 @@ pub fn validate_workspace_name(name: &str) -> Result<(), Error> {
     wasmstate_types::names::check_name("workspace", name).map_err(Error::InvalidInput)
 }
 
+/// A secret the operator provides to this backend (`secrets.NAME` in the
+/// host's config), e.g. a password for the storage service. With a manifest,
+/// only the secrets it lists under `capabilities.secrets` are visible.
+pub fn secret(name: &str) -> Option<String> {
+    export::wit::wasmstate::backend::host::get_secret(name)
+}
+
 /// The WIT package version this SDK implements; the host refuses guests
 /// built for a version it does not know.
 pub const WIT_VERSION: &str = "0.1.0";
@@ -171,7 +178,53 @@ macro_rules! register_backend {
     };
 }
 
+/// Embed the guest's manifest (TOML) in the component, as the custom
+/// section `wasmstate-manifest`, for operators' `wasmstate guest install`
+/// and `guest inspect`. Usually `manifest!(include_str!("../guest.toml"))`.
+///
+/// ```toml
+/// name = "etcd"
+/// version = "0.1.0"
+/// author = "Jane Doe <jane@example.com>"
+/// description = "State and locks in etcd v3"
+///
+/// [capabilities]
+/// http = ["http://*:2379"]    # origins it needs (`*` host: the operator picks)
+/// directory = false           # a preopened directory at /data
+/// git = false                 # the host's git capability
+/// secrets = ["ETCD_PASSWORD"] # named values the operator must provide
+/// memory_mib = 64             # memory it needs per request
+/// timeout_ms = 5000           # time it needs per request
+/// ```
+///
+/// The host gives an installed guest only what its manifest asks for and the
+/// operator granted, and refuses to start it when a request is not granted.
+#[macro_export]
+macro_rules! manifest {
+    ($toml:expr) => {
+        const _: () = {
+            const TEXT: &str = $toml;
+            #[allow(unsafe_code)]
+            #[unsafe(link_section = "wasmstate-manifest")]
+            #[used]
+            static MANIFEST: [u8; TEXT.len()] = $crate::__private::bytes(TEXT);
+        };
+    };
+}
+
 #[doc(hidden)]
 pub mod __private {
     pub use crate::export::Entry;
+
+    /// A string's bytes as an array, in a const context.
+    pub const fn bytes<const N: usize>(text: &str) -> [u8; N] {
+        let source = text.as_bytes();
+        let mut out = [0u8; N];
+        let mut i = 0;
+        while i < N {
+            out[i] = source[i];
+            i += 1;
+        }
+        out
+    }
 }

@@ -336,3 +336,4 @@ impl Backend for EtcdBackend {
 }
 
 register_backend!(EtcdBackend);
+wasmstate_guest::manifest!(include_str!("../guest.toml"));

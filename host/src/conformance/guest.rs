@@ -75,6 +75,7 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
         history: 0,
         encryption_keys: Vec::new(),
         allow_git: allow_git.clone(),
+        secrets: Vec::new(),
     };
     let mut config = Config::default_with(Overrides {
         data_dir: Some(scratch.path().to_path_buf()),
@@ -82,7 +83,7 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
     });
     config.backends = vec![backend(subject.config.clone())];
     let runtime = Runtime::new(&config, Arc::new(crate::metrics::Metrics::new([])))?;
-    let wasm = guests::load(&subject.guest)?;
+    let wasm = guests::load(&subject.guest, &config)?;
     let storage = runtime
         .load_backend(&config.backends[0], &wasm, Some(dir.clone()))
         .await?;

@@ -15,6 +15,12 @@ mod sandbox;
 pub use bindings::WIT_VERSION;
 pub use cache::sha256_hex;
 
+/// Refuse a component whose exports do not implement this host's WIT
+/// version, naming both (see [`WIT_VERSION`]).
+pub fn check_wit_version(exports: &[String]) -> anyhow::Result<()> {
+    bindings::check_version(exports)
+}
+
 use crate::backend::{Diagnostic, LockInfo, Storage, StorageError, StorageResult};
 use crate::config::{BackendConfig, Config, Limits};
 use crate::metrics::{Fault, Metrics};
@@ -123,6 +129,7 @@ impl Runtime {
                 host: self.git.clone(),
                 grants: backend.allow_git.clone().into(),
             }),
+            secrets: backend.secrets.clone().into(),
             sha256,
         };
         let diagnostics = guest
@@ -163,6 +170,7 @@ pub struct GuestBackend {
     config: Arc<[(String, String)]>,
     outbound: Arc<OutboundPolicy>,
     git: Option<git::GitAccess>,
+    secrets: Arc<[(String, String)]>,
     sha256: String,
 }
 
@@ -209,6 +217,7 @@ impl GuestBackend {
             config: self.config.clone(),
             log_lines: 0,
             git: self.git.clone(),
+            secrets: self.secrets.clone(),
         };
         let mut store = Store::new(&self.engine, sandbox);
         store.limiter(|s| &mut s.limiter);

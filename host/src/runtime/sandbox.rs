@@ -40,6 +40,8 @@ pub struct Sandbox {
     pub log_lines: usize,
     /// Git repositories this backend may use, if any.
     pub git: Option<super::git::GitAccess>,
+    /// Secrets granted to this backend, by name.
+    pub secrets: Arc<[(String, String)]>,
 }
 
 impl Sandbox {
@@ -108,5 +110,12 @@ impl host::Host for Sandbox {
 
     async fn get_config(&mut self) -> Vec<(String, String)> {
         self.config.to_vec()
+    }
+
+    async fn get_secret(&mut self, name: String) -> Option<String> {
+        self.secrets
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.clone())
     }
 }

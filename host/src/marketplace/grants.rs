@@ -1,0 +1,182 @@
+//! What a guest with a manifest actually gets: the intersection of what it
+//! asks for and what the operator granted its backend. A request the
+//! operator did not grant stops the backend from starting, with the exact
+//! lines to add to the config; a grant the guest did not ask for is dropped.
+
+use super::manifest::Capabilities;
+use crate::config::BackendConfig;
+use crate::policy::Origin;
+
+/// `scheme://host[:port]` where the host may be `*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct OriginPattern {
+    scheme: String,
+    host: Option<String>,
+    port: u16,
+}
+
+impl OriginPattern {
+    fn parse(text: &str) -> Result<Self, String> {
+        let wildcard = text.contains("://*");
+        let concrete = text.replacen("://*", "://wildcard.invalid", 1);
+        let origin =
+            Origin::parse(&concrete).map_err(|e| format!("manifest http {text:?}: {e}"))?;
+        Ok(OriginPattern {
+            scheme: origin.scheme,
+            host: (!wildcard).then_some(origin.host),
+            port: origin.port,
+        })
+    }
+
+    fn matches(&self, origin: &Origin) -> bool {
+        self.scheme == origin.scheme
+            && self.port == origin.port
+            && self.host.as_ref().is_none_or(|h| *h == origin.host)
+    }
+}
+
+/// Narrow `backend`'s grants to what `wants` asks for. `Err` lists, one per
+/// line, what the operator must add to `[backends.NAME]`.
+pub fn intersect(
+    wants: &Capabilities,
+    backend: &BackendConfig,
+    has_dir: bool,
+) -> Result<BackendConfig, String> {
+    let mut missing = Vec::new();
+    // A named origin must be granted as such; `*` patterns are
+    // alternatives: the operator grants at least one host matching any.
+    let patterns: Vec<(String, OriginPattern)> = wants
+        .http
+        .iter()
+        .map(|t| OriginPattern::parse(t).map(|p| (t.clone(), p)))
+        .collect::<Result<_, _>>()?;
+    for (text, pattern) in patterns.iter().filter(|(_, p)| p.host.is_some()) {
+        if !backend.allow_http.iter().any(|o| pattern.matches(o)) {
+            missing.push(format!("allow_http = [\"{text}\"]"));
+        }
+    }
+    let wildcards: Vec<&(String, OriginPattern)> =
+        patterns.iter().filter(|(_, p)| p.host.is_none()).collect();
+    if let Some((_, pattern)) = wildcards.first()
+        && !backend
+            .allow_http
+            .iter()
+            .any(|o| wildcards.iter().any(|(_, p)| p.matches(o)))
+    {
+        let all: Vec<&str> = wildcards.iter().map(|(t, _)| t.as_str()).collect();
+        missing.push(format!(
+            "allow_http = [\"{}://HOST:{}\"]   # the hosts it may reach ({})",
+            pattern.scheme,
+            pattern.port,
+            all.join(" or ")
+        ));
+    }
+    let allow_http: Vec<Origin> = backend
+        .allow_http
+        .iter()
+        .filter(|o| patterns.iter().any(|(_, p)| p.matches(o)))
+        .cloned()
+        .collect();
+    if wants.directory && !has_dir {
+        missing.push("dir = \"/path/for/this/backend\"".to_string());
+    }
+    if wants.git && backend.allow_git.is_empty() {
+        missing.push("allow_git = [\"REPOSITORY URL\"]".to_string());
+    }
+    let mut secrets = Vec::new();
+    for name in &wants.secrets {
+        match backend.secrets.iter().find(|(k, _)| k == name) {
+            Some(secret) => secrets.push(secret.clone()),
+            None => missing.push(format!("secrets.{name} = {{ env = \"VARIABLE\" }}")),
+        }
+    }
+    if let Some(need) = wants.memory_mib
+        && need << 20 > backend.limits.memory_bytes
+    {
+        missing.push(format!(
+            "memory_mib = {need}   # it needs {need} MiB per request"
+        ));
+    }
+    if let Some(need) = wants.timeout_ms
+        && u128::from(need) > backend.limits.timeout.as_millis()
+    {
+        missing.push(format!(
+            "timeout_ms = {need}   # it needs {need} ms per request"
+        ));
+    }
+    if !missing.is_empty() {
+        return Err(missing.join("\n"));
+    }
+    let mut narrowed = backend.clone();
+    narrowed.allow_http = allow_http;
+    narrowed.allow_git = if wants.git {
+        backend.allow_git.clone()
+    } else {
+        Vec::new()
+    };
+    narrowed.secrets = secrets;
+    Ok(narrowed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Overrides};
+
+    fn backend(allow_http: &[&str]) -> BackendConfig {
+        let mut b = Config::default_with(Overrides::default())
+            .backends
+            .remove(0);
+        b.allow_http = allow_http
+            .iter()
+            .map(|o| Origin::parse(o).unwrap())
+            .collect();
+        b.secrets = vec![("TOKEN".into(), "s3cret".into())];
+        b
+    }
+
+    #[test]
+    fn the_guest_gets_only_what_it_asked_for_and_was_granted() {
+        let wants = Capabilities {
+            http: vec!["http://*:2379".into()],
+            ..Capabilities::default()
+        };
+        let got = intersect(
+            &wants,
+            &backend(&["http://10.0.0.5:2379", "https://evil.example"]),
+            true,
+        )
+        .unwrap();
+        let origins: Vec<String> = got.allow_http.iter().map(ToString::to_string).collect();
+        assert_eq!(origins, ["http://10.0.0.5:2379"]);
+        assert!(
+            got.secrets.is_empty(),
+            "secrets not asked for are not handed out"
+        );
+        assert!(got.allow_git.is_empty());
+    }
+
+    #[test]
+    fn ungranted_requests_list_what_to_add() {
+        let wants = Capabilities {
+            http: vec!["https://api.example.com".into(), "http://*:2379".into()],
+            directory: true,
+            git: true,
+            secrets: vec!["TOKEN".into(), "OTHER".into()],
+            memory_mib: Some(4096),
+            timeout_ms: None,
+        };
+        let err = intersect(&wants, &backend(&[]), false).unwrap_err();
+        for line in [
+            "allow_http = [\"https://api.example.com\"]",
+            "allow_http = [\"http://HOST:2379\"]",
+            "dir = ",
+            "allow_git = ",
+            "secrets.OTHER = { env = ",
+            "memory_mib = 4096",
+        ] {
+            assert!(err.contains(line), "{line} missing from:\n{err}");
+        }
+        assert!(!err.contains("secrets.TOKEN"), "{err}");
+    }
+}

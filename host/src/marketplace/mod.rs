@@ -1,0 +1,210 @@
+//! The guest marketplace: install strangers' guests with pinned digests and
+//! publisher signatures, and run them with only the capabilities their
+//! manifest asks for and the operator granted.
+//!
+//! - [`manifest`]: what a guest says it is and needs (embedded custom section).
+//! - [`grants`]: manifest ∩ operator grants, or the lines to add.
+//! - [`signing`]: minisign signatures (`guest keygen`, `guest sign`).
+//! - [`store`]: installed components by digest in the data directory.
+//! - [`index`]: a JSON catalogue of guests to search and install by name.
+
+pub mod cli;
+pub mod grants;
+pub mod index;
+pub mod manifest;
+pub mod signing;
+pub mod store;
+
+use crate::config::MarketplaceConfig;
+use crate::runtime::sha256_hex;
+use store::{GuestStore, Installed};
+
+/// Where a guest to install comes from, parsed from the command line:
+/// a path, an `https://` URL, or `oci://registry/repository:tag`, each
+/// optionally pinned with `@sha256:HEX`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    /// The location without the pin.
+    pub location: String,
+    /// The digest the component must have, when pinned.
+    pub sha256: Option<String>,
+}
+
+impl Source {
+    /// Parse `LOCATION[@sha256:HEX]`.
+    pub fn parse(text: &str) -> Result<Source, String> {
+        match text.rsplit_once("@sha256:") {
+            Some((location, digest)) => {
+                let digest = digest.to_ascii_lowercase();
+                if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(format!(
+                        "{text}: the pin after @sha256: must be 64 hex digits"
+                    ));
+                }
+                Ok(Source {
+                    location: location.to_string(),
+                    sha256: Some(digest),
+                })
+            }
+            None => Ok(Source {
+                location: text.to_string(),
+                sha256: None,
+            }),
+        }
+    }
+}
+
+/// Read bytes from a path or an http(s) URL; `Ok(None)` when a URL answers
+/// 404 (used for optional `.minisig` files).
+pub async fn fetch(location: &str) -> Result<Option<Vec<u8>>, String> {
+    if location.starts_with("https://") || location.starts_with("http://") {
+        let response = reqwest::get(location)
+            .await
+            .map_err(|e| format!("cannot download {location}: {e}"))?;
+        if response.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !response.status().is_success() {
+            return Err(format!(
+                "cannot download {location}: HTTP {}",
+                response.status()
+            ));
+        }
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| format!("{location}: {e}"))?;
+        return Ok(Some(bytes.to_vec()));
+    }
+    if location.starts_with("oci://") {
+        return Err(format!(
+            "{location}: OCI registries are not supported by this build; download the component and install it from a path or https URL with its @sha256 pin"
+        ));
+    }
+    match std::fs::read(location) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("cannot read {location}: {e}")),
+    }
+}
+
+/// The operator's signature policy, with keys parsed.
+pub struct Policy {
+    trusted: Vec<minisign::PublicKey>,
+    allow_unsigned: bool,
+}
+
+impl Policy {
+    /// Parse the `[marketplace]` settings.
+    pub fn new(config: &MarketplaceConfig) -> Result<Policy, String> {
+        Ok(Policy {
+            trusted: config
+                .trusted_keys
+                .iter()
+                .map(|k| signing::parse_public_key(k))
+                .collect::<Result<_, _>>()?,
+            allow_unsigned: config.allow_unsigned,
+        })
+    }
+
+    /// Check a component's signature by this policy: the signer's key id,
+    /// `None` when unsigned and unsigned guests are allowed.
+    pub fn check(
+        &self,
+        wasm: &[u8],
+        sha256: &str,
+        signature: Option<&str>,
+    ) -> Result<Option<String>, String> {
+        match signature {
+            Some(signature) => signing::verify(wasm, sha256, signature, &self.trusted).map(Some),
+            None if self.allow_unsigned => Ok(None),
+            None => Err(
+                "the guest is not signed; ask its publisher for a .minisig signature (pass it with --signature), or set [marketplace] allow_unsigned = true".into(),
+            ),
+        }
+    }
+}
+
+/// Install the guest at `source` into `store`, verifying its pin, manifest,
+/// WIT version and signature (`signature`: a path or URL of a `.minisig`;
+/// default: the source's location plus `.minisig`, if it exists).
+pub async fn install(
+    store: &GuestStore,
+    policy: &Policy,
+    source: &Source,
+    signature: Option<&str>,
+) -> Result<Installed, String> {
+    let wasm = fetch(&source.location)
+        .await?
+        .ok_or_else(|| format!("{}: not found", source.location))?;
+    let sha256 = sha256_hex(&wasm);
+    if let Some(pin) = &source.sha256
+        && *pin != sha256
+    {
+        return Err(format!(
+            "{}: digest mismatch: pinned sha256:{pin}, downloaded sha256:{sha256}; nothing was installed",
+            source.location
+        ));
+    }
+    let info = manifest::inspect(&wasm)?;
+    let manifest = info.manifest.ok_or_else(|| {
+        "the component carries no manifest; its author must embed one with wasmstate_guest::manifest!(include_str!(\"guest.toml\"))".to_string()
+    })?;
+    crate::runtime::check_wit_version(&info.exports).map_err(|e| e.to_string())?;
+    let signature_location = signature
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("{}.minisig", source.location));
+    let signature_text = match fetch(&signature_location).await? {
+        Some(bytes) => Some(
+            String::from_utf8(bytes)
+                .map_err(|_| format!("{signature_location}: not a minisign signature"))?,
+        ),
+        None if signature.is_some() => return Err(format!("{signature_location}: not found")),
+        None => None,
+    };
+    let signed_by = policy.check(&wasm, &sha256, signature_text.as_deref())?;
+    let entry = Installed {
+        name: manifest.name,
+        version: manifest.version,
+        size: wasm.len() as u64,
+        sha256,
+        source: source.location.clone(),
+        signed_by,
+    };
+    store.add(entry.clone(), &wasm, signature_text.as_deref())?;
+    Ok(entry)
+}
+
+/// The bytes of installed guest `name` pinned at `sha256`, re-checked: the
+/// digest must match and the signature must still satisfy the policy.
+pub fn load_installed(
+    store: &GuestStore,
+    policy: &Policy,
+    name: &str,
+    sha256: &str,
+) -> Result<Vec<u8>, String> {
+    let path = store.blob(sha256);
+    let wasm = std::fs::read(&path).map_err(|e| {
+        format!("guest {name}@sha256:{sha256} is not installed ({}: {e}); install it with `wasmstate guest install`", path.display())
+    })?;
+    let actual = sha256_hex(&wasm);
+    if actual != sha256 {
+        return Err(format!(
+            "guest {name}: the stored component's digest is sha256:{actual}, not the pinned sha256:{sha256}; it was altered on disk, reinstall it"
+        ));
+    }
+    let manifest_name = manifest::inspect(&wasm)?
+        .manifest
+        .map(|m| m.name)
+        .unwrap_or_default();
+    if manifest_name != name {
+        return Err(format!(
+            "sha256:{sha256} is the guest {manifest_name:?}, not {name:?}; check the pin in the config"
+        ));
+    }
+    let signature = std::fs::read_to_string(store.signature(sha256)).ok();
+    policy
+        .check(&wasm, sha256, signature.as_deref())
+        .map_err(|e| format!("guest {name}: {e}"))?;
+    Ok(wasm)
+}
