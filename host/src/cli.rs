@@ -315,8 +315,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 data_dir,
                 cache_dir,
             };
+            let source = config.clone().map(|path| crate::reload::ConfigSource {
+                path,
+                overrides: overrides.clone(),
+            });
             let config = Config::load(config.as_deref(), overrides)?;
-            crate::server::serve(config).await
+            crate::server::serve(config, source).await
         }
         Command::CheckConfig { config } => {
             let config = Config::load(Some(&config), Overrides::default())?;

@@ -15,6 +15,7 @@
 //! - [`metrics`]: what `GET /metrics` reports, fed by both layers.
 //! - [`store`]: encryption at rest and version history, around any storage.
 //! - [`tls`]: HTTPS and client certificates for `serve`.
+//! - [`reload`]: swapping backends in on SIGHUP while requests run.
 //! - [`server`], [`cli`], [`client`]: the `wasmstate` command.
 #![warn(missing_docs)]
 
@@ -31,6 +32,7 @@ pub mod metrics;
 pub mod names;
 pub mod policy;
 pub mod protocol;
+pub mod reload;
 pub mod runtime;
 pub mod server;
 pub mod store;

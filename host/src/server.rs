@@ -6,6 +6,7 @@ use crate::config::Config;
 use crate::guests;
 use crate::metrics::Metrics;
 use crate::protocol::{self, App};
+use crate::reload::{ConfigSource, Swappable};
 use crate::runtime::{GuestBackend, Runtime};
 use crate::store::Store;
 use crate::store::history::History;
@@ -22,19 +23,30 @@ pub async fn load_backends(
 ) -> anyhow::Result<BTreeMap<String, GuestBackend>> {
     let mut backends = BTreeMap::new();
     for backend in &config.backends {
-        let wasm = guests::load(&backend.guest, config)?;
-        let (backend, dir) = narrow_to_manifest(config, backend, &wasm)?;
-        let guest = runtime.load_backend(&backend, &wasm, dir.clone()).await?;
-        tracing::info!(
-            backend = %backend.name,
-            guest = %backend.guest,
-            sha256 = guest.sha256(),
-            dir = ?dir,
-            "backend ready"
-        );
+        let guest = load_backend(config, backend, runtime).await?;
         backends.insert(backend.name.clone(), guest);
     }
     Ok(backends)
+}
+
+/// Compile, link and validate one backend's guest, with the capabilities
+/// its manifest and the operator's grants allow.
+pub async fn load_backend(
+    config: &Config,
+    backend: &crate::config::BackendConfig,
+    runtime: &Runtime,
+) -> anyhow::Result<GuestBackend> {
+    let wasm = guests::load(&backend.guest, config)?;
+    let (backend, dir) = narrow_to_manifest(config, backend, &wasm)?;
+    let guest = runtime.load_backend(&backend, &wasm, dir.clone()).await?;
+    tracing::info!(
+        backend = %backend.name,
+        guest = %backend.guest,
+        sha256 = guest.sha256(),
+        dir = ?dir,
+        "backend ready"
+    );
+    Ok(guest)
 }
 
 /// A guest that carries a manifest gets only what it asks for and the
@@ -81,8 +93,21 @@ fn narrow_to_manifest(
     Ok((narrowed, dir))
 }
 
-/// Run the server described by `config` until a shutdown signal.
-pub async fn serve(config: Config) -> anyhow::Result<()> {
+/// The host's layers around one backend's guest: encryption and history.
+fn store_for(config: &Config, name: &str, guest: GuestBackend) -> Store<GuestBackend> {
+    let backend = config
+        .backends
+        .iter()
+        .find(|b| b.name == name)
+        .expect("every loaded backend is configured");
+    let history = (backend.history > 0)
+        .then(|| History::new(config.data_dir.join("history").join(name), backend.history));
+    Store::new(guest, backend.encryption_keys.clone(), history)
+}
+
+/// Run the server described by `config` until a shutdown signal. With
+/// `source`, SIGHUP re-reads the config file and swaps the backends in.
+pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Result<()> {
     let auth = Arc::new(Authenticator::new(
         config.users.clone(),
         config.tokens.clone(),
@@ -110,21 +135,17 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     print_banner(scheme, addr, &backends);
-    let backends = backends
+    let backends: BTreeMap<String, Arc<Swappable<Store<GuestBackend>>>> = backends
         .into_iter()
         .map(|(name, guest)| {
-            let backend = config
-                .backends
-                .iter()
-                .find(|b| b.name == name)
-                .expect("every loaded backend is configured");
-            let history = (backend.history > 0).then(|| {
-                History::new(config.data_dir.join("history").join(&name), backend.history)
-            });
-            let store = Store::new(guest, backend.encryption_keys.clone(), history);
-            (name, store)
+            let store = store_for(&config, &name, guest);
+            (name, Arc::new(Swappable::new(store)))
         })
         .collect();
+    let runtime = Arc::new(runtime);
+    if let Some(source) = source {
+        tokio::spawn(reload_on_sighup(source, runtime.clone(), backends.clone()));
+    }
     let app = protocol::router(App {
         backends,
         max_body_bytes: config.max_body_bytes,
@@ -178,6 +199,25 @@ fn print_banner(scheme: &str, addr: SocketAddr, backends: &BTreeMap<String, Gues
         names.join(", ")
     );
     let _ = out.flush();
+}
+
+async fn reload_on_sighup(
+    source: ConfigSource,
+    runtime: Arc<Runtime>,
+    served: BTreeMap<String, Arc<Swappable<Store<GuestBackend>>>>,
+) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP; reloading is off");
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        tracing::info!(config = %source.path.display(), "SIGHUP: reloading backends");
+        match crate::reload::reload(&source, &runtime, &served, store_for).await {
+            Ok(n) => tracing::info!(replaced = n, "reload done"),
+            Err(e) => tracing::error!("reload failed, nothing changed: {e:#}"),
+        }
+    }
 }
 
 async fn shutdown_signal() {

@@ -43,6 +43,11 @@ impl Server {
         Server::spawn(data_dir, Some(&path))
     }
 
+    /// Serve an existing config file (its data directory: `data_dir`).
+    pub fn with_config_file(data_dir: &Path, config: &Path) -> Server {
+        Server::spawn(data_dir, Some(config))
+    }
+
     fn spawn(data_dir: &Path, config: Option<&Path>) -> Server {
         std::fs::create_dir_all(data_dir).unwrap();
         let log = data_dir.join(format!("server-{}.log", unique()));
