@@ -22,6 +22,7 @@ const GUESTS: &[(&str, &str)] = &[
         "wasmstate-fixture-future-version",
         "WASMSTATE_FIXTURE_FUTURE_VERSION",
     ),
+    ("wasmstate-fixture-hostile", "WASMSTATE_FIXTURE_HOSTILE"),
 ];
 const TARGET: &str = "wasm32-wasip2";
 

@@ -9,6 +9,7 @@ mod concurrency;
 mod conformance;
 mod etcd;
 mod git;
+mod hostile;
 mod marketplace;
 mod metrics;
 mod production;

@@ -68,7 +68,7 @@ pub enum GitError {
 
 /// Credentials for one granted repository, already resolved (e.g. from the
 /// environment) by the caller. Never logged.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct GitAuth {
     /// User name for HTTP basic auth, or the ssh user (default: from the URL, else `git`).
     pub username: Option<String>,
@@ -90,7 +90,7 @@ impl std::fmt::Debug for GitAuth {
 }
 
 /// The operator's grant of one repository URL to a backend.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GitGrant {
     /// The repository URL (https://, ssh://, scp-like `user@host:path`, git://, file:// or a path).
     pub url: String,
@@ -1488,15 +1488,18 @@ mod tests {
             .port()
     }
 
-    /// `git daemon` serving the remote over git:// with pushes enabled; killed on drop.
+    /// `git-daemon` serving the remote over git:// with pushes enabled; killed on drop.
     struct Daemon(Child);
 
     impl Daemon {
         fn start(base: &Path) -> (Self, u16) {
             let port = free_port();
-            let child = git_cmd(base)
+            // Run git-daemon itself: `git daemon` is a wrapper process, and killing
+            // it would leave the real daemon running.
+            let exec_path = git(base, &["--exec-path"]);
+            let child = Command::new(Path::new(&exec_path).join("git-daemon"))
+                .env("GIT_CONFIG_NOSYSTEM", "1")
                 .args([
-                    "daemon",
                     "--export-all",
                     "--enable=receive-pack",
                     "--listen=127.0.0.1",

@@ -46,13 +46,13 @@ pub fn check_version(names: &[String]) -> anyhow::Result<()> {
 impl From<t::LockInfo> for LockInfo {
     fn from(l: t::LockInfo) -> Self {
         LockInfo {
-            id: l.id,
-            operation: l.operation,
-            info: l.info,
-            who: l.who,
-            version: l.version,
-            created: l.created,
-            path: l.path,
+            id: bounded(l.id),
+            operation: bounded(l.operation),
+            info: bounded(l.info),
+            who: bounded(l.who),
+            version: bounded(l.version),
+            created: bounded(l.created),
+            path: bounded(l.path),
         }
     }
 }
@@ -71,11 +71,24 @@ impl From<LockInfo> for t::LockInfo {
     }
 }
 
+/// Longest text a guest may put in an error (or a lock holder's field):
+/// whatever a guest returns ends up in an HTTP answer and the log, so a
+/// hostile one must not be able to make either huge.
+pub const MAX_GUEST_TEXT: usize = 4096;
+
+fn bounded(text: String) -> String {
+    if text.len() <= MAX_GUEST_TEXT {
+        text
+    } else {
+        super::sandbox::truncate(&text, MAX_GUEST_TEXT)
+    }
+}
+
 impl From<t::Diagnostic> for Diagnostic {
     fn from(d: t::Diagnostic) -> Self {
         Diagnostic {
-            key: d.key,
-            message: d.message,
+            key: d.key.map(bounded),
+            message: bounded(d.message),
         }
     }
 }
@@ -86,12 +99,12 @@ impl From<t::Error> for StorageError {
             t::Error::NotFound => StorageError::NotFound,
             t::Error::Locked(holder) => StorageError::Locked(holder.into()),
             t::Error::LockMismatch(holder) => StorageError::LockMismatch(holder.map(Into::into)),
-            t::Error::InvalidInput(m) => StorageError::InvalidInput(m),
+            t::Error::InvalidInput(m) => StorageError::InvalidInput(bounded(m)),
             t::Error::InvalidConfig(d) => {
-                StorageError::InvalidConfig(d.into_iter().map(Into::into).collect())
+                StorageError::InvalidConfig(d.into_iter().take(64).map(Into::into).collect())
             }
-            t::Error::Unavailable(m) => StorageError::Unavailable(m),
-            t::Error::Internal(m) => StorageError::Internal(m),
+            t::Error::Unavailable(m) => StorageError::Unavailable(bounded(m)),
+            t::Error::Internal(m) => StorageError::Internal(bounded(m)),
         }
     }
 }

@@ -282,9 +282,17 @@ impl GuestBackend {
             return StorageError::GuestTimedOut(self.limits.timeout);
         }
         self.metrics.fault(&self.name, Fault::Trap);
-        let reason = match sandbox.last_stderr_line() {
-            Some(line) => line,
-            None => format!("{error}"),
+        // The client gets one short line (the panic message, or the trap's
+        // kind); the wasm backtrace goes to the log only.
+        let reason = match (sandbox.last_stderr_line(), error.downcast_ref::<Trap>()) {
+            (Some(line), _) => line,
+            (None, Some(trap)) => trap.to_string(),
+            (None, None) => error
+                .to_string()
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_string(),
         };
         tracing::warn!(backend = %self.name, "guest trapped: {error:#}");
         StorageError::GuestTrapped(reason)

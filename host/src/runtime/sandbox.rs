@@ -56,7 +56,8 @@ impl Sandbox {
     }
 }
 
-fn truncate(s: &str, max: usize) -> String {
+/// `s`, cut to at most `max` bytes (on a character boundary) with `…`.
+pub fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }
