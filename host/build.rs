@@ -23,6 +23,10 @@ const GUESTS: &[(&str, &str)] = &[
         "WASMSTATE_FIXTURE_FUTURE_VERSION",
     ),
     ("wasmstate-fixture-hostile", "WASMSTATE_FIXTURE_HOSTILE"),
+    (
+        "wasmstate-fixture-secrets-probe",
+        "WASMSTATE_FIXTURE_SECRETS_PROBE",
+    ),
 ];
 const TARGET: &str = "wasm32-wasip2";
 

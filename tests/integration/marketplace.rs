@@ -357,3 +357,99 @@ fn sighup_swaps_in_a_new_guest_while_in_flight_requests_finish_on_the_old() {
     let old_answer = in_flight.join().unwrap();
     assert_eq!(old_answer.status, 504, "{}", old_answer.text());
 }
+
+const PROBE_WASM: &str = env!("WASMSTATE_FIXTURE_SECRETS_PROBE");
+
+#[test]
+fn a_guest_sees_only_the_secrets_its_manifest_asks_for_and_never_the_host_environment() {
+    let dir = tempdir();
+    let probe = copy_guest(PROBE_WASM, dir.path(), "probe.wasm");
+    let config = write_config(dir.path(), "allow_unsigned = true", "");
+    let out = install(&config, probe.to_str().unwrap(), &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let digest = sha256_of(&probe);
+    let with = |secrets: &str| {
+        let text = format!(
+            "data_dir = \"data\"\n[marketplace]\nallow_unsigned = true\n[backends.probe]\nguest = \"secrets-probe@sha256:{digest}\"\n{secrets}"
+        );
+        std::fs::write(&config, text).unwrap();
+    };
+
+    // TOKEN not provided: the backend does not start, naming it.
+    with("");
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        text(&out).contains("secrets.TOKEN = { env = "),
+        "{}",
+        text(&out)
+    );
+
+    // Both provided: it sees TOKEN only, and none of the host's environment.
+    with("secrets = { TOKEN = { env = \"PROBE_TOKEN\" }, OTHER = { env = \"PROBE_OTHER\" } }\n");
+    let server = {
+        // The server inherits these from the test process's environment.
+        let data = dir.path().join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        ServerWithEnv::start(
+            &config,
+            &[
+                ("PROBE_TOKEN", "t0ken"),
+                ("PROBE_OTHER", "other"),
+                ("HOST_CANARY", "canary"),
+            ],
+        )
+    };
+    let seen: serde_json::Value =
+        serde_json::from_slice(&send("GET", &format!("{}/states/probe/x", server.url), None).body)
+            .unwrap();
+    assert_eq!(seen["TOKEN"], "t0ken");
+    assert!(seen["OTHER"].is_null(), "{seen}");
+    assert_eq!(
+        seen["env"],
+        serde_json::json!({}),
+        "the guest must see no environment: {seen}"
+    );
+}
+
+/// A server started with extra environment variables (for secrets).
+struct ServerWithEnv {
+    child: std::process::Child,
+    url: String,
+}
+
+impl ServerWithEnv {
+    fn start(config: &Path, env: &[(&str, &str)]) -> ServerWithEnv {
+        use std::io::BufRead;
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--cache-dir"])
+            .arg(shared_cache_dir())
+            .arg("--config")
+            .arg(config)
+            .envs(env.iter().copied())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        let url = first
+            .trim()
+            .strip_prefix("wasmstate listening on ")
+            .unwrap_or_else(|| panic!("server did not start: {first:?}"))
+            .to_string();
+        ServerWithEnv { child, url }
+    }
+}
+
+impl Drop for ServerWithEnv {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
