@@ -215,6 +215,14 @@ pub enum GuestAction {
         #[arg(long)]
         key: PathBuf,
     },
+    /// Publish a component (and COMPONENT.minisig, if present) to an OCI
+    /// registry as an artifact, for `guest install oci://…`.
+    Push {
+        /// The component.
+        component: PathBuf,
+        /// Where to: oci://HOST[:PORT]/REPOSITORY:TAG.
+        reference: String,
+    },
     /// Search a guest index (JSON at a path or URL) by name, description or
     /// publisher.
     Search {

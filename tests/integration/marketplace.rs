@@ -453,3 +453,44 @@ impl Drop for ServerWithEnv {
         let _ = self.child.wait();
     }
 }
+
+#[test]
+fn push_to_and_install_from_an_oci_registry_with_signature_and_pin() {
+    let registry = Registry::start();
+    let dir = tempdir();
+    let etcd = copy_guest(ETCD_GUEST_WASM, dir.path(), "etcd.wasm");
+    let digest = sha256_of(&etcd);
+    let (secret, public) = keygen(dir.path(), "publisher");
+    let out = cli(&[
+        "guest",
+        "sign",
+        etcd.to_str().unwrap(),
+        "--key",
+        secret.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let reference = format!("oci://{}/guests/etcd:0.1.0", registry.address);
+    let out = cli(&["guest", "push", etcd.to_str().unwrap(), &reference]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("with its signature"), "{}", text(&out));
+
+    let config = write_config(dir.path(), &format!("trusted_keys = [{public:?}]"), "");
+    let wrong = format!("{reference}@sha256:{}", "f".repeat(64));
+    let out = install(&config, &wrong, &[]);
+    assert!(text(&out).contains("digest mismatch"), "{}", text(&out));
+    let out = install(&config, &format!("{reference}@sha256:{digest}"), &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let list = listed(&config);
+    assert!(
+        list.contains(&digest) && list.contains("signed by key"),
+        "{list}"
+    );
+
+    let missing = format!("oci://{}/guests/nope:1", registry.address);
+    let out = install(&config, &missing, &[]);
+    assert!(
+        !out.status.success() && text(&out).contains("cannot pull"),
+        "{}",
+        text(&out)
+    );
+}

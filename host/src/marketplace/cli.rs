@@ -109,6 +109,29 @@ pub async fn run(action: GuestAction) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        GuestAction::Push {
+            component,
+            reference,
+        } => {
+            let wasm =
+                std::fs::read(&component).map_err(|e| anyhow!("{}: {e}", component.display()))?;
+            let sha256 = sha256_hex(&wasm);
+            let signature =
+                std::fs::read_to_string(format!("{}.minisig", component.display())).ok();
+            let signed = if signature.is_some() {
+                "with its signature"
+            } else {
+                "unsigned"
+            };
+            let url = super::oci::push(&reference, wasm, signature)
+                .await
+                .map_err(anyhow::Error::msg)?;
+            println!(
+                "pushed {} ({signed}) to {url}\ninstall it with: wasmstate guest install {reference}@sha256:{sha256}",
+                component.display()
+            );
+            Ok(())
+        }
         GuestAction::Search { term, store } => {
             let config = store.load()?;
             let location = config.marketplace.index.ok_or_else(|| {

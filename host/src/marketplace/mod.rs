@@ -7,11 +7,13 @@
 //! - [`signing`]: minisign signatures (`guest keygen`, `guest sign`).
 //! - [`store`]: installed components by digest in the data directory.
 //! - [`index`]: a JSON catalogue of guests to search and install by name.
+//! - [`oci`]: guests as OCI artifacts in a registry.
 
 pub mod cli;
 pub mod grants;
 pub mod index;
 pub mod manifest;
+pub mod oci;
 pub mod signing;
 pub mod store;
 
@@ -76,11 +78,6 @@ pub async fn fetch(location: &str) -> Result<Option<Vec<u8>>, String> {
             .map_err(|e| format!("{location}: {e}"))?;
         return Ok(Some(bytes.to_vec()));
     }
-    if location.starts_with("oci://") {
-        return Err(format!(
-            "{location}: OCI registries are not supported by this build; download the component and install it from a path or https URL with its @sha256 pin"
-        ));
-    }
     match std::fs::read(location) {
         Ok(bytes) => Ok(Some(bytes)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -134,9 +131,14 @@ pub async fn install(
     source: &Source,
     signature: Option<&str>,
 ) -> Result<Installed, String> {
-    let wasm = fetch(&source.location)
-        .await?
-        .ok_or_else(|| format!("{}: not found", source.location))?;
+    let (wasm, bundled_signature) = if source.location.starts_with("oci://") {
+        oci::pull(&source.location).await?
+    } else {
+        let wasm = fetch(&source.location)
+            .await?
+            .ok_or_else(|| format!("{}: not found", source.location))?;
+        (wasm, None)
+    };
     let sha256 = sha256_hex(&wasm);
     if let Some(pin) = &source.sha256
         && *pin != sha256
@@ -151,16 +153,22 @@ pub async fn install(
         "the component carries no manifest; its author must embed one with wasmstate_guest::manifest!(include_str!(\"guest.toml\"))".to_string()
     })?;
     crate::runtime::check_wit_version(&info.exports).map_err(|e| e.to_string())?;
-    let signature_location = signature
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("{}.minisig", source.location));
-    let signature_text = match fetch(&signature_location).await? {
-        Some(bytes) => Some(
-            String::from_utf8(bytes)
-                .map_err(|_| format!("{signature_location}: not a minisign signature"))?,
-        ),
-        None if signature.is_some() => return Err(format!("{signature_location}: not found")),
-        None => None,
+    let signature_text = match (signature, bundled_signature) {
+        (None, Some(bundled)) => Some(bundled),
+        (None, None) if source.location.starts_with("oci://") => None,
+        (given, _) => {
+            let location = given
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("{}.minisig", source.location));
+            match fetch(&location).await? {
+                Some(bytes) => Some(
+                    String::from_utf8(bytes)
+                        .map_err(|_| format!("{location}: not a minisign signature"))?,
+                ),
+                None if given.is_some() => return Err(format!("{location}: not found")),
+                None => None,
+            }
+        }
     };
     let signed_by = policy.check(&wasm, &sha256, signature_text.as_deref())?;
     let entry = Installed {

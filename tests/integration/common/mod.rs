@@ -552,3 +552,55 @@ impl Drop for GitDaemon {
         let _ = self.child.wait();
     }
 }
+
+/// An OCI registry (Debian's `docker-registry`, distribution v2) on a free
+/// loopback port with its storage in a temporary directory; killed on drop.
+pub struct Registry {
+    child: Child,
+    _dir: tempfile::TempDir,
+    /// `127.0.0.1:PORT`
+    pub address: String,
+}
+
+impl Registry {
+    /// Start one, installing the package when it is missing.
+    pub fn start() -> Registry {
+        ensure_installed("docker-registry", "docker-registry");
+        let dir = tempdir();
+        let port = free_port();
+        let address = format!("127.0.0.1:{port}");
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {address}\n",
+                dir.path().join("data").display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start docker-registry");
+        let url = format!("http://{address}/v2/");
+        wait_until("the registry to answer", Duration::from_secs(30), || {
+            reqwest::blocking::get(&url).is_ok_and(|r| r.status().is_success())
+        });
+        Registry {
+            child,
+            _dir: dir,
+            address,
+        }
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
