@@ -17,6 +17,7 @@
 //! memory_mib = 256         # per-request memory cap
 //! timeout_ms = 10000       # per-request deadline
 //! allow_http = []          # origins the guest may call, e.g. "http://127.0.0.1:2379"
+//! # max_instances = 48     # instances of this backend at once (default: 3/4 of the server's)
 //! allow_force_push = false # accept older/unrelated states (`state push -force`)
 //! history = 10             # versions kept per workspace by the host; 0 = none
 //! allow_git = []           # repositories the guest may use through the host's git
@@ -135,6 +136,10 @@ pub struct BackendConfig {
     pub allow_git: Vec<GitGrant>,
     /// Named secrets the guest may read (`host.get-secret`), resolved.
     pub secrets: Vec<(String, String)>,
+    /// Most instances of this backend alive at once; `None`: three
+    /// quarters of the server's `max_instances`, so one busy or hostile
+    /// backend cannot take every slot.
+    pub max_instances: Option<u32>,
     /// Keys for encryption at rest; the first seals. Empty: no encryption.
     pub encryption_keys: Vec<EncryptionKey>,
 }
@@ -289,6 +294,7 @@ struct RawBackend {
     git_auth: Option<RawGitAuth>,
     #[serde(default)]
     secrets: BTreeMap<String, RawSecret>,
+    max_instances: Option<u32>,
     #[serde(default)]
     config: toml::Table,
 }
@@ -345,6 +351,7 @@ impl Config {
                 encryption_keys: Vec::new(),
                 allow_git: Vec::new(),
                 secrets: Vec::new(),
+                max_instances: None,
             }],
             users: Vec::new(),
             tokens: Vec::new(),
@@ -727,7 +734,12 @@ fn validate_backend(
         };
         secrets.push((name, value));
     }
+    let max_instances = raw
+        .max_instances
+        .map(|n| in_range(file, &key("max_instances"), n.into(), 1, 10_000).map(|n| n as u32))
+        .transpose()?;
     Ok(BackendConfig {
+        max_instances,
         secrets,
         allow_git,
         history,

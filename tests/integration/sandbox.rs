@@ -131,3 +131,43 @@ fn a_guest_cannot_see_outside_its_granted_directory() {
     }
     assert_eq!(std::fs::read_to_string(&secret).unwrap(), "untouched");
 }
+
+#[test]
+fn a_flood_to_one_backend_leaves_instance_slots_for_the_others() {
+    // 4 slots in all; the spinning backend may hold 3 of them (its default
+    // share), so the healthy one always finds a free slot. (With the
+    // spinning backend allowed all 4, this fails: checked by hand.)
+    let dir = tempdir();
+    let server = Server::with_config(
+        dir.path(),
+        &format!(
+            "max_instances = 4\n[backends.healthy]\nguest = \"local\"\n[backends.spin]\nguest = \"{MISBEHAVE_WASM}\"\ntimeout_ms = 3000\nconfig = {{ mode = \"loop\" }}\n"
+        ),
+    );
+    let finished = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let spinners: Vec<_> = (0..6)
+        .map(|_| {
+            let url = server.state_url("spin", "ws");
+            let finished = finished.clone();
+            std::thread::spawn(move || {
+                let answer = send("GET", &url, None);
+                finished.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                answer.status
+            })
+        })
+        .collect();
+    wait_until(
+        "six spinning requests in flight",
+        Duration::from_secs(30),
+        || server.metric("wasmstate_requests_in_flight") >= 7.0,
+    );
+    healthy_round_trip(&server, 1);
+    assert_eq!(
+        finished.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the healthy backend had to wait for the flooding one to give a slot back"
+    );
+    for spinner in spinners {
+        assert_eq!(spinner.join().unwrap(), 504);
+    }
+}

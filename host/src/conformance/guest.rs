@@ -76,6 +76,7 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
         encryption_keys: Vec::new(),
         allow_git: allow_git.clone(),
         secrets: Vec::new(),
+        max_instances: None,
     };
     let mut config = Config::default_with(Overrides {
         data_dir: Some(scratch.path().to_path_buf()),

@@ -54,6 +54,7 @@ pub struct Runtime {
     engine: Engine,
     linker: Linker<Sandbox>,
     instances: Arc<Semaphore>,
+    max_instances: u32,
     cache_dir: PathBuf,
     git: Arc<crate::capabilities::git::GitHost>,
     _ticker: engine::EpochTicker,
@@ -80,6 +81,7 @@ impl Runtime {
             engine,
             linker,
             instances: Arc::new(Semaphore::new(config.max_instances as usize)),
+            max_instances: config.max_instances,
             cache_dir: config.cache_dir(),
             git: Arc::new(crate::capabilities::git::GitHost::new(
                 config.data_dir.join("git"),
@@ -121,6 +123,12 @@ impl Runtime {
             pre: GuestWorldPre::new(pre)?,
             engine: self.engine.clone(),
             instances: self.instances.clone(),
+            own_instances: Arc::new(Semaphore::new(
+                backend
+                    .max_instances
+                    .unwrap_or((self.max_instances * 3).div_ceil(4))
+                    .min(self.max_instances) as usize,
+            )),
             limits: backend.limits,
             dir,
             config: backend.guest_config.clone().into(),
@@ -165,6 +173,9 @@ pub struct GuestBackend {
     pre: GuestWorldPre<Sandbox>,
     engine: Engine,
     instances: Arc<Semaphore>,
+    /// This backend's own share of the slots: a flood of requests to one
+    /// backend queues here, leaving slots for the others.
+    own_instances: Arc<Semaphore>,
     limits: Limits,
     dir: Option<PathBuf>,
     config: Arc<[(String, String)]>,
@@ -243,11 +254,9 @@ impl GuestBackend {
         call: impl for<'a> FnOnce(&'a GuestWorld, &'a mut Store<Sandbox>) -> GuestCall<'a, T> + Send,
     ) -> StorageResult<T> {
         // Waiting for a free instance slot is not the guest's time.
-        let _permit = self
-            .instances
-            .acquire()
-            .await
-            .map_err(|_| StorageError::Unavailable("server is shutting down".into()))?;
+        let shutting_down = |_| StorageError::Unavailable("server is shutting down".into());
+        let _own = self.own_instances.acquire().await.map_err(shutting_down)?;
+        let _permit = self.instances.acquire().await.map_err(shutting_down)?;
         let mut store = self.new_store()?;
         let outer = self.limits.timeout + OUTER_GRACE;
         let outcome = tokio::time::timeout(outer, async {
