@@ -87,7 +87,7 @@ fn fixture() -> Fixture {
     });
     let runtime = Runtime::new(&config, metrics()).unwrap();
     let backend = &config.backends[0];
-    let wasm = wasmstate::guests::load(&backend.guest).unwrap();
+    let wasm = wasmstate::guests::load(&backend.guest, &config).unwrap();
     let guest = rt
         .block_on(runtime.load_backend(backend, &wasm, config.granted_dir(backend)))
         .unwrap();

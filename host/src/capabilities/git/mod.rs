@@ -1,0 +1,439 @@
+//! The host's git capability: git operations lent to sandboxed guests.
+//!
+//! Guests cannot run libgit2, so the host does the git work for them on
+//! repositories the operator granted (`allow_git`). The host keeps one local
+//! bare clone per repository URL under `clones_dir`, fetches into private
+//! tracking refs, builds commits there and pushes them with a compare-and-swap
+//! on the remote ref. This module is synchronous and knows nothing about
+//! wasmtime: every call blocks, so callers on an async runtime should run it
+//! on a blocking thread.
+//!
+//! Concurrency: calls on the same URL within one [`GitHost`] are serialised by
+//! a per-repository mutex (libgit2 repositories are not safe to share between
+//! threads, and fetches into the same clone would race). Across processes,
+//! the remote ref update is the only arbiter, and it is atomic:
+//! `git receive-pack` (git://, ssh, http) checks the old value we send under
+//! the ref lock, and for local repositories we update the ref ourselves with
+//! libgit2's locked compare-and-swap (libgit2's own local push is NOT a CAS,
+//! see [`RepoHandle::push`]).
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, Once, PoisonError};
+
+use git2::build::TreeUpdateBuilder;
+use git2::{
+    AutotagOption, Cred, CredentialType, Direction, ErrorClass, ErrorCode, FetchOptions, FileMode,
+    ObjectType, Oid, PushOptions, Reference, RemoteCallbacks, Repository, Signature, Tree,
+};
+use sha2::{Digest, Sha256};
+
+/// Where fetched remote refs are kept in a clone: `refs/heads/x` is tracked as
+/// `refs/wasmstate/remote/heads/x`. Private so no git tooling mistakes them for
+/// branches; they exist so objects stay referenced and so later fetches can
+/// tell the remote what we already have (incremental fetch).
+const TRACKING_PREFIX: &str = "refs/wasmstate/remote/";
+/// libgit2 calls the credential callback again after every refusal, forever;
+/// we give up after this many offers.
+const MAX_AUTH_ATTEMPTS: u32 = 3;
+/// libgit2 server connect timeout (TCP connect, all network transports).
+const CONNECT_TIMEOUT_MS: i32 = 10_000;
+/// libgit2 server read/write timeout, so a stalled remote cannot hang a call.
+const IO_TIMEOUT_MS: i32 = 30_000;
+
+/// Why a git call failed; mirrors `git-error` in `wit/backend.wit`. Each
+/// message is one line and says what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GitError {
+    /// The repository URL is not granted to the backend, or its credentials were refused.
+    #[error("denied: {0}")]
+    Denied(String),
+    /// The remote could not be reached or timed out; try again later.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// A push or delete whose expected value did not match the remote ref.
+    #[error("rejected: {0}")]
+    Rejected(String),
+    /// A ref, commit or object the call needs does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// A malformed argument: a bad ref name, path or object id.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// Anything else (local disk or libgit2 trouble).
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+/// Credentials for one granted repository, already resolved (e.g. from the
+/// environment) by the caller. Never logged.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct GitAuth {
+    /// User name for HTTP basic auth, or the ssh user (default: from the URL, else `git`).
+    pub username: Option<String>,
+    /// Password or token for HTTP basic auth.
+    pub password: Option<String>,
+    /// Private key file for ssh; without it ssh uses the ssh-agent.
+    pub ssh_key: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for GitAuth {
+    // Hand-written so a password never ends up in a log line or panic message.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GitAuth")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("ssh_key", &self.ssh_key)
+            .finish()
+    }
+}
+
+/// The operator's grant of one repository URL to a backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GitGrant {
+    /// The repository URL (https://, ssh://, scp-like `user@host:path`, git://, file:// or a path).
+    pub url: String,
+    /// How to authenticate to it.
+    pub auth: GitAuth,
+}
+
+/// A ref on the remote and the object id it points at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteRef {
+    /// Full ref name, e.g. `refs/heads/locks/prod.tfstate`.
+    pub name: String,
+    /// The object id (hex) it points at.
+    pub target: String,
+}
+
+/// One file to add, replace (`Some`) or remove (`None`) in a new commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileChange {
+    /// `/`-separated path inside the repository.
+    pub path: String,
+    /// The new content, or `None` to remove the file.
+    pub content: Option<Vec<u8>>,
+}
+
+/// The host side of the git capability: owns the clones directory and the
+/// per-repository locks. One per process is enough; it is `Sync`. Its locks only
+/// cover this process, so do not share `clones_dir` between processes.
+pub struct GitHost {
+    clones_dir: PathBuf,
+    identity: (String, String),
+    /// One lock (holding the opened clone, reused across calls) per normalised URL.
+    repos: Mutex<HashMap<String, Arc<Mutex<Option<Repository>>>>>,
+}
+
+/// One granted repository, ready for git calls. Cheap; make one per call.
+pub struct RepoHandle<'a> {
+    host: &'a GitHost,
+    auth: &'a GitAuth,
+    url: String,
+    slot: Arc<Mutex<Option<Repository>>>,
+}
+
+impl GitHost {
+    /// A host keeping its clones under `clones_dir` (created on demand), committing as
+    /// `wasmstate <wasmstate@localhost>`. Also sets libgit2's network timeouts (once per process).
+    pub fn new(clones_dir: PathBuf) -> Self {
+        set_network_timeouts();
+        GitHost {
+            clones_dir,
+            identity: ("wasmstate".into(), "wasmstate@localhost".into()),
+            repos: Mutex::default(),
+        }
+    }
+
+    /// Use `name <email>` as author and committer of the commits this host creates.
+    pub fn with_identity(mut self, name: impl Into<String>, email: impl Into<String>) -> Self {
+        self.identity = (name.into(), email.into());
+        self
+    }
+
+    /// The handle for `url` if one of `grants` covers it (exact match, ignoring
+    /// surrounding whitespace and trailing slashes), else [`GitError::Denied`].
+    pub fn repo<'a>(
+        &'a self,
+        grants: &'a [GitGrant],
+        url: &str,
+    ) -> Result<RepoHandle<'a>, GitError> {
+        let url = normalize_url(url);
+        let grant = grants.iter().find(|g| normalize_url(&g.url) == url).ok_or_else(|| {
+            GitError::Denied(format!(
+                "git repository {} is not granted to this backend; add it to `allow_git` in the backend's configuration",
+                redact(&url)
+            ))
+        })?;
+        let slot = lock(&self.repos).entry(url.clone()).or_default().clone();
+        Ok(RepoHandle {
+            host: self,
+            auth: &grant.auth,
+            url,
+            slot,
+        })
+    }
+}
+
+impl RepoHandle<'_> {
+    /// The remote's refs whose full name starts with `prefix` (all refs for `""`;
+    /// `HEAD` and peeled tag entries are left out). One connection, no objects fetched.
+    pub fn list_remote_refs(&self, prefix: &str) -> Result<Vec<RemoteRef>, GitError> {
+        let mut slot = lock(&self.slot);
+        let repo = self.open(&mut slot)?;
+        let auth = Auth::new(self.auth);
+        let mut remote = repo
+            .remote_anonymous(&self.url)
+            .or_internal(self, "cannot set up the remote")?;
+        let conn = remote
+            .connect_auth(Direction::Fetch, Some(auth.callbacks()), None)
+            .or_net(self, &auth)?;
+        let heads = conn.list().or_net(self, &auth)?;
+        Ok(heads
+            .iter()
+            .filter(|h| {
+                h.name().starts_with("refs/")
+                    && h.name().starts_with(prefix)
+                    && !h.name().ends_with("^{}")
+            })
+            .map(|h| RemoteRef {
+                name: h.name().to_owned(),
+                target: h.oid().to_string(),
+            })
+            .collect())
+    }
+
+    /// Fetch `refs` (full names) into the clone and return what each points at on
+    /// the remote, in order (`None` if the remote has no such ref). The values come
+    /// from the same connection that fetches the objects, so they are consistent.
+    pub fn fetch(&self, refs: &[String]) -> Result<Vec<Option<String>>, GitError> {
+        refs.iter().try_for_each(|r| check_ref(r))?;
+        let mut slot = lock(&self.slot);
+        let repo = self.open(&mut slot)?;
+        let auth = Auth::new(self.auth);
+        let mut remote = repo
+            .remote_anonymous(&self.url)
+            .or_internal(self, "cannot set up the remote")?;
+        let mut conn = remote
+            .connect_auth(Direction::Fetch, Some(auth.callbacks()), None)
+            .or_net(self, &auth)?;
+        let heads: HashMap<String, Oid> = conn
+            .list()
+            .or_net(self, &auth)?
+            .iter()
+            .map(|h| (h.name().to_owned(), h.oid()))
+            .collect();
+        let found: Vec<Option<Oid>> = refs.iter().map(|r| heads.get(r).copied()).collect();
+
+        let odb = repo
+            .odb()
+            .or_internal(self, "cannot open the object database")?;
+        let mut specs = Vec::new();
+        for (name, id) in refs.iter().zip(&found) {
+            let tracking = tracking_ref(name);
+            match id {
+                // Already have the objects (e.g. we pushed this commit ourselves):
+                // skip the download round trip, just move the tracking ref.
+                Some(id) if odb.exists(*id) => {
+                    if repo.refname_to_id(&tracking).ok() != Some(*id) {
+                        repo.reference(&tracking, *id, true, "fetch")
+                            .or_internal(self, "cannot update a tracking ref")?;
+                    }
+                }
+                Some(_) => specs.push(format!("+{name}:{tracking}")),
+                None => {
+                    if let Ok(mut stale) = repo.find_reference(&tracking) {
+                        let _ = stale.delete(); // tidiness only; a stale tracking ref is harmless
+                    }
+                }
+            }
+        }
+        if !specs.is_empty() {
+            let mut opts = FetchOptions::new();
+            opts.remote_callbacks(auth.callbacks())
+                .download_tags(AutotagOption::None)
+                .update_fetchhead(false);
+            // libgit2's local transport (file:// and paths) refuses shallow fetches
+            // ("shallow fetch is not supported by the local transport", ENOTSUPPORTED,
+            // see the test below), so only ask for depth 1 over the network.
+            if !is_local(&self.url) {
+                opts.depth(1);
+            }
+            // Reuses the connection opened above (libgit2 only reconnects when disconnected).
+            conn.remote()
+                .fetch(&specs, Some(&mut opts), None)
+                .or_net(self, &auth)?;
+        }
+        Ok(found
+            .into_iter()
+            .map(|id| id.map(|id| id.to_string()))
+            .collect())
+    }
+
+    /// The bytes of the file at `path` in `commit`, or `None` if there is no file there.
+    /// [`GitError::NotFound`] if the commit is not in the clone (fetch it first).
+    pub fn read_file(&self, commit: &str, path: &str) -> Result<Option<Vec<u8>>, GitError> {
+        check_path(path)?;
+        let mut slot = lock(&self.slot);
+        let repo = self.open(&mut slot)?;
+        let tree = self.commit_tree(repo, commit)?;
+        let entry = match tree.get_path(Path::new(path)) {
+            Ok(entry) if is_file(entry.filemode()) => entry,
+            Ok(_) => return Ok(None),
+            Err(e) if e.code() == ErrorCode::NotFound => return Ok(None),
+            Err(e) => return Err(self.internal("cannot read the tree", e)),
+        };
+        let blob = repo
+            .find_blob(entry.id())
+            .or_internal(self, "cannot read a blob")?;
+        Ok(Some(blob.content().to_vec()))
+    }
+
+    /// The names of the files directly inside `dir` (`""` = root) in `commit`,
+    /// relative to `dir`, sorted. Not recursive; a missing directory lists as empty.
+    pub fn list_files(&self, commit: &str, dir: &str) -> Result<Vec<String>, GitError> {
+        let dir = dir.strip_suffix('/').unwrap_or(dir);
+        if !dir.is_empty() {
+            check_path(dir)?;
+        }
+        let mut slot = lock(&self.slot);
+        let repo = self.open(&mut slot)?;
+        let root = self.commit_tree(repo, commit)?;
+        let tree = if dir.is_empty() {
+            root
+        } else {
+            match root.get_path(Path::new(dir)) {
+                Ok(e) if e.kind() == Some(ObjectType::Tree) => repo
+                    .find_tree(e.id())
+                    .or_internal(self, "cannot read a tree")?,
+                Ok(_) => return Ok(Vec::new()),
+                Err(e) if e.code() == ErrorCode::NotFound => return Ok(Vec::new()),
+                Err(e) => return Err(self.internal("cannot read the tree", e)),
+            }
+        };
+        Ok(tree
+            .iter()
+            .filter(|e| is_file(e.filemode()))
+            .map(|e| String::from_utf8_lossy(e.name_bytes()).into_owned())
+            .collect())
+    }
+
+    /// Create (but do not push) a commit: `parent`'s tree (empty for `None`) with
+    /// `changes` applied (later changes to the same path win; removing an absent
+    /// file is a no-op), authored by the host identity. Returns the commit id.
+    pub fn commit(
+        &self,
+        parent: Option<&str>,
+        changes: &[FileChange],
+        message: &str,
+    ) -> Result<String, GitError> {
+        changes.iter().try_for_each(|c| check_path(&c.path))?;
+        if message.contains('\0') {
+            return Err(GitError::InvalidInput(
+                "the commit message contains a NUL byte; remove it".into(),
+            ));
+        }
+        let edits: BTreeMap<&str, Option<&[u8]>> = changes
+            .iter()
+            .map(|c| (c.path.as_str(), c.content.as_deref()))
+            .collect();
+        let mut slot = lock(&self.slot);
+        let repo = self.open(&mut slot)?;
+        let parent = parent.map(|p| self.find_commit(repo, p)).transpose()?;
+        let base = match &parent {
+            Some(c) => c
+                .tree()
+                .or_internal(self, "cannot read the parent's tree")?,
+            None => {
+                let empty = repo.treebuilder(None).and_then(|b| b.write());
+                empty
+                    .and_then(|id| repo.find_tree(id))
+                    .or_internal(self, "cannot write the empty tree")?
+            }
+        };
+        let mut update = TreeUpdateBuilder::new();
+        for (path, content) in edits {
+            match content {
+                Some(bytes) => {
+                    let id = repo.blob(bytes).or_internal(self, "cannot write a blob")?;
+                    update.upsert(path, id, FileMode::Blob);
+                }
+                // libgit2 errors on removing an absent entry; the contract says no-op.
+                None if base
+                    .get_path(Path::new(path))
+                    .is_ok_and(|e| is_file(e.filemode())) =>
+                {
+                    update.remove(path);
+                }
+                None => {}
+            }
+        }
+        let tree_id = update.create_updated(repo, &base).map_err(|e| match e.class() {
+            ErrorClass::Tree => GitError::InvalidInput(format!(
+                "the changes conflict with the tree ({}); a path cannot be both a file and a directory",
+                one_line(e.message())
+            )),
+            _ => self.internal("cannot build the new tree", e),
+        })?;
+        let tree = repo
+            .find_tree(tree_id)
+            .or_internal(self, "cannot read the new tree")?;
+        let (name, email) = &self.host.identity;
+        let sig = Signature::now(name, email).or_internal(self, "bad commit identity")?;
+        let parents: Vec<_> = parent.iter().collect();
+        let id = repo
+            .commit(None, &sig, &sig, message, &tree, &parents)
+            .or_internal(self, "cannot write the commit")?;
+        Ok(id.to_string())
+    }
+
+    /// Point remote ref `name` at local commit `new`, only if it is currently
+    /// `expected` (`None`: only if it does not exist). [`GitError::Rejected`]
+    /// otherwise, and then the remote is unchanged. `new` need not descend from
+    /// the old value (lock refs are replaced, not fast-forwarded).
+    ///
+    /// Over the network we read the advertised value on the push connection and
+    /// push on that same connection: receive-pack then checks the old value we
+    /// send under its ref lock, so a concurrent pusher makes ours fail (a real
+    /// CAS). libgit2's local transport instead overwrites refs unconditionally
+    /// (`git_reference_create(..., force)` in transports/local.c), so for local
+    /// remotes we copy the objects and update the ref ourselves with libgit2's
+    /// locked compare-and-swap.
+    pub fn push(&self, name: &str, new: &str, expected: Option<&str>) -> Result<(), GitError> {
+        check_ref(name)?;
+        let new = parse_oid(new)?;
+        let expected = expected.map(parse_oid).transpose()?;
+        let mut slot = lock(&self.slot);
+        let repo = self.open(&mut slot)?;
+        self.find_commit(repo, &new.to_string())?;
+        if is_local(&self.url) {
+            self.update_local(repo, name, Some(new), expected)
+        } else {
+            self.push_remote(repo, name, &format!("+{new}:{name}"), expected)
+        }
+    }
+
+    /// Delete remote ref `name`, only if it currently points at `expected`
+    /// ([`GitError::Rejected`] otherwise, [`GitError::NotFound`] if it does not exist).
+    pub fn delete_ref(&self, name: &str, expected: &str) -> Result<(), GitError> {
+        check_ref(name)?;
+        let expected = parse_oid(expected)?;
+        let mut slot = lock(&self.slot);
+        let repo = self.open(&mut slot)?;
+        if is_local(&self.url) {
+            self.update_local(repo, name, None, Some(expected))
+        } else {
+            self.push_remote(repo, name, &format!(":{name}"), Some(expected))
+        }
+    }
+}
+
+mod transport;
+mod util;
+
+use transport::*;
+use util::*;
+
+#[cfg(test)]
+mod tests;

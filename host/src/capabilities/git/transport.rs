@@ -1,0 +1,366 @@
+//! Talking to the remote: fetch/push connections, credentials and
+//! timeouts, and the compare-and-swap ref update (over the network through
+//! receive-pack, for local repositories with libgit2's locked update).
+
+use super::*;
+
+impl RepoHandle<'_> {
+    /// Push `refspec` (an update or a deletion of `name`) if the advertised value is `expected`.
+    pub(super) fn push_remote(
+        &self,
+        repo: &Repository,
+        name: &str,
+        refspec: &str,
+        expected: Option<Oid>,
+    ) -> Result<(), GitError> {
+        let deleting = refspec.starts_with(':');
+        let auth = Auth::new(self.auth);
+        let mut remote = repo
+            .remote_anonymous(&self.url)
+            .or_internal(self, "cannot set up the remote")?;
+        let mut conn = remote
+            .connect_auth(Direction::Push, Some(auth.callbacks()), None)
+            .or_net(self, &auth)?;
+        let current = conn
+            .list()
+            .or_net(self, &auth)?
+            .iter()
+            .find(|h| h.name() == name)
+            .map(|h| h.oid());
+        self.check_expected(name, current, expected, deleting)?;
+        #[cfg(test)]
+        super::tests::run_before_update_hook();
+
+        let rejection = RefCell::new(None);
+        {
+            let mut callbacks = auth.callbacks();
+            callbacks.push_update_reference(|refname, status| {
+                if let Some(msg) = status {
+                    *rejection.borrow_mut() = Some(format!("{refname}: {msg}"));
+                }
+                Ok(())
+            });
+            let mut opts = PushOptions::new();
+            opts.remote_callbacks(callbacks);
+            // Same connection: libgit2 reuses a connected transport and sends the
+            // old values advertised above, which receive-pack verifies atomically.
+            conn.remote()
+                .push(&[refspec], Some(&mut opts))
+                .or_net(self, &auth)?;
+        }
+        match rejection.into_inner() {
+            Some(msg) => Err(GitError::Rejected(format!(
+                "{} refused to update {name} ({}); it probably changed concurrently: fetch it and retry",
+                redact(&self.url),
+                one_line(&msg)
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The local-remote equivalent of [`Self::push_remote`]: `new = None` deletes.
+    pub(super) fn update_local(
+        &self,
+        repo: &Repository,
+        name: &str,
+        new: Option<Oid>,
+        expected: Option<Oid>,
+    ) -> Result<(), GitError> {
+        let remote =
+            Repository::open_bare(local_path(&self.url)).or_net(self, &Auth::new(self.auth))?;
+        let current = match remote.refname_to_id(name) {
+            Ok(id) => Some(id),
+            Err(e) if e.code() == ErrorCode::NotFound => None,
+            Err(e) => return Err(self.internal("cannot read the remote ref", e)),
+        };
+        self.check_expected(name, current, expected, new.is_none())?;
+        #[cfg(test)]
+        super::tests::run_before_update_hook();
+
+        let result = match (new, expected) {
+            (Some(new), _) => {
+                copy_missing_objects(repo, &remote, new)
+                    .or_internal(self, "cannot copy objects to the remote")?;
+                match expected {
+                    None => remote
+                        .reference(name, new, false, "wasmstate push")
+                        .map(drop),
+                    // Locked compare-and-swap: fails with Modified/NotFound if the ref moved.
+                    Some(old) => remote
+                        .reference_matching(name, new, true, old, "wasmstate push")
+                        .map(drop),
+                }
+            }
+            // git_reference_delete passes the value we looked up as the old value, so
+            // the deletion fails if the ref moved after the lookup.
+            (None, Some(old)) => match remote.find_reference(name) {
+                Ok(mut r) if r.target() == Some(old) => r.delete(),
+                Ok(_) => Err(git2::Error::new(
+                    ErrorCode::Modified,
+                    ErrorClass::Reference,
+                    "ref moved",
+                )),
+                Err(e) => Err(e),
+            },
+            (None, None) => unreachable!("deletions always carry an expected value"),
+        };
+        result.map_err(|e| match e.code() {
+            ErrorCode::Exists | ErrorCode::Modified | ErrorCode::NotFound => {
+                GitError::Rejected(format!(
+                    "{name} on {} changed concurrently; fetch it and retry",
+                    redact(&self.url)
+                ))
+            }
+            // Another writer holds the ref's lock file right now, i.e. it is changing
+            // under us; git's receive-pack answers the same ("failed to lock").
+            ErrorCode::Locked => GitError::Rejected(format!(
+                "{name} on {} is being updated by someone else ({}); fetch it and retry",
+                redact(&self.url),
+                self.clean(e.message())
+            )),
+            _ => self.internal("cannot update the remote ref", e),
+        })
+    }
+
+    /// Rejected / NotFound unless the remote's `current` value is `expected`.
+    pub(super) fn check_expected(
+        &self,
+        name: &str,
+        current: Option<Oid>,
+        expected: Option<Oid>,
+        deleting: bool,
+    ) -> Result<(), GitError> {
+        let url = redact(&self.url);
+        match (current, expected) {
+            (c, e) if c == e => Ok(()),
+            (None, _) if deleting => Err(GitError::NotFound(format!(
+                "{name} does not exist on {url}; there is nothing to delete"
+            ))),
+            (Some(c), None) => Err(GitError::Rejected(format!(
+                "{name} already exists on {url} (at {c}); fetch it to see who holds it"
+            ))),
+            (c, Some(e)) => Err(GitError::Rejected(format!(
+                "{name} on {url} is at {}, not the expected {e}; fetch it and retry against the current value",
+                c.map_or("nothing (deleted)".into(), |c| c.to_string())
+            ))),
+            (None, None) => unreachable!("equal values are handled above"),
+        }
+    }
+
+    /// The clone for this URL, opened once and kept in the slot (reopening costs a config parse).
+    pub(super) fn open<'s>(
+        &self,
+        slot: &'s mut Option<Repository>,
+    ) -> Result<&'s Repository, GitError> {
+        if slot.is_none() {
+            let dir = self.host.clones_dir.join(clone_dir_name(&self.url));
+            let repo = if dir.join("HEAD").is_file() {
+                Repository::open_bare(&dir)
+            } else {
+                Repository::init_bare(&dir)
+            };
+            *slot = Some(repo.map_err(|e| {
+                GitError::Internal(format!(
+                    "cannot open or create the clone at {} ({}); check the clones directory",
+                    dir.display(),
+                    one_line(e.message())
+                ))
+            })?);
+        }
+        Ok(slot.as_ref().expect("set above"))
+    }
+
+    pub(super) fn find_commit<'r>(
+        &self,
+        repo: &'r Repository,
+        commit: &str,
+    ) -> Result<git2::Commit<'r>, GitError> {
+        let id = parse_oid(commit)?;
+        repo.find_commit(id).map_err(|e| match e.code() {
+            ErrorCode::NotFound => GitError::NotFound(format!(
+                "commit {id} is not in the host's clone of {}; fetch the ref that points at it first",
+                redact(&self.url)
+            )),
+            _ => self.internal("cannot read a commit", e),
+        })
+    }
+
+    pub(super) fn commit_tree<'r>(
+        &self,
+        repo: &'r Repository,
+        commit: &str,
+    ) -> Result<Tree<'r>, GitError> {
+        self.find_commit(repo, commit)?
+            .tree()
+            .or_internal(self, "cannot read a commit's tree")
+    }
+
+    pub(super) fn internal(&self, what: &str, e: git2::Error) -> GitError {
+        GitError::Internal(format!(
+            "{what} for {}: {}; see the host logs",
+            redact(&self.url),
+            self.clean(e.message())
+        ))
+    }
+
+    /// Classify an error from talking to the remote.
+    pub(super) fn net_error(&self, auth: &Auth, e: git2::Error) -> GitError {
+        let url = redact(&self.url);
+        let msg = self.clean(e.message());
+        tracing::debug!(url = %url, code = ?e.code(), class = ?e.class(), "git remote error: {msg}");
+        if is_local(&self.url) && !local_path(&self.url).exists() {
+            // libgit2 only says "unsupported URL protocol" for a missing plain path.
+            return GitError::Unavailable(format!(
+                "there is no git repository at {url}; check the path, then retry"
+            ));
+        }
+        if auth.refused.get() || e.code() == ErrorCode::Auth {
+            return GitError::Denied(format!(
+                "{url} refused the credentials ({msg}); check the username/password or ssh key granted for it"
+            ));
+        }
+        match e.class() {
+            ErrorClass::Odb
+            | ErrorClass::Object
+            | ErrorClass::Tree
+            | ErrorClass::Zlib
+            | ErrorClass::Index
+            | ErrorClass::Reference => {
+                self.internal("local clone error while talking to the remote", e)
+            }
+            _ => GitError::Unavailable(format!(
+                "the git remote {url} could not be reached ({msg}); check the URL and that the remote is up, then retry"
+            )),
+        }
+    }
+
+    /// A libgit2 message on one line, without credentials embedded in the URL.
+    pub(super) fn clean(&self, msg: &str) -> String {
+        one_line(&msg.replace(&self.url, &redact(&self.url)))
+    }
+}
+
+/// Shorthands turning libgit2 errors into [`GitError`]s with context.
+pub(super) trait OrGitError<T> {
+    fn or_internal(self, h: &RepoHandle<'_>, what: &str) -> Result<T, GitError>;
+    fn or_net(self, h: &RepoHandle<'_>, auth: &Auth<'_>) -> Result<T, GitError>;
+}
+
+impl<T> OrGitError<T> for Result<T, git2::Error> {
+    fn or_internal(self, h: &RepoHandle<'_>, what: &str) -> Result<T, GitError> {
+        self.map_err(|e| h.internal(what, e))
+    }
+    fn or_net(self, h: &RepoHandle<'_>, auth: &Auth<'_>) -> Result<T, GitError> {
+        self.map_err(|e| h.net_error(auth, e))
+    }
+}
+
+/// Credential state for one call: bounds libgit2's retry loop and records a refusal.
+pub(super) struct Auth<'g> {
+    auth: &'g GitAuth,
+    attempts: Cell<u32>,
+    pub(super) refused: Cell<bool>,
+}
+
+impl<'g> Auth<'g> {
+    pub(super) fn new(auth: &'g GitAuth) -> Self {
+        Auth {
+            auth,
+            attempts: Cell::new(0),
+            refused: Cell::new(false),
+        }
+    }
+
+    /// Callbacks offering our credentials. A fresh set is needed per libgit2 call
+    /// because fetch/push replace the connection's callbacks with their own.
+    pub(super) fn callbacks(&self) -> RemoteCallbacks<'_> {
+        let mut cb = RemoteCallbacks::new();
+        cb.credentials(move |_url, url_user, allowed| self.offer(url_user, allowed));
+        cb
+    }
+
+    pub(super) fn offer(
+        &self,
+        url_user: Option<&str>,
+        allowed: CredentialType,
+    ) -> Result<Cred, git2::Error> {
+        self.attempts.set(self.attempts.get() + 1);
+        let a = self.auth;
+        let user = a.username.as_deref().or(url_user).unwrap_or("git");
+        let cred = if self.attempts.get() > MAX_AUTH_ATTEMPTS {
+            None
+        } else if allowed.contains(CredentialType::USERNAME) {
+            Some(Cred::username(user))
+        } else if allowed.contains(CredentialType::SSH_KEY) {
+            Some(match &a.ssh_key {
+                Some(key) => Cred::ssh_key(user, None, key, None),
+                None => Cred::ssh_key_from_agent(user),
+            })
+        } else if allowed.contains(CredentialType::USER_PASS_PLAINTEXT) {
+            a.password
+                .as_deref()
+                .map(|p| Cred::userpass_plaintext(user, p))
+        } else {
+            None
+        };
+        cred.unwrap_or_else(|| {
+            self.refused.set(true);
+            Err(git2::Error::from_str("no (more) credentials to offer"))
+        })
+    }
+}
+
+/// Set libgit2's process-wide network timeouts, once.
+#[allow(unsafe_code)]
+pub(super) fn set_network_timeouts() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: these write plain C globals without synchronisation, so they must
+        // not race with libgit2 reading them. Only this module uses libgit2 in the
+        // host, and `Once` runs this before the first `GitHost` exists, hence before
+        // any of our libgit2 network operations. The setters cannot fail.
+        unsafe {
+            let _ = git2::opts::set_server_connect_timeout_in_milliseconds(CONNECT_TIMEOUT_MS);
+            let _ = git2::opts::set_server_timeout_in_milliseconds(IO_TIMEOUT_MS);
+        }
+    });
+}
+
+/// Write the objects reachable from `tip` that `dst` lacks into one pack in `dst`.
+/// Stops at objects `dst` has (their history is there too). A pack appears
+/// atomically, so a crash leaves no half-copied history behind.
+pub(super) fn copy_missing_objects(
+    src: &Repository,
+    dst: &Repository,
+    tip: Oid,
+) -> Result<(), git2::Error> {
+    let dst_odb = dst.odb()?;
+    let mut builder = src.packbuilder()?;
+    let (mut stack, mut seen, mut any) = (vec![tip], HashSet::new(), false);
+    while let Some(id) = stack.pop() {
+        if !seen.insert(id) || dst_odb.exists(id) {
+            continue;
+        }
+        match src.find_object(id, None)?.kind() {
+            Some(ObjectType::Commit) => {
+                let commit = src.find_commit(id)?;
+                stack.push(commit.tree_id());
+                stack.extend(commit.parent_ids());
+            }
+            // Skip gitlinks (submodule commits live in another repository).
+            Some(ObjectType::Tree) => stack.extend(
+                src.find_tree(id)?
+                    .iter()
+                    .filter(|e| e.kind() != Some(ObjectType::Commit))
+                    .map(|e| e.id()),
+            ),
+            _ => {}
+        }
+        builder.insert_object(id, None)?;
+        any = true;
+    }
+    if any {
+        builder.write(&dst.path().join("objects").join("pack"), 0)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,98 @@
+//! Small helpers: URL and name checks, clone directory names, messages.
+
+use super::*;
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic mid-call leaves nothing half-done in memory that later calls rely on.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(super) fn normalize_url(url: &str) -> String {
+    url.trim().trim_end_matches('/').to_owned()
+}
+
+/// Local transport (libgit2's: `file://` or a path) as opposed to a network one.
+pub(super) fn is_local(url: &str) -> bool {
+    if url.starts_with("file://") {
+        return true;
+    }
+    if url.contains("://") {
+        return false;
+    }
+    // scp-like `user@host:path` is ssh: a ':' before any '/'.
+    match (url.find(':'), url.find('/')) {
+        (Some(colon), Some(slash)) => colon > slash,
+        (Some(_), None) => false,
+        _ => true,
+    }
+}
+
+/// The path of a local remote. (Percent-escapes in `file://` URLs are not decoded.)
+pub(super) fn local_path(url: &str) -> &Path {
+    Path::new(url.strip_prefix("file://").unwrap_or(url))
+}
+
+/// The URL with any `user:password@` part masked, for messages and logs.
+pub(super) fn redact(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+        if let Some(at) = authority.rfind('@') {
+            return format!("{scheme}://***@{}", &rest[at + 1..]);
+        }
+    }
+    url.to_owned()
+}
+
+/// The clone directory name: a hash, so any URL maps to one safe name.
+pub(super) fn clone_dir_name(url: &str) -> String {
+    format!("{}.git", hex::encode(Sha256::digest(url.as_bytes())))
+}
+
+pub(super) fn tracking_ref(name: &str) -> String {
+    format!(
+        "{TRACKING_PREFIX}{}",
+        name.strip_prefix("refs/").unwrap_or(name)
+    )
+}
+
+pub(super) fn is_file(mode: i32) -> bool {
+    mode == i32::from(FileMode::Blob) || mode == i32::from(FileMode::BlobExecutable)
+}
+
+pub(super) fn one_line(msg: &str) -> String {
+    msg.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+pub(super) fn check_ref(name: &str) -> Result<(), GitError> {
+    if name.starts_with("refs/") && Reference::is_valid_name(name) {
+        Ok(())
+    } else {
+        Err(GitError::InvalidInput(format!(
+            "{name:?} is not a valid full ref name; use e.g. refs/heads/main"
+        )))
+    }
+}
+
+pub(super) fn check_path(path: &str) -> Result<(), GitError> {
+    let bad = path.is_empty()
+        || path.starts_with('/')
+        || path.contains('\0')
+        || path
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == ".." || c.eq_ignore_ascii_case(".git"));
+    if bad {
+        return Err(GitError::InvalidInput(format!(
+            "{path:?} is not a valid repository path; use a relative `/`-separated path without `.`, `..`, `.git` or empty parts"
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn parse_oid(s: &str) -> Result<Oid, GitError> {
+    match Oid::from_str(s) {
+        Ok(id) if s.len() == 40 || s.len() == 64 => Ok(id),
+        _ => Err(GitError::InvalidInput(format!(
+            "{s:?} is not a full hex object id; pass the 40-character id"
+        ))),
+    }
+}
