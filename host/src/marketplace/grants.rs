@@ -7,31 +7,44 @@ use super::manifest::Capabilities;
 use crate::config::BackendConfig;
 use crate::policy::Origin;
 
-/// `scheme://host[:port]` where the host may be `*`.
+/// `scheme://host[:port]` where the host and the port may be `*`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct OriginPattern {
     scheme: String,
     host: Option<String>,
-    port: u16,
+    port: Option<u16>,
 }
 
 impl OriginPattern {
     fn parse(text: &str) -> Result<Self, String> {
-        let wildcard = text.contains("://*");
-        let concrete = text.replacen("://*", "://wildcard.invalid", 1);
+        let any_host = text.contains("://*");
+        let any_port = text.ends_with(":*");
+        let concrete =
+            text.strip_suffix(":*")
+                .unwrap_or(text)
+                .replacen("://*", "://wildcard.invalid", 1);
         let origin =
             Origin::parse(&concrete).map_err(|e| format!("manifest http {text:?}: {e}"))?;
         Ok(OriginPattern {
             scheme: origin.scheme,
-            host: (!wildcard).then_some(origin.host),
-            port: origin.port,
+            host: (!any_host).then_some(origin.host),
+            port: (!any_port).then_some(origin.port),
         })
     }
 
     fn matches(&self, origin: &Origin) -> bool {
         self.scheme == origin.scheme
-            && self.port == origin.port
+            && self.port.is_none_or(|p| p == origin.port)
             && self.host.as_ref().is_none_or(|h| *h == origin.host)
+    }
+
+    /// An example origin for an error message.
+    fn example(&self) -> String {
+        let host = self.host.as_deref().unwrap_or("HOST");
+        match self.port {
+            Some(port) => format!("{}://{host}:{port}", self.scheme),
+            None => format!("{}://{host}:PORT", self.scheme),
+        }
     }
 }
 
@@ -50,13 +63,18 @@ pub fn intersect(
         .iter()
         .map(|t| OriginPattern::parse(t).map(|p| (t.clone(), p)))
         .collect::<Result<_, _>>()?;
-    for (text, pattern) in patterns.iter().filter(|(_, p)| p.host.is_some()) {
+    for (text, pattern) in patterns
+        .iter()
+        .filter(|(_, p)| p.host.is_some() && p.port.is_some())
+    {
         if !backend.allow_http.iter().any(|o| pattern.matches(o)) {
             missing.push(format!("allow_http = [\"{text}\"]"));
         }
     }
-    let wildcards: Vec<&(String, OriginPattern)> =
-        patterns.iter().filter(|(_, p)| p.host.is_none()).collect();
+    let wildcards: Vec<&(String, OriginPattern)> = patterns
+        .iter()
+        .filter(|(_, p)| p.host.is_none() || p.port.is_none())
+        .collect();
     if let Some((_, pattern)) = wildcards.first()
         && !backend
             .allow_http
@@ -65,9 +83,8 @@ pub fn intersect(
     {
         let all: Vec<&str> = wildcards.iter().map(|(t, _)| t.as_str()).collect();
         missing.push(format!(
-            "allow_http = [\"{}://HOST:{}\"]   # the hosts it may reach ({})",
-            pattern.scheme,
-            pattern.port,
+            "allow_http = [\"{}\"]   # the hosts it may reach ({})",
+            pattern.example(),
             all.join(" or ")
         ));
     }
@@ -138,17 +155,24 @@ mod tests {
     #[test]
     fn the_guest_gets_only_what_it_asked_for_and_was_granted() {
         let wants = Capabilities {
-            http: vec!["http://*:2379".into()],
+            http: vec!["http://*:2379".into(), "https://*:*".into()],
             ..Capabilities::default()
         };
         let got = intersect(
             &wants,
-            &backend(&["http://10.0.0.5:2379", "https://evil.example"]),
+            &backend(&[
+                "http://10.0.0.5:2379",
+                "http://evil.example",
+                "https://etcd.internal:8443",
+            ]),
             true,
         )
         .unwrap();
         let origins: Vec<String> = got.allow_http.iter().map(ToString::to_string).collect();
-        assert_eq!(origins, ["http://10.0.0.5:2379"]);
+        assert_eq!(
+            origins,
+            ["http://10.0.0.5:2379", "https://etcd.internal:8443"]
+        );
         assert!(
             got.secrets.is_empty(),
             "secrets not asked for are not handed out"
