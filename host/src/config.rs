@@ -712,26 +712,7 @@ fn validate_backend(
     let mut secrets = Vec::new();
     for (name, secret) in raw.secrets {
         let at = format!("{}.{name}", key("secrets"));
-        let value = match (secret.env, secret.file) {
-            (Some(var), None) => std::env::var(&var).map_err(|_| {
-                ConfigError(format!(
-                    "{file}: {at}: environment variable {var} is not set"
-                ))
-            })?,
-            (None, Some(path)) => {
-                let path = base.join(path);
-                std::fs::read_to_string(&path)
-                    .map(|s| s.trim_end().to_string())
-                    .map_err(|e| {
-                        ConfigError(format!("{file}: {at}: cannot read {}: {e}", path.display()))
-                    })?
-            }
-            _ => {
-                return Err(ConfigError(format!(
-                    "{file}: {at}: give exactly one of env = \"VAR\" or file = \"path\""
-                )));
-            }
-        };
+        let value = env_or_file(secret.env, secret.file, base, file, &at)?;
         secrets.push((name, value));
     }
     let max_instances = raw
@@ -757,6 +738,35 @@ fn validate_backend(
     })
 }
 
+/// A secret given as `{ env = "VAR" }` or `{ file = "path" }` (trailing
+/// whitespace of a file is dropped): exactly one of the two.
+fn env_or_file(
+    env: Option<String>,
+    path: Option<PathBuf>,
+    base: &Path,
+    file: &str,
+    at: &str,
+) -> Result<String, ConfigError> {
+    match (env, path) {
+        (Some(var), None) => std::env::var(&var).map_err(|_| {
+            ConfigError(format!(
+                "{file}: {at}: environment variable {var} is not set"
+            ))
+        }),
+        (None, Some(path)) => {
+            let path = base.join(path);
+            std::fs::read_to_string(&path)
+                .map(|s| s.trim_end().to_string())
+                .map_err(|e| {
+                    ConfigError(format!("{file}: {at}: cannot read {}: {e}", path.display()))
+                })
+        }
+        _ => Err(ConfigError(format!(
+            "{file}: {at}: give exactly one of env = \"VAR\" or file = \"path\""
+        ))),
+    }
+}
+
 /// Read each key from the environment variable or file it names.
 fn encryption_keys(
     raw: RawEncryption,
@@ -776,24 +786,7 @@ fn encryption_keys(
         if keys.iter().any(|existing| existing.id == k.id) {
             return Err(ConfigError(format!("{file}: {at}: the id is used twice")));
         }
-        let text = match (k.env, k.file) {
-            (Some(var), None) => std::env::var(&var).map_err(|_| {
-                ConfigError(format!(
-                    "{file}: {at}: environment variable {var} is not set"
-                ))
-            })?,
-            (None, Some(path)) => {
-                let path = base.join(path);
-                std::fs::read_to_string(&path).map_err(|e| {
-                    ConfigError(format!("{file}: {at}: cannot read {}: {e}", path.display()))
-                })?
-            }
-            _ => {
-                return Err(ConfigError(format!(
-                    "{file}: {at}: give exactly one of env = \"VAR\" or file = \"path\""
-                )));
-            }
-        };
+        let text = env_or_file(k.env, k.file, base, file, &at)?;
         keys.push(
             EncryptionKey::parse(&k.id, &text)
                 .map_err(|e| ConfigError(format!("{file}: {at}: {e}")))?,

@@ -46,6 +46,18 @@ fn keygen(dir: &Path, name: &str) -> (PathBuf, String) {
     (secret, public)
 }
 
+/// `wasmstate guest sign COMPONENT --key SECRET`, which must succeed.
+fn sign(component: &Path, secret: &Path) {
+    let out = cli(&[
+        "guest",
+        "sign",
+        component.to_str().unwrap(),
+        "--key",
+        secret.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
 /// A config file with a marketplace policy (and optional extra tables).
 fn write_config(dir: &Path, marketplace: &str, rest: &str) -> PathBuf {
     let path = dir.join("wasmstate.toml");
@@ -102,14 +114,7 @@ fn signed_install_pins_and_refusals() {
     assert!(text(&out).contains("digest mismatch"), "{}", text(&out));
 
     // Signed by the publisher, pinned: installed, signer recorded.
-    let out = cli(&[
-        "guest",
-        "sign",
-        etcd.to_str().unwrap(),
-        "--key",
-        secret.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
+    sign(&etcd, &secret);
     let pinned = format!("{}@sha256:{digest}", etcd.display());
     let out = install(&config, &pinned, &[]);
     assert!(out.status.success(), "{}", text(&out));
@@ -460,14 +465,7 @@ fn push_to_and_install_from_an_oci_registry_with_signature_and_pin() {
     let etcd = copy_guest(ETCD_GUEST_WASM, dir.path(), "etcd.wasm");
     let digest = sha256_of(&etcd);
     let (secret, public) = keygen(dir.path(), "publisher");
-    let out = cli(&[
-        "guest",
-        "sign",
-        etcd.to_str().unwrap(),
-        "--key",
-        secret.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
+    sign(&etcd, &secret);
     let reference = format!("oci://{}/guests/etcd:0.1.0", registry.address);
     let out = cli(&["guest", "push", etcd.to_str().unwrap(), &reference]);
     assert!(out.status.success(), "{}", text(&out));
