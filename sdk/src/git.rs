@@ -10,7 +10,7 @@
 //!
 //! # fn main() -> Result<(), wasmstate_guest::git::GitError> {
 //! let repo = Repo::new("https://git.example.com/infra/state.git");
-//! let [main] = repo.fetch(&["refs/heads/main"])?[..] else { unreachable!() };
+//! let main = repo.fetch(&["refs/heads/main"])?.remove(0);
 //! let change = FileChange::put("prod.tfstate", b"{}".to_vec());
 //! let commit = repo.commit(main.as_deref(), &[change], "update prod")?;
 //! // Succeeds only if nobody moved main since the fetch.

@@ -213,3 +213,115 @@ fn a_repository_the_operator_did_not_grant_is_refused() {
         "nothing may reach the ungranted repository: {refs}"
     );
 }
+
+#[test]
+fn smart_http_with_credentials_that_only_the_host_holds() {
+    let dir = tempdir();
+    let web = GitHttp::start(dir.path(), "ci", "s3cret");
+    let repo = bare_repo(&dir.path().join("repos"), "state");
+    let config_for = |data: &Path| {
+        let path = data.join("wasmstate.toml");
+        std::fs::create_dir_all(data).unwrap();
+        std::fs::write(
+            &path,
+            format!(
+                "[backends.default]\nguest = \"git\"\ngit_auth = {{ username_env = \"GIT_USER\", password_env = \"GIT_TOKEN\" }}\n[backends.default.config]\nrepository = {:?}\n",
+                web.url("state")
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let data = tempdir();
+    let server = Server::with_config_env(
+        data.path(),
+        &config_for(data.path()),
+        &[("GIT_USER", "ci"), ("GIT_TOKEN", "s3cret")],
+    );
+    let url = server.state_url("default", "web");
+    assert_eq!(send("POST", &url, Some(&state(1))).status, 200);
+    assert_eq!(send("GET", &url, None).body, state(1));
+    assert_eq!(
+        send("LOCK", &url, Some(&lock_info("web-lock", "ci@host"))).status,
+        200
+    );
+    assert!(show(&repo, "locks/web.tfstate", "web.tfstate.lock").contains("web-lock"));
+    assert_eq!(
+        send("UNLOCK", &url, Some(&lock_info("web-lock", "ci@host"))).status,
+        200
+    );
+    assert_eq!(show(&repo, "main", "web.tfstate").as_bytes(), state(1));
+
+    // A wrong password: refused with a message about credentials, nothing written.
+    let other = tempdir();
+    let wrong = Server::with_config_env(
+        other.path(),
+        &config_for(other.path()),
+        &[("GIT_USER", "ci"), ("GIT_TOKEN", "not-the-Pa55word")],
+    );
+    let answer = send("POST", &wrong.state_url("default", "web"), Some(&state(2)));
+    assert!(answer.status >= 500, "{}", answer.text());
+    assert!(answer.text().contains("credentials"), "{}", answer.text());
+    assert!(
+        !answer.text().contains("Pa55word"),
+        "the password leaked: {}",
+        answer.text()
+    );
+    assert_eq!(show(&repo, "main", "web.tfstate").as_bytes(), state(1));
+}
+
+#[test]
+fn an_unreadable_lock_branch_still_locks_until_force_unlocked() {
+    let dir = tempdir();
+    let repo = bare_repo(dir.path(), "broken");
+    let data = tempdir();
+    let server = Server::with_config(data.path(), &git_backend(repo.to_str().unwrap()));
+    let url = server.state_url("default", "broken");
+    assert_eq!(send("POST", &url, Some(&state(1))).status, 200);
+
+    // A lock branch without its lock file (a crashed tool, a hand edit).
+    let clone = dir.path().join("clone");
+    git(
+        dir.path(),
+        &[
+            "clone",
+            "-q",
+            repo.to_str().unwrap(),
+            clone.to_str().unwrap(),
+        ],
+    );
+    git(
+        &clone,
+        &[
+            "push",
+            "-q",
+            "origin",
+            "HEAD:refs/heads/locks/broken.tfstate",
+        ],
+    );
+
+    let refused = send("LOCK", &url, Some(&lock_info("mine", "bob@host")));
+    assert_eq!(refused.status, 423, "{}", refused.text());
+    assert!(
+        refused.json()["Info"]
+            .as_str()
+            .unwrap()
+            .contains("force-unlock")
+    );
+    // Presenting the made-up holder id does not get anyone past it.
+    let id = refused.json()["ID"].as_str().unwrap().to_string();
+    assert_eq!(
+        send("POST", &format!("{url}?ID={id}"), Some(&state(2))).status,
+        423
+    );
+    assert_eq!(
+        send("LOCK", &url, Some(&lock_info(&id, "bob@host"))).status,
+        423
+    );
+    // Force-unlock (Terraform's empty UNLOCK) removes it.
+    assert_eq!(send("UNLOCK", &url, Some(b"")).status, 200);
+    assert_eq!(
+        send("LOCK", &url, Some(&lock_info("mine", "bob@host"))).status,
+        200
+    );
+}

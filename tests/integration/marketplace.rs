@@ -394,19 +394,15 @@ fn a_guest_sees_only_the_secrets_its_manifest_asks_for_and_never_the_host_enviro
 
     // Both provided: it sees TOKEN only, and none of the host's environment.
     with("secrets = { TOKEN = { env = \"PROBE_TOKEN\" }, OTHER = { env = \"PROBE_OTHER\" } }\n");
-    let server = {
-        // The server inherits these from the test process's environment.
-        let data = dir.path().join("data");
-        std::fs::create_dir_all(&data).unwrap();
-        ServerWithEnv::start(
-            &config,
-            &[
-                ("PROBE_TOKEN", "t0ken"),
-                ("PROBE_OTHER", "other"),
-                ("HOST_CANARY", "canary"),
-            ],
-        )
-    };
+    let server = Server::with_config_env(
+        &dir.path().join("data"),
+        &config,
+        &[
+            ("PROBE_TOKEN", "t0ken"),
+            ("PROBE_OTHER", "other"),
+            ("HOST_CANARY", "canary"),
+        ],
+    );
     let seen: serde_json::Value =
         serde_json::from_slice(&send("GET", &format!("{}/states/probe/x", server.url), None).body)
             .unwrap();
@@ -417,45 +413,6 @@ fn a_guest_sees_only_the_secrets_its_manifest_asks_for_and_never_the_host_enviro
         serde_json::json!({}),
         "the guest must see no environment: {seen}"
     );
-}
-
-/// A server started with extra environment variables (for secrets).
-struct ServerWithEnv {
-    child: std::process::Child,
-    url: String,
-}
-
-impl ServerWithEnv {
-    fn start(config: &Path, env: &[(&str, &str)]) -> ServerWithEnv {
-        use std::io::BufRead;
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--cache-dir"])
-            .arg(shared_cache_dir())
-            .arg("--config")
-            .arg(config)
-            .envs(env.iter().copied())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut first = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut first)
-            .unwrap();
-        let url = first
-            .trim()
-            .strip_prefix("wasmstate listening on ")
-            .unwrap_or_else(|| panic!("server did not start: {first:?}"))
-            .to_string();
-        ServerWithEnv { child, url }
-    }
-}
-
-impl Drop for ServerWithEnv {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]

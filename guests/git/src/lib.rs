@@ -49,6 +49,20 @@ const LOCK_ATTEMPTS: usize = 20;
 /// unreadable; `force-unlock` removes such a branch.
 const UNKNOWN_HOLDER: &str = "unknown";
 
+/// A holder made up for an unreadable lock branch. No client's lock id may
+/// match it (a client could send `unknown`): only force-unlock removes it.
+fn is_unreadable(holder: &LockInfo) -> bool {
+    holder.id == UNKNOWN_HOLDER && holder.who == UNKNOWN_HOLDER && holder.version.is_empty()
+}
+
+/// [`check_lock`], except that an unreadable lock is never the caller's.
+fn check_holder(holder: Option<&LockInfo>, lock_id: Option<&str>) -> Result<(), Error> {
+    match holder {
+        Some(h) if is_unreadable(h) => Err(Error::locked(h.clone())),
+        _ => check_lock(holder.cloned(), lock_id),
+    }
+}
+
 /// The git storage guest: configuration only; each call fetches afresh, as
 /// nothing survives between requests anyway.
 struct Git {
@@ -242,7 +256,7 @@ impl Backend for Git {
         let doing = format!("writing the state of workspace {ws}");
         let serial = state_serial(state);
         self.update(&paths, &doing, |snapshot| {
-            check_lock(snapshot.holder().cloned(), lock_id)?;
+            check_holder(snapshot.holder(), lock_id)?;
             let who = snapshot.holder().map(|h| h.who.as_str());
             let message = commit_message("Update", &paths, ws, serial, who, lock_id);
             Ok(Some((
@@ -257,7 +271,7 @@ impl Backend for Git {
         let paths = self.paths(ws)?;
         let doing = format!("deleting the state of workspace {ws}");
         self.update(&paths, &doing, |snapshot| {
-            check_lock(snapshot.holder().cloned(), lock_id)?;
+            check_holder(snapshot.holder(), lock_id)?;
             match self.file_at(snapshot.tip.as_deref(), &paths, &doing)? {
                 // Absent stays absent (no workspace is created), and an
                 // already empty file needs no commit: a retry is a no-op.
@@ -291,7 +305,9 @@ impl Backend for Git {
             }
             match self.fetch_lock(&paths, &doing)? {
                 // Our own earlier attempt got through: a retry is harmless.
-                Some(lock) if lock.holder.id == info.id => return Ok(()),
+                Some(lock) if lock.holder.id == info.id && !is_unreadable(&lock.holder) => {
+                    return Ok(());
+                }
                 Some(lock) => return Err(Error::locked(lock.holder)),
                 // Released between our push and our read: try again.
                 None => continue,
@@ -309,7 +325,7 @@ impl Backend for Git {
             let Some(lock) = self.fetch_lock(&paths, &doing)? else {
                 return Ok(()); // not locked: a retried unlock is harmless
             };
-            if lock.holder.id != id {
+            if lock.holder.id != id || is_unreadable(&lock.holder) {
                 return Err(Error::lock_mismatch(Some(lock.holder)));
             }
             // Delete only the lock we just read, never one taken since.

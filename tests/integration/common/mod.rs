@@ -32,7 +32,7 @@ pub struct Server {
 impl Server {
     /// Serve the default config with its data in `data_dir`.
     pub fn start(data_dir: &Path) -> Server {
-        Server::spawn(data_dir, None)
+        Server::spawn(data_dir, None, &[])
     }
 
     /// Serve `config` (TOML, written into `data_dir/wasmstate.toml`).
@@ -40,15 +40,21 @@ impl Server {
         std::fs::create_dir_all(data_dir).unwrap();
         let path = data_dir.join("wasmstate.toml");
         std::fs::write(&path, config).unwrap();
-        Server::spawn(data_dir, Some(&path))
+        Server::spawn(data_dir, Some(&path), &[])
     }
 
     /// Serve an existing config file (its data directory: `data_dir`).
     pub fn with_config_file(data_dir: &Path, config: &Path) -> Server {
-        Server::spawn(data_dir, Some(config))
+        Server::spawn(data_dir, Some(config), &[])
     }
 
-    fn spawn(data_dir: &Path, config: Option<&Path>) -> Server {
+    /// Serve an existing config file with extra environment variables (the
+    /// values its `{ env = "…" }` entries name).
+    pub fn with_config_env(data_dir: &Path, config: &Path, env: &[(&str, &str)]) -> Server {
+        Server::spawn(data_dir, Some(config), env)
+    }
+
+    fn spawn(data_dir: &Path, config: Option<&Path>, env: &[(&str, &str)]) -> Server {
         std::fs::create_dir_all(data_dir).unwrap();
         let log = data_dir.join(format!("server-{}.log", unique()));
         let mut cmd = Command::new(BIN);
@@ -57,6 +63,7 @@ impl Server {
             .arg("--cache-dir")
             .arg(shared_cache_dir())
             .env("WASMSTATE_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap());
@@ -599,6 +606,77 @@ impl Registry {
 }
 
 impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// lighttpd serving `git http-backend` (smart HTTP) for the repositories in
+/// `<dir>/repos`, behind HTTP Basic with one user; killed on drop.
+pub struct GitHttp {
+    child: Child,
+    /// Its port.
+    pub port: u16,
+}
+
+impl GitHttp {
+    /// Start it, installing Debian's `lighttpd` when it is missing.
+    pub fn start(dir: &Path, user: &str, password: &str) -> GitHttp {
+        ensure_installed("lighttpd", "lighttpd");
+        let repos = dir.join("repos");
+        std::fs::create_dir_all(&repos).unwrap();
+        std::fs::write(dir.join("users"), format!("{user}:{password}\n")).unwrap();
+        let backend = Path::new(git(dir, &["--exec-path"]).trim()).join("git-http-backend");
+        let port = free_port();
+        let config = dir.join("lighttpd.conf");
+        std::fs::write(
+            &config,
+            format!(
+                r#"server.modules = ("mod_alias", "mod_auth", "mod_authn_file", "mod_cgi", "mod_setenv")
+server.document-root = "{root}"
+server.bind = "127.0.0.1"
+server.port = {port}
+server.errorlog = "{root}/lighttpd.log"
+alias.url = ("/git" => "{backend}")
+$HTTP["url"] =~ "^/git" {{
+  cgi.assign = ("" => "")
+  setenv.add-environment = ("GIT_PROJECT_ROOT" => "{repos}", "GIT_HTTP_EXPORT_ALL" => "")
+}}
+auth.backend = "plain"
+auth.backend.plain.userfile = "{root}/users"
+auth.require = ("/git" => ("method" => "basic", "realm" => "git", "require" => "valid-user"))
+"#,
+                root = dir.display(),
+                repos = repos.display(),
+                backend = backend.display(),
+            ),
+        )
+        .unwrap();
+        let child = Command::new("lighttpd")
+            .arg("-D")
+            .arg("-f")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start lighttpd");
+        wait_until(
+            "lighttpd to accept connections",
+            Duration::from_secs(30),
+            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        );
+        GitHttp { child, port }
+    }
+
+    /// `http://127.0.0.1:PORT/git/<name>.git`
+    pub fn url(&self, name: &str) -> String {
+        format!("http://127.0.0.1:{}/git/{name}.git", self.port)
+    }
+}
+
+impl Drop for GitHttp {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
