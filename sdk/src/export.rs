@@ -12,7 +12,7 @@ pub(crate) mod wit {
     });
 }
 
-use wit::exports::wasmstate::backend::{config, storage, workspaces};
+use wit::exports::wasmstate::backend::{config, history, storage, workspaces};
 use wit::wasmstate::backend::types as t;
 
 /// What `register_backend!` hands the SDK: how to build the author's backend.
@@ -134,6 +134,26 @@ impl workspaces::Guest for Component {
 
     fn delete_workspace(name: String) -> Result<(), t::Error> {
         with_backend(|b| b.delete_workspace(&name))
+    }
+}
+
+impl history::Guest for Component {
+    fn list_versions(workspace: String) -> Result<Option<Vec<history::Version>>, t::Error> {
+        let versions = with_backend(|b| b.list_versions(&workspace))?;
+        Ok(versions.map(|list| {
+            list.into_iter()
+                .map(|v| history::Version {
+                    id: v.id,
+                    serial: v.serial,
+                    created_unix_ms: v.created_unix_ms,
+                    bytes: v.bytes,
+                })
+                .collect()
+        }))
+    }
+
+    fn read_version(workspace: String, id: String) -> Result<Option<Vec<u8>>, t::Error> {
+        with_backend(|b| b.read_version(&workspace, &id))
     }
 }
 

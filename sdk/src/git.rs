@@ -95,6 +95,17 @@ pub struct RemoteRef {
     pub target: String,
 }
 
+/// A commit that changed a file (see [`Repo::file_history`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileVersion {
+    /// The commit id.
+    pub commit: String,
+    /// Committer time, milliseconds since the Unix epoch.
+    pub time_unix_ms: u64,
+    /// The file's size in that commit (0 when the commit removed it).
+    pub size: u64,
+}
+
 /// One file to add, replace or remove in a commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileChange {
@@ -190,6 +201,25 @@ impl Repo {
     /// (`None`: only if it does not exist).
     pub fn push(&self, name: &str, new: &str, expected: Option<&str>) -> Result<(), GitError> {
         Ok(wit::push(&self.url, name, new, expected)?)
+    }
+
+    /// The commits reachable from `commit` that changed `path`, newest
+    /// first, at most `limit` (the host fetches missing history first).
+    pub fn file_history(
+        &self,
+        commit: &str,
+        path: &str,
+        limit: u32,
+    ) -> Result<Vec<FileVersion>, GitError> {
+        let versions = wit::file_history(&self.url, commit, path, limit)?;
+        Ok(versions
+            .into_iter()
+            .map(|v| FileVersion {
+                commit: v.commit,
+                time_unix_ms: v.time_unix_ms,
+                size: v.size,
+            })
+            .collect())
     }
 
     /// Delete remote ref `name` only if it now points at `expected`.

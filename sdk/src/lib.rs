@@ -61,7 +61,7 @@ mod types;
 
 pub use config::Config;
 pub use error::Error;
-pub use types::{Diagnostic, LockInfo};
+pub use types::{Diagnostic, LockInfo, Version};
 
 /// Check a workspace name by the host's rule: 1 to 90 characters of
 /// `A-Z a-z 0-9 . _ -`, not starting with `.`. The host checks every name
@@ -142,6 +142,21 @@ pub trait Backend {
     /// Delete a workspace and its state; [`Error::Locked`] while locked,
     /// [`Error::NotFound`] when it does not exist.
     fn delete_workspace(&self, name: &str) -> Result<(), Error>;
+
+    /// Previous versions of the workspace's state, newest first, when the
+    /// storage keeps history itself (git commits, object versions). The
+    /// default, `None`, lets the host keep versions instead.
+    fn list_versions(&self, workspace: &str) -> Result<Option<Vec<Version>>, Error> {
+        let _ = workspace;
+        Ok(None)
+    }
+
+    /// One version listed by [`Backend::list_versions`]; `None` when there
+    /// is no such version.
+    fn read_version(&self, workspace: &str, id: &str) -> Result<Option<Vec<u8>>, Error> {
+        let _ = (workspace, id);
+        Ok(None)
+    }
 }
 
 /// The lock rule of [`Backend::write`] and [`Backend::delete`]: a change is

@@ -2,6 +2,19 @@
 
 pub use wasmstate_types::LockInfo;
 
+/// One previous version of a state, kept by the guest's own storage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Version {
+    /// Opaque id the host passes back to [`crate::Backend::read_version`].
+    pub id: String,
+    /// The state's serial, when known.
+    pub serial: Option<u64>,
+    /// When it was written, milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// Its size in bytes.
+    pub bytes: u64,
+}
+
 /// One configuration problem, reported to the operator at startup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Diagnostic {

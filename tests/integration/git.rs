@@ -325,3 +325,56 @@ fn an_unreadable_lock_branch_still_locks_until_force_unlocked() {
         200
     );
 }
+
+#[test]
+fn git_commits_are_the_version_history_and_restore_writes_one_back() {
+    let dir = tempdir();
+    let daemon = GitDaemon::start(dir.path());
+    bare_repo(dir.path(), "hist");
+    // history = 0: the versions come from the guest's commits, not the host.
+    let config = format!(
+        "[backends.default]\nguest = \"git\"\nhistory = 0\n[backends.default.config]\nrepository = {:?}\n",
+        daemon.url("hist")
+    );
+    let data = tempdir();
+    let server = Server::with_config(data.path(), &config);
+    let url = server.state_url("default", "hist");
+    let noted = |serial: u64, note: &str| {
+        format!(r#"{{"version":4,"serial":{serial},"lineage":"git-hist","note":"{note}"}}"#)
+            .into_bytes()
+    };
+    for (serial, note) in [(1, "one"), (2, "two"), (3, "three")] {
+        assert_eq!(send("POST", &url, Some(&noted(serial, note))).status, 200);
+    }
+    let versions = send("GET", &format!("{url}/versions"), None).json();
+    let serials: Vec<u64> = versions
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["serial"].as_u64().unwrap())
+        .collect();
+    assert_eq!(serials, [3, 2, 1], "{versions}");
+    let first = versions[2]["id"].as_str().unwrap().to_string();
+    assert_eq!(first.len(), 40, "a commit id: {first}");
+    assert_eq!(
+        send("GET", &format!("{url}/versions/{first}"), None).body,
+        noted(1, "one")
+    );
+
+    // Restore through the CLI: a new commit with the old content, serial 4.
+    let (ok, out) = wasmstate(&["state", "restore", "hist", &first, "--server", &server.url]);
+    assert!(ok && out.contains("as serial 4"), "{out}");
+    assert_eq!(send("GET", &url, None).json()["note"], "one");
+
+    // Another host with a fresh, shallow clone sees the whole history.
+    let other_data = tempdir();
+    let other = Server::with_config(other_data.path(), &config);
+    let listed = send(
+        "GET",
+        &format!("{}/versions", other.state_url("default", "hist")),
+        None,
+    )
+    .json();
+    assert_eq!(listed.as_array().unwrap().len(), 4, "{listed}");
+    assert_eq!(listed[0]["serial"], 4);
+}

@@ -35,7 +35,7 @@ mod layout;
 
 use layout::{Paths, Settings, commit_message, state_serial, workspace_of};
 use wasmstate_guest::git::{FileChange, GitError, Repo};
-use wasmstate_guest::{Backend, Config, Error, LockInfo, check_lock, register_backend};
+use wasmstate_guest::{Backend, Config, Error, LockInfo, Version, check_lock, register_backend};
 
 /// Pushes to `ref` tried before giving up when other writers keep moving
 /// it; each attempt re-reads the lock, so a lock taken meanwhile is honoured.
@@ -44,6 +44,9 @@ const PUSH_ATTEMPTS: usize = 8;
 /// Rounds of "create the lock branch, read the holder" before giving up
 /// when the lock is released and retaken between the two.
 const LOCK_ATTEMPTS: usize = 20;
+
+/// Most versions `list_versions` reports (the newest).
+const MAX_VERSIONS: u32 = 100;
 
 /// Holder id reported for a lock branch whose lock file is missing or
 /// unreadable; `force-unlock` removes such a branch.
@@ -417,6 +420,57 @@ impl Backend for Git {
             Ok(Some((FileChange::remove(&paths.state), message)))
         })?;
         Ok(())
+    }
+
+    /// Every commit on the branch that changed the workspace's state file is
+    /// a version: `git log` is the history.
+    fn list_versions(&self, ws: &str) -> Result<Option<Vec<Version>>, Error> {
+        let paths = self.paths(ws)?;
+        let doing = format!("listing the versions of workspace {ws}");
+        let [tip] = self.fetch([&self.settings.main_ref], &doing)?;
+        let Some(tip) = tip else {
+            return Ok(Some(Vec::new()));
+        };
+        let history = self
+            .repo
+            .file_history(&tip, &paths.state, MAX_VERSIONS)
+            .map_err(failed(&doing))?;
+        let mut versions = Vec::new();
+        for v in history.into_iter().filter(|v| v.size > 0) {
+            let state = self
+                .repo
+                .read_file(&v.commit, &paths.state)
+                .map_err(failed(&doing))?;
+            versions.push(Version {
+                serial: state.as_deref().and_then(state_serial),
+                id: v.commit,
+                created_unix_ms: v.time_unix_ms,
+                bytes: v.size,
+            });
+        }
+        Ok(Some(versions))
+    }
+
+    fn read_version(&self, ws: &str, id: &str) -> Result<Option<Vec<u8>>, Error> {
+        let paths = self.paths(ws)?;
+        // Only commit ids: anything else is no version of ours.
+        if id.len() != 40 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(None);
+        }
+        match self.repo.read_file(id, &paths.state) {
+            Ok(state) => Ok(state.filter(|s| !s.is_empty())),
+            Err(GitError::NotFound(_)) => {
+                // Not in the host's clone yet: list the versions (which fetches
+                // the history), then look again.
+                self.list_versions(ws)?;
+                match self.repo.read_file(id, &paths.state) {
+                    Ok(state) => Ok(state.filter(|s| !s.is_empty())),
+                    Err(GitError::NotFound(_)) => Ok(None),
+                    Err(e) => Err(failed("reading a version")(e)),
+                }
+            }
+            Err(e) => Err(failed("reading a version")(e)),
+        }
     }
 }
 

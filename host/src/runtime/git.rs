@@ -149,6 +149,26 @@ impl wit::Host for Sandbox {
             .await
     }
 
+    async fn file_history(
+        &mut self,
+        url: String,
+        commit: String,
+        path: String,
+        limit: u32,
+    ) -> Result<Vec<wit::FileVersion>, wit::GitError> {
+        let versions = self
+            .git(url, move |repo| repo.file_history(&commit, &path, limit))
+            .await?;
+        Ok(versions
+            .into_iter()
+            .map(|v| wit::FileVersion {
+                commit: v.commit,
+                time_unix_ms: v.time_unix_ms,
+                size: v.size,
+            })
+            .collect())
+    }
+
     async fn delete_ref(
         &mut self,
         url: String,

@@ -439,4 +439,40 @@ impl Storage for GuestBackend {
         })
         .await
     }
+
+    async fn list_versions(&self, workspace: &str) -> StorageResult<Vec<crate::backend::Version>> {
+        let ws = workspace.to_owned();
+        let versions = self
+            .run(move |g, s| {
+                Box::pin(async move {
+                    g.wasmstate_backend_history()
+                        .call_list_versions(s, &ws)
+                        .await
+                })
+            })
+            .await?;
+        let versions = versions.ok_or(StorageError::NoHistory)?;
+        Ok(versions
+            .into_iter()
+            .map(|v| crate::backend::Version {
+                id: v.id,
+                serial: v.serial,
+                created_unix_ms: v.created_unix_ms,
+                bytes: v.bytes,
+            })
+            .collect())
+    }
+
+    async fn read_version(&self, workspace: &str, id: &str) -> StorageResult<Option<Vec<u8>>> {
+        let ws = workspace.to_owned();
+        let id = id.to_owned();
+        self.run(move |g, s| {
+            Box::pin(async move {
+                g.wasmstate_backend_history()
+                    .call_read_version(s, &ws, &id)
+                    .await
+            })
+        })
+        .await
+    }
 }

@@ -106,17 +106,23 @@ impl<S: Storage> Storage for Store<S> {
         self.inner.delete_workspace(name).await
     }
 
+    /// The guest's own history when its storage keeps one (git commits…),
+    /// else the host's.
     async fn list_versions(&self, workspace: &str) -> StorageResult<Vec<Version>> {
-        match &self.history {
-            Some(history) => history.list(workspace).await.map_err(history_error),
-            None => self.inner.list_versions(workspace).await,
+        match (self.inner.list_versions(workspace).await, &self.history) {
+            (Err(StorageError::NoHistory), Some(history)) => {
+                history.list(workspace).await.map_err(history_error)
+            }
+            (listed, _) => listed,
         }
     }
 
     async fn read_version(&self, workspace: &str, id: &str) -> StorageResult<Option<Vec<u8>>> {
-        let stored = match &self.history {
-            Some(history) => history.read(workspace, id).await.map_err(history_error)?,
-            None => self.inner.read_version(workspace, id).await?,
+        let stored = match (self.inner.read_version(workspace, id).await, &self.history) {
+            (Ok(None) | Err(StorageError::NoHistory), Some(history)) => {
+                history.read(workspace, id).await.map_err(history_error)?
+            }
+            (read, _) => read?,
         };
         stored.map(|s| self.open(workspace, s)).transpose()
     }

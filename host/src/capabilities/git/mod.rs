@@ -107,6 +107,17 @@ pub struct RemoteRef {
     pub target: String,
 }
 
+/// A commit that changed a file, from [`RepoHandle::file_history`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileVersion {
+    /// The commit id (hex).
+    pub commit: String,
+    /// Committer time, milliseconds since the Unix epoch.
+    pub time_unix_ms: u64,
+    /// The file's size in that commit (0 when the commit removed it).
+    pub size: u64,
+}
+
 /// One file to add, replace (`Some`) or remove (`None`) in a new commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileChange {
@@ -269,6 +280,94 @@ impl RepoHandle<'_> {
             .into_iter()
             .map(|id| id.map(|id| id.to_string()))
             .collect())
+    }
+
+    /// The commits reachable from `commit` that changed the file at `path`
+    /// (first-parent comparison), newest first, at most `limit`. A shallow
+    /// clone is deepened first, so the whole history is seen.
+    pub fn file_history(
+        &self,
+        commit: &str,
+        path: &str,
+        limit: u32,
+    ) -> Result<Vec<FileVersion>, GitError> {
+        check_path(path)?;
+        let start = parse_oid(commit)?;
+        let mut slot = lock(&self.slot);
+        let repo = self.open(&mut slot)?;
+        if repo.is_shallow() {
+            self.unshallow(repo)?;
+        }
+        self.find_commit(repo, commit)?;
+        let blob_at = |c: &git2::Commit<'_>| {
+            c.tree()
+                .ok()
+                .and_then(|t| t.get_path(Path::new(path)).ok())
+                .filter(|e| is_file(e.filemode()))
+                .map(|e| e.id())
+        };
+        let mut walk = repo
+            .revwalk()
+            .or_internal(self, "cannot walk the history")?;
+        walk.set_sorting(git2::Sort::TOPOLOGICAL | git2::Sort::TIME)
+            .or_internal(self, "cannot walk the history")?;
+        walk.push(start)
+            .or_internal(self, "cannot walk the history")?;
+        let mut versions = Vec::new();
+        for id in walk {
+            if versions.len() >= limit as usize {
+                break;
+            }
+            let id = id.or_internal(self, "cannot walk the history")?;
+            let c = repo
+                .find_commit(id)
+                .or_internal(self, "cannot read a commit")?;
+            let mine = blob_at(&c);
+            let before = c.parents().next().and_then(|p| blob_at(&p));
+            if mine == before {
+                continue;
+            }
+            let size = match mine {
+                Some(blob) => repo
+                    .find_blob(blob)
+                    .or_internal(self, "cannot read a blob")?
+                    .size() as u64,
+                None => 0,
+            };
+            versions.push(FileVersion {
+                commit: id.to_string(),
+                time_unix_ms: u64::try_from(c.time().seconds()).unwrap_or(0) * 1000,
+                size,
+            });
+        }
+        Ok(versions)
+    }
+
+    /// Fetch the full history behind the tracking refs of a shallow clone.
+    fn unshallow(&self, repo: &Repository) -> Result<(), GitError> {
+        let specs: Vec<String> = repo
+            .references_glob(&format!("{TRACKING_PREFIX}*"))
+            .or_internal(self, "cannot list tracking refs")?
+            .filter_map(Result::ok)
+            .filter_map(|r| r.name().map(str::to_owned))
+            .map(|tracking| {
+                let remote = format!("refs/{}", &tracking[TRACKING_PREFIX.len()..]);
+                format!("+{remote}:{tracking}")
+            })
+            .collect();
+        let auth = Auth::new(self.auth);
+        let mut remote = repo
+            .remote_anonymous(&self.url)
+            .or_internal(self, "cannot set up the remote")?;
+        let mut opts = FetchOptions::new();
+        opts.remote_callbacks(auth.callbacks())
+            .download_tags(AutotagOption::None)
+            .update_fetchhead(false)
+            // libgit2's GIT_FETCH_DEPTH_UNSHALLOW.
+            .depth(i32::MAX);
+        remote
+            .fetch(&specs, Some(&mut opts), None)
+            .or_net(self, &auth)
     }
 
     /// The bytes of the file at `path` in `commit`, or `None` if there is no file there.
