@@ -24,6 +24,16 @@ const PACKAGE: &str = "wasmstate:backend";
 pub fn check_version(names: &[String]) -> anyhow::Result<()> {
     let wanted = format!("{PACKAGE}/storage@{WIT_VERSION}");
     if names.contains(&wanted) {
+        // `history` joined the contract before the first release; a guest
+        // built earlier lacks it.
+        for interface in ["workspaces", "history", "config"] {
+            let export = format!("{PACKAGE}/{interface}@{WIT_VERSION}");
+            if !names.contains(&export) {
+                anyhow::bail!(
+                    "guest does not export {export}; rebuild it against the current wasmstate-guest SDK"
+                );
+            }
+        }
         return Ok(());
     }
     let prefix = format!("{PACKAGE}/storage@");
@@ -115,8 +125,16 @@ mod tests {
 
     #[test]
     fn accepts_the_supported_version() {
-        let names = vec!["wasmstate:backend/storage@0.1.0".to_string()];
+        let names: Vec<String> = ["storage", "workspaces", "history", "config"]
+            .iter()
+            .map(|i| format!("wasmstate:backend/{i}@0.1.0"))
+            .collect();
         assert!(check_version(&names).is_ok());
+        let msg = check_version(&names[..2]).unwrap_err().to_string();
+        assert!(
+            msg.contains("history@0.1.0") && msg.contains("rebuild"),
+            "{msg}"
+        );
     }
 
     #[test]
