@@ -81,26 +81,53 @@ fn terraform_through_the_git_guest_and_the_layout_plain_git_sees() {
     assert!(branches.trim().is_empty(), "{branches}");
 }
 
+/// A bare repository by path holding one state written through wasmstate
+/// (workspace = the repository's name), and a plain `git` clone of it.
+struct Plain {
+    _dir: tempfile::TempDir,
+    _data: tempfile::TempDir,
+    _server: Server,
+    repo: std::path::PathBuf,
+    url: String,
+    clone: std::path::PathBuf,
+}
+
+impl Plain {
+    fn new(name: &str) -> Plain {
+        let dir = tempdir();
+        let repo = bare_repo(dir.path(), name);
+        let data = tempdir();
+        let server = Server::with_config(data.path(), &git_backend(repo.to_str().unwrap()));
+        let url = server.state_url("default", name);
+        assert_eq!(send("POST", &url, Some(&state(1))).status, 200);
+        let clone = dir.path().join("clone");
+        git(
+            dir.path(),
+            &[
+                "clone",
+                "-q",
+                repo.to_str().unwrap(),
+                clone.to_str().unwrap(),
+            ],
+        );
+        Plain {
+            _dir: dir,
+            _data: data,
+            _server: server,
+            repo,
+            url,
+            clone,
+        }
+    }
+}
+
 #[test]
 fn lock_branches_made_with_plain_git_are_honoured() {
-    let dir = tempdir();
-    let repo = bare_repo(dir.path(), "interop");
-    let data = tempdir();
-    let server = Server::with_config(data.path(), &git_backend(repo.to_str().unwrap()));
-    let url = server.state_url("default", "interop");
-    assert_eq!(send("POST", &url, Some(&state(1))).status, 200);
+    let Plain {
+        repo, url, clone, ..
+    } = &Plain::new("interop");
 
     // terraform-backend-git's way: a branch off main adding the lock file.
-    let clone = dir.path().join("clone");
-    git(
-        dir.path(),
-        &[
-            "clone",
-            "-q",
-            repo.to_str().unwrap(),
-            clone.to_str().unwrap(),
-        ],
-    );
     git(&clone, &["checkout", "-q", "-b", "locks/interop.tfstate"]);
     std::fs::write(
         clone.join("interop.tfstate.lock"),
@@ -272,24 +299,9 @@ fn smart_http_with_credentials_that_only_the_host_holds() {
 
 #[test]
 fn an_unreadable_lock_branch_still_locks_until_force_unlocked() {
-    let dir = tempdir();
-    let repo = bare_repo(dir.path(), "broken");
-    let data = tempdir();
-    let server = Server::with_config(data.path(), &git_backend(repo.to_str().unwrap()));
-    let url = server.state_url("default", "broken");
-    assert_eq!(send("POST", &url, Some(&state(1))).status, 200);
+    let Plain { url, clone, .. } = &Plain::new("broken");
 
     // A lock branch without its lock file (a crashed tool, a hand edit).
-    let clone = dir.path().join("clone");
-    git(
-        dir.path(),
-        &[
-            "clone",
-            "-q",
-            repo.to_str().unwrap(),
-            clone.to_str().unwrap(),
-        ],
-    );
     git(
         &clone,
         &[
