@@ -128,38 +128,38 @@ fn lock_branches_made_with_plain_git_are_honoured() {
     } = &Plain::new("interop");
 
     // terraform-backend-git's way: a branch off main adding the lock file.
-    git(&clone, &["checkout", "-q", "-b", "locks/interop.tfstate"]);
+    git(clone, &["checkout", "-q", "-b", "locks/interop.tfstate"]);
     std::fs::write(
         clone.join("interop.tfstate.lock"),
         lock_info("plain-git-lock", "alice@laptop"),
     )
     .unwrap();
-    git(&clone, &["add", "interop.tfstate.lock"]);
-    git(&clone, &["commit", "-q", "-m", "Lock interop.tfstate"]);
-    git(&clone, &["push", "-q", "origin", "locks/interop.tfstate"]);
+    git(clone, &["add", "interop.tfstate.lock"]);
+    git(clone, &["commit", "-q", "-m", "Lock interop.tfstate"]);
+    git(clone, &["push", "-q", "origin", "locks/interop.tfstate"]);
 
-    let refused = send("LOCK", &url, Some(&lock_info("mine", "bob@host")));
+    let refused = send("LOCK", url, Some(&lock_info("mine", "bob@host")));
     assert_eq!(refused.status, 423, "{}", refused.text());
     assert_eq!(refused.json()["ID"], "plain-git-lock");
     assert_eq!(refused.json()["Who"], "alice@laptop");
-    assert_eq!(send("POST", &url, Some(&state(2))).status, 423);
+    assert_eq!(send("POST", url, Some(&state(2))).status, 423);
     // The holder may write with its ID.
     assert_eq!(
         send("POST", &format!("{url}?ID=plain-git-lock"), Some(&state(2))).status,
         200
     );
-    assert_eq!(show(&repo, "main", "interop.tfstate").as_bytes(), state(2));
+    assert_eq!(show(repo, "main", "interop.tfstate").as_bytes(), state(2));
     assert_eq!(
         send(
             "UNLOCK",
-            &url,
+            url,
             Some(&lock_info("plain-git-lock", "alice@laptop"))
         )
         .status,
         200
     );
     assert_eq!(
-        send("LOCK", &url, Some(&lock_info("mine", "bob@host"))).status,
+        send("LOCK", url, Some(&lock_info("mine", "bob@host"))).status,
         200
     );
 }
@@ -303,7 +303,7 @@ fn an_unreadable_lock_branch_still_locks_until_force_unlocked() {
 
     // A lock branch without its lock file (a crashed tool, a hand edit).
     git(
-        &clone,
+        clone,
         &[
             "push",
             "-q",
@@ -312,7 +312,7 @@ fn an_unreadable_lock_branch_still_locks_until_force_unlocked() {
         ],
     );
 
-    let refused = send("LOCK", &url, Some(&lock_info("mine", "bob@host")));
+    let refused = send("LOCK", url, Some(&lock_info("mine", "bob@host")));
     assert_eq!(refused.status, 423, "{}", refused.text());
     assert!(
         refused.json()["Info"]
@@ -327,13 +327,13 @@ fn an_unreadable_lock_branch_still_locks_until_force_unlocked() {
         423
     );
     assert_eq!(
-        send("LOCK", &url, Some(&lock_info(&id, "bob@host"))).status,
+        send("LOCK", url, Some(&lock_info(&id, "bob@host"))).status,
         423
     );
     // Force-unlock (Terraform's empty UNLOCK) removes it.
-    assert_eq!(send("UNLOCK", &url, Some(b"")).status, 200);
+    assert_eq!(send("UNLOCK", url, Some(b"")).status, 200);
     assert_eq!(
-        send("LOCK", &url, Some(&lock_info("mine", "bob@host"))).status,
+        send("LOCK", url, Some(&lock_info("mine", "bob@host"))).status,
         200
     );
 }
