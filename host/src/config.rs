@@ -419,11 +419,7 @@ fn flatten_config(
                         "{file}: {path}.{name}: env must name a variable"
                     )));
                 };
-                std::env::var(var).map_err(|_| {
-                    ConfigError(format!(
-                        "{file}: {path}.{name}: environment variable {var} is not set"
-                    ))
-                })?
+                env_var(var, file, &format!("{path}.{name}"))?
             }
             toml::Value::Table(t) => {
                 flatten_config(path, &name, t, out, file)?;
@@ -638,6 +634,9 @@ fn validate_backend(
     )?;
     let mut guest_config = Vec::new();
     flatten_config(&key("config"), "", raw.config, &mut guest_config, file)?;
+    // First-party guests are granted the endpoints and repository their own
+    // configuration names, unless the operator lists grants explicitly.
+    let (default_http, default_git) = guests::default_grants(&guest, &guest_config);
     let mut allow_http: Vec<Origin> = raw
         .allow_http
         .iter()
@@ -645,13 +644,8 @@ fn validate_backend(
             Origin::parse(o).map_err(|e| ConfigError(format!("{file}: {}: {e}", key("allow_http"))))
         })
         .collect::<Result<_, _>>()?;
-    // First-party network guests are granted the endpoints their own
-    // configuration names, unless the operator says otherwise.
-    if allow_http.is_empty()
-        && let GuestSource::Embedded(name) = &guest
-        && let Some(embedded) = guests::embedded(name)
-    {
-        allow_http = (embedded.default_grants)(&guest_config);
+    if allow_http.is_empty() {
+        allow_http = default_http;
     }
     let history = in_range(
         file,
@@ -668,15 +662,8 @@ fn validate_backend(
         None => GitAuth::default(),
         Some(a) => {
             let env = |var: Option<String>, what: &str| {
-                var.map(|var| {
-                    std::env::var(&var).map_err(|_| {
-                        ConfigError(format!(
-                            "{file}: {}.{what}: environment variable {var} is not set",
-                            key("git_auth")
-                        ))
-                    })
-                })
-                .transpose()
+                var.map(|var| env_var(&var, file, &format!("{}.{what}", key("git_auth"))))
+                    .transpose()
             };
             GitAuth {
                 username: env(a.username_env, "username_env")?,
@@ -686,13 +673,8 @@ fn validate_backend(
         }
     };
     let mut git_urls = raw.allow_git;
-    // The embedded git guest is granted the repository its own
-    // configuration names, unless the operator lists grants explicitly.
-    if git_urls.is_empty()
-        && guest == GuestSource::Embedded("git")
-        && let Some((_, url)) = guest_config.iter().find(|(k, _)| k == "repository")
-    {
-        git_urls.push(url.clone());
+    if git_urls.is_empty() {
+        git_urls = default_git;
     }
     let allow_git = git_urls
         .into_iter()
@@ -738,6 +720,15 @@ fn validate_backend(
     })
 }
 
+/// The host's environment variable `var`, named by the config key `at`.
+fn env_var(var: &str, file: &str, at: &str) -> Result<String, ConfigError> {
+    std::env::var(var).map_err(|_| {
+        ConfigError(format!(
+            "{file}: {at}: environment variable {var} is not set"
+        ))
+    })
+}
+
 /// A secret given as `{ env = "VAR" }` or `{ file = "path" }` (trailing
 /// whitespace of a file is dropped): exactly one of the two.
 fn env_or_file(
@@ -748,11 +739,7 @@ fn env_or_file(
     at: &str,
 ) -> Result<String, ConfigError> {
     match (env, path) {
-        (Some(var), None) => std::env::var(&var).map_err(|_| {
-            ConfigError(format!(
-                "{file}: {at}: environment variable {var} is not set"
-            ))
-        }),
+        (Some(var), None) => env_var(&var, file, at),
         (None, Some(path)) => {
             let path = base.join(path);
             std::fs::read_to_string(&path)

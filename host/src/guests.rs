@@ -15,7 +15,10 @@ pub struct EmbeddedGuest {
     pub wasm: &'static [u8],
     /// Outbound HTTP granted when the operator grants none explicitly,
     /// derived from the guest's configuration.
-    pub default_grants: fn(&[(String, String)]) -> Vec<Origin>,
+    pub default_http: fn(&[(String, String)]) -> Vec<Origin>,
+    /// Git repositories granted when the operator grants none explicitly,
+    /// derived from the guest's configuration.
+    pub default_git: fn(&[(String, String)]) -> Vec<String>,
 }
 
 /// Every embedded guest. The build script compiles each from `guests/<name>`.
@@ -24,19 +27,22 @@ pub const EMBEDDED: &[EmbeddedGuest] = &[
         name: "local",
         summary: "state files in a directory on this machine (the default)",
         wasm: include_bytes!(env!("WASMSTATE_GUEST_LOCAL")),
-        default_grants: |_| Vec::new(),
+        default_http: |_| Vec::new(),
+        default_git: |_| Vec::new(),
     },
     EmbeddedGuest {
         name: "s3-lockfile",
         summary: "S3, locked with .tflock objects (Terraform's use_lockfile layout)",
         wasm: include_bytes!(env!("WASMSTATE_GUEST_S3_LOCKFILE")),
-        default_grants: aws_grants,
+        default_http: aws_grants,
+        default_git: |_| Vec::new(),
     },
     EmbeddedGuest {
         name: "dynamodb",
         summary: "S3, locked with a DynamoDB table (Terraform's dynamodb_table layout)",
         wasm: include_bytes!(env!("WASMSTATE_GUEST_DYNAMODB")),
-        default_grants: aws_grants,
+        default_http: aws_grants,
+        default_git: |_| Vec::new(),
     },
     EmbeddedGuest {
         name: "git",
@@ -44,7 +50,14 @@ pub const EMBEDDED: &[EmbeddedGuest] = &[
         wasm: include_bytes!(env!("WASMSTATE_GUEST_GIT")),
         // No HTTP: it reaches its repository through the host's git
         // capability, granted from its `repository` setting.
-        default_grants: |_| Vec::new(),
+        default_http: |_| Vec::new(),
+        default_git: |config| {
+            config
+                .iter()
+                .filter(|(k, _)| k == "repository")
+                .map(|(_, url)| url.clone())
+                .collect()
+        },
     },
 ];
 
@@ -85,6 +98,21 @@ fn aws_grants(config: &[(String, String)]) -> Vec<Origin> {
         );
     }
     grants
+}
+
+/// The grants a first-party guest gets when the operator lists none: the
+/// endpoints and repository its own configuration names. Other guests get
+/// nothing by default.
+pub fn default_grants(
+    source: &GuestSource,
+    config: &[(String, String)],
+) -> (Vec<Origin>, Vec<String>) {
+    match source {
+        GuestSource::Embedded(name) => embedded(name)
+            .map(|g| ((g.default_http)(config), (g.default_git)(config)))
+            .unwrap_or_default(),
+        _ => Default::default(),
+    }
 }
 
 /// The embedded guest called `name`, if there is one.

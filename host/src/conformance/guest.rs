@@ -37,21 +37,16 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
     let scratch = tempfile::Builder::new()
         .prefix("wasmstate-guest-test-")
         .tempdir()?;
-    // An embedded network guest is granted its configured endpoints, as
-    // `serve` does, unless --allow-http says otherwise.
+    // A first-party guest is granted its configured endpoints and
+    // repository, as `serve` does, unless the flags say otherwise.
+    let (default_http, default_git) = guests::default_grants(&subject.guest, &subject.config);
     let mut allow_http = subject.allow_http.clone();
-    if allow_http.is_empty()
-        && let GuestSource::Embedded(name) = &subject.guest
-        && let Some(embedded) = guests::embedded(name)
-    {
-        allow_http = (embedded.default_grants)(&subject.config);
+    if allow_http.is_empty() {
+        allow_http = default_http;
     }
     let mut git_urls = subject.allow_git.clone();
-    if git_urls.is_empty()
-        && subject.guest == GuestSource::Embedded("git")
-        && let Some((_, url)) = subject.config.iter().find(|(k, _)| k == "repository")
-    {
-        git_urls.push(url.clone());
+    if git_urls.is_empty() {
+        git_urls = default_git;
     }
     let allow_git: Vec<GitGrant> = git_urls
         .into_iter()
