@@ -143,13 +143,13 @@ impl Sealer {
         (!keys.is_empty()).then_some(Sealer { keys })
     }
 
-    /// Encrypt a plain state into an envelope.
-    pub fn seal(&self, state: &[u8]) -> Result<Vec<u8>, String> {
+    /// Encrypt a plain state, whose clear fields are `header`, into an
+    /// envelope.
+    pub fn seal(&self, state: &[u8], header: &StateHeader) -> Result<Vec<u8>, String> {
         let key = &self.keys[0];
-        let header = StateHeader::of(state);
         let cipher = Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(&key.key));
         let nonce = Aes256Gcm::generate_nonce(&mut OsRng);
-        let aad = associated_data(&header);
+        let aad = associated_data(header);
         let ciphertext = cipher
             .encrypt(
                 &nonce,
@@ -168,7 +168,7 @@ impl Sealer {
                 ciphertext: BASE64.encode(ciphertext),
             },
             serial: header.serial,
-            lineage: header.lineage,
+            lineage: header.lineage.clone(),
         };
         serde_json::to_vec(&envelope).map_err(|e| e.to_string())
     }
@@ -248,7 +248,7 @@ mod tests {
     #[test]
     fn round_trip_keeps_serial_and_lineage_readable_and_hides_the_rest() {
         let sealer = Sealer::new(vec![key("k1")]).unwrap();
-        let sealed = sealer.seal(STATE).unwrap();
+        let sealed = sealer.seal(STATE, &StateHeader::of(STATE)).unwrap();
         assert!(is_sealed(&sealed));
         let text = String::from_utf8(sealed.clone()).unwrap();
         assert!(!text.contains("hunter2"), "{text}");
@@ -265,7 +265,10 @@ mod tests {
     #[test]
     fn nonces_are_fresh() {
         let sealer = Sealer::new(vec![key("k1")]).unwrap();
-        assert_ne!(sealer.seal(STATE).unwrap(), sealer.seal(STATE).unwrap());
+        assert_ne!(
+            sealer.seal(STATE, &StateHeader::of(STATE)).unwrap(),
+            sealer.seal(STATE, &StateHeader::of(STATE)).unwrap()
+        );
     }
 
     #[test]
@@ -277,14 +280,20 @@ mod tests {
     #[test]
     fn rotation_opens_old_states_with_the_key_they_name() {
         let old = key("old");
-        let sealed = Sealer::new(vec![old.clone()]).unwrap().seal(STATE).unwrap();
+        let sealed = Sealer::new(vec![old.clone()])
+            .unwrap()
+            .seal(STATE, &StateHeader::of(STATE))
+            .unwrap();
         let rotated = Sealer::new(vec![key("new"), old]).unwrap();
         assert_eq!(rotated.open(sealed).unwrap(), STATE);
     }
 
     #[test]
     fn wrong_or_missing_key_is_an_error_not_garbage() {
-        let sealed = Sealer::new(vec![key("k1")]).unwrap().seal(STATE).unwrap();
+        let sealed = Sealer::new(vec![key("k1")])
+            .unwrap()
+            .seal(STATE, &StateHeader::of(STATE))
+            .unwrap();
         let wrong = Sealer::new(vec![key("k1")])
             .unwrap()
             .open(sealed.clone())
@@ -308,7 +317,8 @@ mod tests {
     #[test]
     fn tampering_with_the_clear_serial_is_detected() {
         let sealer = Sealer::new(vec![key("k1")]).unwrap();
-        let sealed = String::from_utf8(sealer.seal(STATE).unwrap()).unwrap();
+        let sealed =
+            String::from_utf8(sealer.seal(STATE, &StateHeader::of(STATE)).unwrap()).unwrap();
         let forged = sealed.replace("\"serial\":7", "\"serial\":70");
         assert_ne!(forged, sealed);
         assert!(sealer.open(forged.into_bytes()).is_err());

@@ -6,7 +6,6 @@
 //! Each replica keeps the writes that went through it; replicas that share
 //! the data directory share the history.
 
-use super::envelope::StateHeader;
 use crate::backend::Version;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -31,15 +30,19 @@ impl History {
         self.root.join(workspace)
     }
 
-    /// Record `stored` as the newest version of `workspace`, then prune.
-    pub async fn record(&self, workspace: &str, stored: Vec<u8>) -> io::Result<()> {
+    /// Record `stored` (a state with `serial`) as the newest version of
+    /// `workspace`, then prune.
+    pub async fn record(
+        &self,
+        workspace: &str,
+        stored: Vec<u8>,
+        serial: Option<u64>,
+    ) -> io::Result<()> {
         let dir = self.dir(workspace);
         let keep = self.keep;
         tokio::task::spawn_blocking(move || {
             std::fs::create_dir_all(&dir)?;
-            let serial = StateHeader::of(&stored)
-                .serial
-                .map_or_else(|| "none".to_string(), |s| s.to_string());
+            let serial = serial.map_or_else(|| "none".to_string(), |s| s.to_string());
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default();
@@ -160,7 +163,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let history = History::new(dir.path().to_path_buf(), 3);
         for serial in 1..=5 {
-            history.record("prod", state(serial)).await.unwrap();
+            history
+                .record("prod", state(serial), Some(serial))
+                .await
+                .unwrap();
         }
         let versions = history.list("prod").await.unwrap();
         let serials: Vec<_> = versions.iter().map(|v| v.serial).collect();

@@ -10,7 +10,7 @@ pub mod envelope;
 pub mod history;
 
 use crate::backend::{LockInfo, Storage, StorageError, StorageResult, Version};
-use envelope::{EncryptionKey, Sealer};
+use envelope::{EncryptionKey, Sealer, StateHeader};
 use history::History;
 
 /// A backend's storage with the host's encryption and history around it.
@@ -58,14 +58,22 @@ impl<S: Storage> Storage for Store<S> {
         state: Vec<u8>,
         lock_id: Option<&str>,
     ) -> StorageResult<()> {
+        // Read the clear fields once, for the envelope and the history both.
+        let header = if self.sealer.is_some() || self.history.is_some() {
+            StateHeader::of(&state)
+        } else {
+            StateHeader::default()
+        };
         let stored = match &self.sealer {
-            Some(sealer) => sealer.seal(&state).map_err(StorageError::Encryption)?,
+            Some(sealer) => sealer
+                .seal(&state, &header)
+                .map_err(StorageError::Encryption)?,
             None => state,
         };
         let kept = self.history.as_ref().map(|_| stored.clone());
         self.inner.write(workspace, stored, lock_id).await?;
         if let (Some(history), Some(kept)) = (&self.history, kept)
-            && let Err(e) = history.record(workspace, kept).await
+            && let Err(e) = history.record(workspace, kept, header.serial).await
         {
             // The state itself is saved; failing the write now would only
             // make Terraform retry a write that already happened.
