@@ -71,6 +71,15 @@ fn narrow_to_manifest(
         );
         return Ok((backend.clone(), dir));
     };
+    if let crate::config::GuestSource::Installed { name, sha256 } = &backend.guest
+        && manifest.name != *name
+    {
+        anyhow::bail!(
+            "backend {:?}: sha256:{sha256} is the guest {:?}, not {name:?}; check the pin in the config",
+            backend.name,
+            manifest.name
+        );
+    }
     let narrowed = grants::intersect(&manifest.capabilities, backend, dir.is_some()).map_err(|missing| {
         anyhow::anyhow!(
             "backend {:?}: guest {} {} asks for capabilities the operator has not granted; add to [backends.{}]:\n{}",

@@ -448,3 +448,29 @@ fn push_to_and_install_from_an_oci_registry_with_signature_and_pin() {
         text(&out)
     );
 }
+
+#[test]
+fn a_pin_naming_another_installed_guest_is_refused_at_start() {
+    let dir = tempdir();
+    let misbehave = copy_guest(MISBEHAVE_WASM, dir.path(), "misbehave.wasm");
+    let config = write_config(dir.path(), "allow_unsigned = true", "");
+    let out = install(&config, misbehave.to_str().unwrap(), &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let digest = sha256_of(&misbehave);
+    write_config(
+        dir.path(),
+        "allow_unsigned = true",
+        &format!("[backends.x]\nguest = \"etcd@sha256:{digest}\"\n"),
+    );
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("is the guest \"misbehave\", not \"etcd\""),
+        "{}",
+        text(&out)
+    );
+}
