@@ -86,52 +86,7 @@ impl From<wit::GitError> for GitError {
     }
 }
 
-/// A ref on the remote.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoteRef {
-    /// Full name, e.g. `refs/heads/locks/prod.tfstate`.
-    pub name: String,
-    /// The object id it points at.
-    pub target: String,
-}
-
-/// A commit that changed a file (see [`Repo::file_history`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileVersion {
-    /// The commit id.
-    pub commit: String,
-    /// Committer time, milliseconds since the Unix epoch.
-    pub time_unix_ms: u64,
-    /// The file's size in that commit (0 when the commit removed it).
-    pub size: u64,
-}
-
-/// One file to add, replace or remove in a commit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileChange {
-    /// `/`-separated path inside the repository.
-    pub path: String,
-    /// New content, or `None` to remove the file.
-    pub content: Option<Vec<u8>>,
-}
-
-impl FileChange {
-    /// Add or replace `path` with `content`.
-    pub fn put(path: impl Into<String>, content: Vec<u8>) -> Self {
-        FileChange {
-            path: path.into(),
-            content: Some(content),
-        }
-    }
-
-    /// Remove `path`.
-    pub fn remove(path: impl Into<String>) -> Self {
-        FileChange {
-            path: path.into(),
-            content: None,
-        }
-    }
-}
+pub use wasmstate_types::git::{FileChange, FileVersion, RemoteRef};
 
 /// A remote repository the operator granted, named by URL.
 #[derive(Debug, Clone, PartialEq, Eq)]

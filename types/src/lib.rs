@@ -47,6 +47,8 @@ impl LockInfo {
     }
 }
 
+pub mod git;
+
 /// The one rule for names that become path segments, file names and
 /// storage keys (workspaces and backends).
 pub mod names {

@@ -98,34 +98,7 @@ pub struct GitGrant {
     pub auth: GitAuth,
 }
 
-/// A ref on the remote and the object id it points at.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoteRef {
-    /// Full ref name, e.g. `refs/heads/locks/prod.tfstate`.
-    pub name: String,
-    /// The object id (hex) it points at.
-    pub target: String,
-}
-
-/// A commit that changed a file, from [`RepoHandle::file_history`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileVersion {
-    /// The commit id (hex).
-    pub commit: String,
-    /// Committer time, milliseconds since the Unix epoch.
-    pub time_unix_ms: u64,
-    /// The file's size in that commit (0 when the commit removed it).
-    pub size: u64,
-}
-
-/// One file to add, replace (`Some`) or remove (`None`) in a new commit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileChange {
-    /// `/`-separated path inside the repository.
-    pub path: String,
-    /// The new content, or `None` to remove the file.
-    pub content: Option<Vec<u8>>,
-}
+pub use wasmstate_types::git::{FileChange, FileVersion, RemoteRef};
 
 /// The host side of the git capability: owns the clones directory and the
 /// per-repository locks. One per process is enough; it is `Sync`. Its locks only
