@@ -12,7 +12,7 @@
 #[path = "../../tests/integration/common/mod.rs"]
 mod common;
 
-use common::{GitDaemon, Server, bare_repo, git, lock_info, send, tempdir};
+use common::{GitDaemon, Server, bare_repo, bench_runs, git, lock_info, median, send, tempdir};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -105,11 +105,6 @@ fn git_stdin(dir: &Path, args: &[&str], input: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
-
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
@@ -157,10 +152,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return; // `cargo test --benches` asks; there is nothing to list
     }
-    let runs: usize = std::env::var("WASMSTATE_BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(30);
+    let runs = bench_runs(30);
     let dir = tempdir();
     let path_repo = bare_repo(dir.path(), "by-path");
     bare_repo(dir.path(), "daemon");

@@ -11,7 +11,7 @@
 #[path = "../../tests/integration/common/mod.rs"]
 mod common;
 
-use common::{Moto, Server, tempdir};
+use common::{Moto, Server, bench_runs, median, tempdir};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -85,19 +85,11 @@ fn one_run(backend: String) -> (Duration, Duration) {
     (apply, plan)
 }
 
-fn median(mut xs: Vec<Duration>) -> Duration {
-    xs.sort();
-    xs[xs.len() / 2]
-}
-
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return; // `cargo test --benches` asks; there is nothing to list
     }
-    let runs: usize = std::env::var("WASMSTATE_BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(7);
+    let runs = bench_runs(7);
     let moto = Moto::start();
     moto.create_bucket(BUCKET);
     let data = tempdir();

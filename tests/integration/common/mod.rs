@@ -682,3 +682,18 @@ impl Drop for GitHttp {
         let _ = self.child.wait();
     }
 }
+
+/// How many runs an end-to-end benchmark makes: `WASMSTATE_BENCH_RUNS`, or
+/// `default`.
+pub fn bench_runs(default: usize) -> usize {
+    std::env::var("WASMSTATE_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The median of a benchmark's samples.
+pub fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
