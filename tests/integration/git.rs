@@ -358,13 +358,7 @@ fn git_commits_are_the_version_history_and_restore_writes_one_back() {
     for (serial, note) in [(1, "one"), (2, "two"), (3, "three")] {
         assert_eq!(send("POST", &url, Some(&noted(serial, note))).status, 200);
     }
-    let versions = send("GET", &format!("{url}/versions"), None).json();
-    let serials: Vec<u64> = versions
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["serial"].as_u64().unwrap())
-        .collect();
+    let (versions, serials) = versions(&url);
     assert_eq!(serials, [3, 2, 1], "{versions}");
     let first = versions[2]["id"].as_str().unwrap().to_string();
     assert_eq!(first.len(), 40, "a commit id: {first}");

@@ -356,13 +356,7 @@ fn history_lists_versions_and_restore_writes_one_back_under_the_lock() {
             200
         );
     }
-    let versions = send("GET", &format!("{url}/versions"), None).json();
-    let serials: Vec<u64> = versions
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["serial"].as_u64().unwrap())
-        .collect();
+    let (versions, serials) = versions(&url);
     assert_eq!(serials, [3, 2], "newest first, at most `history` kept");
     let second = versions[1]["id"].as_str().unwrap().to_string();
     assert_eq!(

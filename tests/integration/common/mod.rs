@@ -697,3 +697,15 @@ pub fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
 }
+
+/// `GET <state url>/versions`, and the serials it lists, newest first.
+pub fn versions(state_url: &str) -> (serde_json::Value, Vec<u64>) {
+    let listed = send("GET", &format!("{state_url}/versions"), None).json();
+    let serials = listed
+        .as_array()
+        .unwrap_or_else(|| panic!("not a list of versions: {listed}"))
+        .iter()
+        .map(|v| v["serial"].as_u64().unwrap())
+        .collect();
+    (listed, serials)
+}
