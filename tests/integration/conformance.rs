@@ -40,6 +40,8 @@ fn a_guest_for_another_wit_version_is_refused_at_load() {
         "127.0.0.1:0",
         "--config",
         config.to_str().unwrap(),
+        "--data-dir",
+        dir.path().join("data").to_str().unwrap(),
     ]);
     assert!(!ok, "{out}");
     assert!(

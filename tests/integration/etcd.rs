@@ -2,66 +2,6 @@
 //! (Debian's etcd-server, installed when missing) on loopback ports.
 
 use crate::common::*;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
-
-/// A throwaway etcd, killed on drop.
-struct Etcd {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Etcd {
-    fn start() -> Etcd {
-        ensure_installed("etcd", "etcd-server");
-        let dir = tempdir();
-        let (client, peer) = (free_port(), free_port());
-        let url = format!("http://127.0.0.1:{client}");
-        let child = Command::new("etcd")
-            .arg("--data-dir")
-            .arg(dir.path().join("etcd"))
-            .args([
-                "--listen-client-urls",
-                &url,
-                "--advertise-client-urls",
-                &url,
-            ])
-            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-            .args([
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{peer}"),
-            ])
-            .args([
-                "--initial-cluster",
-                &format!("default=http://127.0.0.1:{peer}"),
-            ])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("etcd.log")).unwrap())
-            .spawn()
-            .expect("start etcd");
-        let etcd = Etcd {
-            child,
-            url,
-            _dir: dir,
-        };
-        let health = format!("{}/health", etcd.url);
-        wait_until("etcd to become healthy", Duration::from_secs(60), || {
-            reqwest::blocking::get(&health)
-                .ok()
-                .and_then(|r| r.text().ok())
-                .is_some_and(|t| t.contains("true"))
-        });
-        etcd
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// `wasmstate guest test` on the etcd guest, with `extra` arguments.
 fn kit(etcd: &Etcd, extra: &[&str]) -> (bool, String) {

@@ -193,25 +193,8 @@ fn install_from_a_url_and_an_index_then_serve_with_exact_grants() {
     std::fs::create_dir_all(&site).unwrap();
     let etcd = copy_guest(ETCD_GUEST_WASM, &site, "etcd.wasm");
     let digest = sha256_of(&etcd);
-    let port = free_port();
-    let mut http = Command::new("python3")
-        .args([
-            "-m",
-            "http.server",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-        ])
-        .current_dir(&site)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let _stop = KillOnDrop(&mut http);
-    wait_until("the file server", Duration::from_secs(30), || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
-    let url = format!("http://127.0.0.1:{port}/etcd.wasm");
+    let files = FileServer::start(&site);
+    let url = format!("{}/etcd.wasm", files.url);
     let index = dir.path().join("index.json");
     std::fs::write(
         &index,
@@ -286,15 +269,6 @@ fn install_from_a_url_and_an_index_then_serve_with_exact_grants() {
         .output()
         .unwrap();
     assert!(text(&out).contains("altered on disk"), "{}", text(&out));
-}
-
-struct KillOnDrop<'a>(&'a mut std::process::Child);
-
-impl Drop for KillOnDrop<'_> {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]

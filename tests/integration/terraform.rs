@@ -26,6 +26,7 @@ pub const HTTP_BACKEND: &str = "terraform {\n  backend \"http\" {}\n}\n";
 
 /// `terraform` in `dir`, with no colour, no telemetry and no user config.
 pub fn terraform(dir: &Path, args: &[&str]) -> Command {
+    tools::require(&tools::TERRAFORM);
     let rc = dir.join("test.tfrc");
     if !rc.exists() {
         std::fs::write(&rc, "").unwrap();

@@ -3,6 +3,12 @@
 
 #![allow(dead_code)]
 
+mod peers;
+mod process;
+pub mod tools;
+
+pub use peers::{Etcd, FileServer, GitDaemon, GitHttp, Moto, Registry, bare_repo, git};
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -83,13 +89,32 @@ impl Server {
         });
         let first = match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(line) => line,
-            Err(_) => {
+            Err(error) => {
+                // No first line: it exited (its stdout closed) or hangs.
+                let mut exited = child.try_wait().ok().flatten();
+                if error == mpsc::RecvTimeoutError::Disconnected {
+                    let until = Instant::now() + Duration::from_secs(5);
+                    while exited.is_none() && Instant::now() < until {
+                        std::thread::sleep(Duration::from_millis(20));
+                        exited = child.try_wait().ok().flatten();
+                    }
+                }
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!(
-                    "wasmstate did not start; its log:\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let cause = text
+                    .lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("(no output)");
+                match exited {
+                    Some(status) => panic!(
+                        "wasmstate exited ({status}) before listening: {cause}\n--- its log ---\n{text}"
+                    ),
+                    None => panic!(
+                        "wasmstate did not start listening within 60 s: {cause}\n--- its log ---\n{text}"
+                    ),
+                }
             }
         };
         let url = first
@@ -263,52 +288,6 @@ pub const ETCD_GUEST_WASM: &str = env!("WASMSTATE_EXAMPLE_ETCD");
 /// A guest built for a WIT version the host does not support.
 pub const FUTURE_VERSION_WASM: &str = env!("WASMSTATE_FIXTURE_FUTURE_VERSION");
 
-/// Make sure `binary` is on the PATH, installing Debian's `package` when it
-/// is missing (the machines here are Debian and tests run as root).
-pub fn ensure_installed(binary: &str, package: &str) {
-    ensure_tool(
-        binary,
-        &format!(
-            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {package}"
-        ),
-    );
-}
-
-/// Make sure `binary` is on the PATH, installing the PyPI `package` with
-/// pip when it is missing.
-pub fn ensure_pip_installed(binary: &str, package: &str) {
-    ensure_tool(
-        binary,
-        &format!(
-            "python3 -m pip install -q '{package}' && (command -v pyenv >/dev/null && pyenv rehash || true)"
-        ),
-    );
-}
-
-/// Run the shell command `install` when `binary` is not on the PATH; fail
-/// the test with the reason when that does not produce it. One install at a
-/// time: tests run in parallel.
-fn ensure_tool(binary: &str, install: &str) {
-    use std::sync::Mutex;
-    static INSTALLING: Mutex<()> = Mutex::new(());
-    let _guard = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
-    let present = || {
-        Command::new("sh")
-            .args(["-c", &format!("command -v {binary}")])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if present() {
-        return;
-    }
-    eprintln!("{binary} is missing: running `{install}`");
-    let status = Command::new("sh").args(["-c", install]).status();
-    assert!(
-        matches!(status, Ok(s) if s.success()) && present(),
-        "{binary} is not installed and `{install}` did not install it; install it and run the tests again"
-    );
-}
-
 /// A free TCP port on 127.0.0.1 (for servers that cannot report the port
 /// they bound).
 pub fn free_port() -> u16 {
@@ -334,353 +313,6 @@ pub fn summary(out: &str) -> &str {
         .rev()
         .find(|l| l.contains(" passed, ") && l.ends_with(" failed"))
         .unwrap_or_else(|| panic!("no summary line in:\n{out}"))
-}
-
-/// An `Authorization` header moto accepts for `service` (it routes by the
-/// credential scope and does not verify signatures).
-fn moto_auth(service: &str) -> String {
-    format!(
-        "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/{service}/aws4_request, SignedHeaders=host, Signature=0"
-    )
-}
-
-/// `moto_server`, but serving one request at a time.
-const MOTO_SINGLE_THREADED: &str = r#"
-import os, sys
-from werkzeug.serving import run_simple
-from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
-from moto.moto_server.threaded_moto_server import MotoRequestHandler
-host, port = sys.argv[1], int(sys.argv[2])
-os.environ.setdefault("MOTO_PORT", str(port))
-run_simple(host, port, DomainDispatcherApplication(create_backend_app), threaded=False, request_handler=MotoRequestHandler)
-"#;
-
-/// A throwaway moto server (S3 and DynamoDB) on a loopback port.
-pub struct Moto {
-    child: std::process::Child,
-    /// `http://127.0.0.1:PORT`
-    pub url: String,
-}
-
-impl Moto {
-    /// Start moto and wait until it answers.
-    pub fn start() -> Moto {
-        ensure_pip_installed("moto_server", "moto[server]");
-        let port = free_port();
-        // moto's `If-None-Match: *` is check-then-put without a lock, and
-        // `moto_server` serves requests on threads, so two concurrent
-        // conditional PUTs can both succeed. S3 makes them atomic; serving
-        // one request at a time restores that guarantee.
-        let child = Command::new("python3")
-            .args(["-c", MOTO_SINGLE_THREADED, "127.0.0.1", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moto_server");
-        let moto = Moto {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-        };
-        wait_until("moto to answer", Duration::from_secs(60), || {
-            reqwest::blocking::get(format!("{}/moto-api/", moto.url)).is_ok()
-        });
-        moto
-    }
-
-    /// Create an S3 bucket.
-    pub fn create_bucket(&self, bucket: &str) {
-        let answer = send("PUT", &format!("{}/{bucket}", self.url), None);
-        assert_eq!(answer.status, 200, "create bucket: {}", answer.text());
-    }
-
-    /// Create a DynamoDB table keyed by `LockID`, as Terraform's docs say.
-    pub fn create_lock_table(&self, table: &str) {
-        let body = serde_json::json!({
-            "TableName": table,
-            "KeySchema": [{"AttributeName": "LockID", "KeyType": "HASH"}],
-            "AttributeDefinitions": [{"AttributeName": "LockID", "AttributeType": "S"}],
-            "BillingMode": "PAY_PER_REQUEST"
-        });
-        let answer = send_with(
-            "POST",
-            &format!("{}/", self.url),
-            Some(&serde_json::to_vec(&body).unwrap()),
-            &[
-                ("X-Amz-Target", "DynamoDB_20120810.CreateTable"),
-                ("Content-Type", "application/x-amz-json-1.0"),
-                ("Authorization", &moto_auth("dynamodb")),
-            ],
-        );
-        assert_eq!(answer.status, 200, "create table: {}", answer.text());
-    }
-
-    /// Call a DynamoDB operation (`PutItem`, `GetItem`, …) on moto directly.
-    pub fn dynamodb(&self, operation: &str, body: serde_json::Value) -> serde_json::Value {
-        let answer = send_with(
-            "POST",
-            &format!("{}/", self.url),
-            Some(&serde_json::to_vec(&body).unwrap()),
-            &[
-                ("X-Amz-Target", &format!("DynamoDB_20120810.{operation}")),
-                ("Content-Type", "application/x-amz-json-1.0"),
-                ("Authorization", &moto_auth("dynamodb")),
-            ],
-        );
-        assert_eq!(answer.status, 200, "{operation}: {}", answer.text());
-        answer.json()
-    }
-
-    /// An object's bytes, read straight from moto.
-    pub fn object(&self, bucket: &str, key: &str) -> Option<Vec<u8>> {
-        // Objects are private: moto wants a (syntactically) signed request.
-        let answer = send_with(
-            "GET",
-            &format!("{}/{bucket}/{key}", self.url),
-            None,
-            &[("Authorization", &moto_auth("s3"))],
-        );
-        (answer.status == 200).then_some(answer.body)
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Run `git` with a fixed identity; panics with its output on failure.
-pub fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .current_dir(dir)
-        .args([
-            "-c",
-            "user.name=Plain Git",
-            "-c",
-            "user.email=plain@git",
-            "-c",
-            "init.defaultBranch=main",
-        ])
-        .args(args)
-        .output()
-        .expect("run git (is it installed?)");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "git {args:?} failed:\n{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
-/// A fresh bare repository `<dir>/<name>.git` whose default branch is main.
-pub fn bare_repo(dir: &Path, name: &str) -> PathBuf {
-    let path = dir.join(format!("{name}.git"));
-    git(
-        dir,
-        &[
-            "init",
-            "-q",
-            "--bare",
-            "--initial-branch=main",
-            path.to_str().unwrap(),
-        ],
-    );
-    path
-}
-
-/// `git daemon` serving every repository under a folder, with pushes
-/// enabled, on a free loopback port; killed on drop.
-pub struct GitDaemon {
-    child: Child,
-    base: PathBuf,
-    /// Its port.
-    pub port: u16,
-}
-
-impl GitDaemon {
-    /// Serve `base` on a free port.
-    pub fn start(base: &Path) -> GitDaemon {
-        GitDaemon::start_on(base, free_port())
-    }
-
-    /// Serve `base` on `port` (to bring a stopped remote back).
-    pub fn start_on(base: &Path, port: u16) -> GitDaemon {
-        // Run git-daemon itself: `git daemon` is a wrapper that would
-        // leave the real daemon listening when killed.
-        let exec_path = git(base, &["--exec-path"]);
-        let child = Command::new(Path::new(exec_path.trim()).join("git-daemon"))
-            .args([
-                "--export-all",
-                "--enable=receive-pack",
-                "--reuseaddr",
-                "--listen=127.0.0.1",
-            ])
-            .arg(format!("--port={port}"))
-            .arg(format!("--base-path={}", base.display()))
-            .arg(base)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start git daemon");
-        wait_until(
-            "git daemon to accept connections",
-            Duration::from_secs(30),
-            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
-        );
-        GitDaemon {
-            child,
-            base: base.to_path_buf(),
-            port,
-        }
-    }
-
-    /// `git://127.0.0.1:PORT/<name>.git`
-    pub fn url(&self, name: &str) -> String {
-        format!("git://127.0.0.1:{}/{name}.git", self.port)
-    }
-
-    /// Stop serving (the repositories stay on disk).
-    pub fn stop(mut self) -> (PathBuf, u16) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        wait_until("git daemon to stop", Duration::from_secs(30), || {
-            std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err()
-        });
-        (self.base.clone(), self.port)
-    }
-}
-
-impl Drop for GitDaemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// An OCI registry (Debian's `docker-registry`, distribution v2) on a free
-/// loopback port with its storage in a temporary directory; killed on drop.
-pub struct Registry {
-    child: Child,
-    _dir: tempfile::TempDir,
-    /// `127.0.0.1:PORT`
-    pub address: String,
-}
-
-impl Registry {
-    /// Start one, installing the package when it is missing.
-    pub fn start() -> Registry {
-        ensure_installed("docker-registry", "docker-registry");
-        let dir = tempdir();
-        let port = free_port();
-        let address = format!("127.0.0.1:{port}");
-        let config = dir.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {address}\n",
-                dir.path().join("data").display()
-            ),
-        )
-        .unwrap();
-        let child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start docker-registry");
-        let url = format!("http://{address}/v2/");
-        wait_until("the registry to answer", Duration::from_secs(30), || {
-            reqwest::blocking::get(&url).is_ok_and(|r| r.status().is_success())
-        });
-        Registry {
-            child,
-            _dir: dir,
-            address,
-        }
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// lighttpd serving `git http-backend` (smart HTTP) for the repositories in
-/// `<dir>/repos`, behind HTTP Basic with one user; killed on drop.
-pub struct GitHttp {
-    child: Child,
-    /// Its port.
-    pub port: u16,
-}
-
-impl GitHttp {
-    /// Start it, installing Debian's `lighttpd` when it is missing.
-    pub fn start(dir: &Path, user: &str, password: &str) -> GitHttp {
-        ensure_installed("lighttpd", "lighttpd");
-        let repos = dir.join("repos");
-        std::fs::create_dir_all(&repos).unwrap();
-        std::fs::write(dir.join("users"), format!("{user}:{password}\n")).unwrap();
-        let backend = Path::new(git(dir, &["--exec-path"]).trim()).join("git-http-backend");
-        let port = free_port();
-        let config = dir.join("lighttpd.conf");
-        std::fs::write(
-            &config,
-            format!(
-                r#"server.modules = ("mod_alias", "mod_auth", "mod_authn_file", "mod_cgi", "mod_setenv")
-server.document-root = "{root}"
-server.bind = "127.0.0.1"
-server.port = {port}
-server.errorlog = "{root}/lighttpd.log"
-alias.url = ("/git" => "{backend}")
-$HTTP["url"] =~ "^/git" {{
-  cgi.assign = ("" => "")
-  setenv.add-environment = ("GIT_PROJECT_ROOT" => "{repos}", "GIT_HTTP_EXPORT_ALL" => "")
-}}
-auth.backend = "plain"
-auth.backend.plain.userfile = "{root}/users"
-auth.require = ("/git" => ("method" => "basic", "realm" => "git", "require" => "valid-user"))
-"#,
-                root = dir.display(),
-                repos = repos.display(),
-                backend = backend.display(),
-            ),
-        )
-        .unwrap();
-        let child = Command::new("lighttpd")
-            .arg("-D")
-            .arg("-f")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start lighttpd");
-        wait_until(
-            "lighttpd to accept connections",
-            Duration::from_secs(30),
-            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
-        );
-        GitHttp { child, port }
-    }
-
-    /// `http://127.0.0.1:PORT/git/<name>.git`
-    pub fn url(&self, name: &str) -> String {
-        format!("http://127.0.0.1:{}/git/{name}.git", self.port)
-    }
-}
-
-impl Drop for GitHttp {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// How many runs an end-to-end benchmark makes: `WASMSTATE_BENCH_RUNS`, or
