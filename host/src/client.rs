@@ -84,6 +84,17 @@ impl Client {
         let base = self.state_url(backend, workspace);
         let url = format!("{base}/versions/{id}");
         let old = self.send(self.http.get(&url), &url).await?.bytes().await?;
+        // OpenTofu checks that an encrypted state's clear serial is the one
+        // inside its ciphertext: without the key there is no next serial
+        // to give it.
+        if crate::statefile::read(&old)
+            .is_ok_and(|h| h.kind == crate::statefile::Kind::OpenTofuEncrypted)
+        {
+            anyhow::bail!(
+                "version {id} is an OpenTofu-encrypted state: wasmstate cannot give it a new serial without OpenTofu's key; \
+                 save it (GET {url}) and push it with `tofu state push -force` (the server accepts its older serial only with allow_force_push = true on the backend)"
+            );
+        }
         let mut state: serde_json::Value = serde_json::from_slice(&old)
             .with_context(|| format!("version {id} is not a JSON state"))?;
         let info = restore_lock_info(id);

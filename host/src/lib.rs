@@ -35,5 +35,6 @@ pub mod protocol;
 pub mod reload;
 pub mod runtime;
 pub mod server;
+pub mod statefile;
 pub mod store;
 pub mod tls;

@@ -23,20 +23,6 @@ fn hash(password: &str) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
-/// `wasmstate generate-token`: (token, sha256)
-fn token() -> (String, String) {
-    let (ok, out) = wasmstate(&["generate-token"]);
-    assert!(ok, "{out}");
-    let field = |name: &str| {
-        out.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .unwrap()
-            .trim()
-            .to_string()
-    };
-    (field("token:"), field("sha256:"))
-}
-
 struct Fixture {
     server: Server,
     token: String,
@@ -46,7 +32,7 @@ struct Fixture {
 fn fixture() -> Fixture {
     let dir = tempdir();
     let h = hash(PASSWORD);
-    let (token, sha) = token();
+    let (token, sha) = generate_token();
     let server = Server::with_config(
         dir.path(),
         &format!(

@@ -12,6 +12,7 @@ mod git;
 mod hostile;
 mod marketplace;
 mod metrics;
+mod opentofu;
 mod production;
 mod protocol;
 mod sandbox;

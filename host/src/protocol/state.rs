@@ -12,13 +12,13 @@ use super::error::ApiError;
 use super::{App, Target};
 use crate::auth::Role;
 use crate::backend::{LockInfo, Storage};
+use crate::statefile;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use md5::{Digest, Md5};
-use serde::Deserialize;
 use std::collections::HashMap;
 
 /// Methods served on a state URL (for 405 answers).
@@ -88,18 +88,6 @@ async fn read<S: Storage>(target: Target<'_, S>) -> Result<Response, ApiError> {
     }
 }
 
-/// The only parts of a state the server looks at; the rest is skipped
-/// unparsed. Requiring `version` keeps non-state bodies out of storage.
-#[derive(Deserialize)]
-struct StateHeader {
-    #[allow(dead_code)]
-    version: u64,
-    #[serde(default)]
-    lineage: Option<String>,
-    #[serde(default)]
-    serial: Option<u64>,
-}
-
 async fn write<S: Storage>(
     app: &App<S>,
     target: Target<'_, S>,
@@ -108,11 +96,8 @@ async fn write<S: Storage>(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     verify_md5(headers, &body)?;
-    let incoming = serde_json::from_slice::<StateHeader>(&body).map_err(|e| {
-        ApiError::bad_request(format!(
-            "the body is not a Terraform state (a JSON object with a \"version\"): {e}; nothing was written"
-        ))
-    })?;
+    let incoming = statefile::read(&body)
+        .map_err(|e| ApiError::bad_request(format!("{e}; nothing was written")))?;
     if !app.allow_force_push.contains(target.backend)
         && guard_stale_write(&target, &incoming, &body).await?
     {
@@ -130,15 +115,18 @@ async fn write<S: Storage>(
 /// (other lineage) or older (lower serial) one, as `terraform state push`
 /// does without `-force`. `Ok(true)`: the same serial with the same bytes
 /// is already stored, so there is nothing to write (a retried POST).
-/// States without lineage and serial are not judged.
+///
+/// OpenTofu's encrypted states carry `serial` and `lineage` in the clear
+/// and are judged like plain ones, so moving between plain and encrypted
+/// (OpenTofu's fallback migration: same lineage, next serial) passes. A
+/// body without both (a state that never had them, or an envelope from
+/// OpenTofu 1.7.0-alpha1) is accepted only where the stored state has
+/// neither: it must not replace a state whose history it cannot show.
 async fn guard_stale_write<S: Storage>(
     target: &Target<'_, S>,
-    incoming: &StateHeader,
+    incoming: &statefile::Header,
     body: &[u8],
 ) -> Result<bool, ApiError> {
-    let (Some(lineage), Some(serial)) = (&incoming.lineage, incoming.serial) else {
-        return Ok(false);
-    };
     let Some(stored) = target
         .storage
         .read(target.workspace)
@@ -147,11 +135,9 @@ async fn guard_stale_write<S: Storage>(
     else {
         return Ok(false);
     };
-    let Ok(StateHeader {
-        lineage: Some(stored_lineage),
-        serial: Some(stored_serial),
-        ..
-    }) = serde_json::from_slice::<StateHeader>(&stored)
+    let Some((stored_lineage, stored_serial)) = statefile::read(&stored)
+        .ok()
+        .and_then(|h| h.version().map(|(l, s)| (l.to_string(), s)))
     else {
         return Ok(false);
     };
@@ -164,7 +150,12 @@ async fn guard_stale_write<S: Storage>(
             ),
         ))
     };
-    if *lineage != stored_lineage {
+    let Some((lineage, serial)) = incoming.version() else {
+        return refuse(format!(
+            "the state has no lineage and serial, and the stored state has lineage {stored_lineage:?} and serial {stored_serial}"
+        ));
+    };
+    if lineage != stored_lineage {
         return refuse(format!(
             "the state's lineage {lineage:?} differs from the stored state's {stored_lineage:?}"
         ));

@@ -1,7 +1,7 @@
 //! Test harness: real `wasmstate` server processes on free loopback ports,
 //! and a small HTTP helper. Every server is killed when its handle drops.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 mod peers;
 mod process;
@@ -305,6 +305,20 @@ pub fn wasmstate(args: &[&str]) -> (bool, String) {
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
     )
+}
+
+/// `wasmstate generate-token`: (token, sha256)
+pub fn generate_token() -> (String, String) {
+    let (ok, out) = wasmstate(&["generate-token"]);
+    assert!(ok, "{out}");
+    let field = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    (field("token:"), field("sha256:"))
 }
 
 /// The `N passed, M failed` line of a conformance report in `out`.

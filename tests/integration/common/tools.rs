@@ -339,7 +339,7 @@ fn last_line(out: &Output) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{at_least, first_version};
 
     #[test]
     fn versions_are_read_from_what_tools_print() {
