@@ -60,6 +60,13 @@ pub enum StorageError {
     /// The guest tried to grow past its memory limit and was stopped.
     #[error("guest exceeded its memory limit of {} MiB", .0 / (1024 * 1024))]
     GuestOutOfMemory(u64),
+    /// A server-wide resource the request needs is in use by others (the
+    /// guest memory budget); the same request may succeed shortly.
+    #[error("{0}; try again shortly")]
+    Overloaded(String),
+    /// The backend's directory is at its disk quota; nothing was stored.
+    #[error("{0}; nothing was stored")]
+    NoSpace(String),
     /// The host could not seal or open a state (wrong or missing key).
     #[error("encryption: {0}")]
     Encryption(String),

@@ -60,6 +60,10 @@ const DEFAULT_MEMORY_MIB: u64 = 256;
 const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 const DEFAULT_MAX_INSTANCES: u32 = 64;
 const DEFAULT_HISTORY: u64 = 10;
+/// Disk quota of a guest that is not embedded (installed, or a file).
+const DEFAULT_DISK_QUOTA_MIB: u64 = 1024;
+/// Disk a git clone may use before it is discarded and fetched again.
+const DEFAULT_GIT_CLONE_MAX_MIB: u64 = 1024;
 
 /// Validated server configuration.
 #[derive(Debug, Clone)]
@@ -85,6 +89,11 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     /// Signature policy and catalogue for installed guests.
     pub marketplace: MarketplaceConfig,
+    /// Linear memory all guest instances together may hold; `None`: half
+    /// of the memory the server may use (physical or its cgroup's limit).
+    pub max_guest_memory_bytes: Option<u64>,
+    /// Disk one repository's clone under `<data_dir>/git` may use.
+    pub git_clone_max_bytes: u64,
 }
 
 /// The `[marketplace]` table: which publishers' guests may be installed
@@ -142,6 +151,14 @@ pub struct BackendConfig {
     pub max_instances: Option<u32>,
     /// Keys for encryption at rest; the first seals. Empty: no encryption.
     pub encryption_keys: Vec<EncryptionKey>,
+    /// Linear memory this backend's instances together may hold; `None`:
+    /// three quarters of the server's guest memory budget.
+    pub memory_budget_bytes: Option<u64>,
+    /// Bytes its granted directory may hold; `None`: no quota.
+    pub disk_quota_bytes: Option<u64>,
+    /// Instances of this backend running guest code at once; `None`: all
+    /// the server's cores but one (at least one).
+    pub max_cores: Option<u32>,
 }
 
 /// Where a guest's component comes from.
@@ -212,6 +229,8 @@ struct RawConfig {
     cache_dir: Option<PathBuf>,
     max_body_mib: Option<u64>,
     max_instances: Option<u32>,
+    max_guest_memory_mib: Option<u64>,
+    git_clone_max_mib: Option<u64>,
     #[serde(default)]
     backends: BTreeMap<String, RawBackend>,
     #[serde(default)]
@@ -295,6 +314,9 @@ struct RawBackend {
     #[serde(default)]
     secrets: BTreeMap<String, RawSecret>,
     max_instances: Option<u32>,
+    memory_budget_mib: Option<u64>,
+    disk_quota_mib: Option<u64>,
+    max_cores: Option<u32>,
     #[serde(default)]
     config: toml::Table,
 }
@@ -352,11 +374,16 @@ impl Config {
                 allow_git: Vec::new(),
                 secrets: Vec::new(),
                 max_instances: None,
+                memory_budget_bytes: None,
+                disk_quota_bytes: None,
+                max_cores: None,
             }],
             users: Vec::new(),
             tokens: Vec::new(),
             tls: None,
             marketplace: MarketplaceConfig::default(),
+            max_guest_memory_bytes: None,
+            git_clone_max_bytes: mib(DEFAULT_GIT_CLONE_MAX_MIB),
         }
     }
 
@@ -484,6 +511,17 @@ fn validate(
         1,
         10_000,
     )? as u32;
+    let max_guest_memory_bytes = raw
+        .max_guest_memory_mib
+        .map(|m| in_range(file, "max_guest_memory_mib", m, 16, 1 << 24).map(mib))
+        .transpose()?;
+    let git_clone_max_bytes = mib(in_range(
+        file,
+        "git_clone_max_mib",
+        raw.git_clone_max_mib.unwrap_or(DEFAULT_GIT_CLONE_MAX_MIB),
+        16,
+        1 << 24,
+    )?);
     if raw.backends.is_empty() {
         return Err(ConfigError(format!(
             "{file}: no backends: add a table such as\n\n[backends.default]\nguest = \"local\""
@@ -558,6 +596,8 @@ fn validate(
         })
         .transpose()?;
     Ok(Config {
+        max_guest_memory_bytes,
+        git_clone_max_bytes,
         marketplace: raw.marketplace,
         tls,
         users,
@@ -701,7 +741,25 @@ fn validate_backend(
         .max_instances
         .map(|n| in_range(file, &key("max_instances"), n.into(), 1, 10_000).map(|n| n as u32))
         .transpose()?;
+    let memory_budget_bytes = raw
+        .memory_budget_mib
+        .map(|m| in_range(file, &key("memory_budget_mib"), m, 1, 1 << 24).map(mib))
+        .transpose()?;
+    // Embedded guests are the operator's own choice of code; a stranger's
+    // gets a quota unless the operator sets one.
+    let disk_quota_bytes = match (raw.disk_quota_mib, &guest) {
+        (Some(m), _) => Some(mib(in_range(file, &key("disk_quota_mib"), m, 1, 1 << 30)?)),
+        (None, GuestSource::Embedded(_)) => None,
+        (None, _) => Some(mib(DEFAULT_DISK_QUOTA_MIB)),
+    };
+    let max_cores = raw
+        .max_cores
+        .map(|n| in_range(file, &key("max_cores"), n.into(), 1, 1024).map(|n| n as u32))
+        .transpose()?;
     Ok(BackendConfig {
+        memory_budget_bytes,
+        disk_quota_bytes,
+        max_cores,
         max_instances,
         secrets,
         allow_git,
@@ -956,6 +1014,39 @@ mod tests {
                 .to_string()
                 .contains("64 hex digits")
         );
+    }
+
+    #[test]
+    fn strangers_guests_get_a_disk_quota_by_default_embedded_ones_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let wasm = dir.path().join("g.wasm");
+        std::fs::write(&wasm, b"").unwrap();
+        let config = Config::parse(
+            &format!(
+                "[backends.mine]\nguest = \"local\"\n[backends.theirs]\nguest = {:?}\n[backends.set]\nguest = \"local\"\ndisk_quota_mib = 5\nmemory_budget_mib = 100\nmax_cores = 3\n",
+                wasm.display().to_string()
+            ),
+            &dir.path().join("c.toml"),
+            Overrides::default(),
+        )
+        .unwrap();
+        let quota = |name: &str| {
+            config
+                .backends
+                .iter()
+                .find(|b| b.name == name)
+                .unwrap()
+                .disk_quota_bytes
+        };
+        assert_eq!(quota("mine"), None);
+        assert_eq!(quota("theirs"), Some(1024 << 20));
+        assert_eq!(quota("set"), Some(5 << 20));
+        let set = config.backends.iter().find(|b| b.name == "set").unwrap();
+        assert_eq!(
+            (set.memory_budget_bytes, set.max_cores),
+            (Some(100 << 20), Some(3))
+        );
+        assert_eq!(config.max_guest_memory_bytes, None);
     }
 
     #[test]

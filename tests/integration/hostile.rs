@@ -374,16 +374,6 @@ fn listing(dir: &Path) -> BTreeSet<String> {
         .collect()
 }
 
-/// Resident memory of process `pid`, in KiB (`VmRSS` in /proc).
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status:\n{status}"))
-}
-
 #[test]
 fn crashing_guests_are_contained_and_leave_other_state_untouched() {
     let fx = Hostile::start();
@@ -634,7 +624,7 @@ fn server_memory_stays_bounded_across_repeated_attacks() {
     let after = rss_kib(fx.server.pid());
     // Generous on purpose: the giant error is copied a few times on its way
     // out, freed memory stays in the allocator's per-thread arenas, and each
-    // instance slot of the pool keeps up to 4 MiB resident. What it catches
+    // instance slot of the pool keeps up to 1 MiB resident. What it catches
     // is a leak per request: 26 attacks holding on to their 32-160 MiB
     // instances, a giant error or the log flood's 1 GiB of lines, would be
     // far past it.

@@ -10,6 +10,7 @@ mod conformance;
 mod etcd;
 mod git;
 mod hostile;
+mod isolation;
 mod marketplace;
 mod metrics;
 mod opentofu;

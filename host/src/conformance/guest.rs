@@ -72,6 +72,9 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
         allow_git: allow_git.clone(),
         secrets: Vec::new(),
         max_instances: None,
+        memory_budget_bytes: None,
+        disk_quota_bytes: None,
+        max_cores: None,
     };
     let mut config = Config::default_with(Overrides {
         data_dir: Some(scratch.path().to_path_buf()),

@@ -5,6 +5,10 @@ use crate::backend::{LockInfo, StorageError};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+/// What a 503 for a busy shared resource tells the client to wait: about a
+/// guest deadline, when the requests holding it have finished.
+const OVERLOADED_RETRY_AFTER_SECS: u64 = 2;
+
 /// An HTTP error answer.
 #[derive(Debug)]
 pub enum ApiError {
@@ -15,6 +19,8 @@ pub enum ApiError {
     /// The lock holder's LockInfo as JSON (Terraform parses it to report who
     /// holds the lock, and since 1.15 to decide whether to retry).
     Holder(StatusCode, LockInfo),
+    /// 503 or 429 with `Retry-After` (seconds) and a one-line reason.
+    RetryAfter(StatusCode, u64, String),
 }
 
 impl ApiError {
@@ -46,6 +52,14 @@ impl ApiError {
             }
             InvalidInput(_) => StatusCode::BAD_REQUEST,
             Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Overloaded(_) => {
+                return ApiError::RetryAfter(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    OVERLOADED_RETRY_AFTER_SECS,
+                    format!("backend {backend:?}: {error}"),
+                );
+            }
+            NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
             GuestTimedOut(_) => StatusCode::GATEWAY_TIMEOUT,
             NoHistory => StatusCode::NOT_FOUND,
             InvalidConfig(_) | Internal(_) | GuestTrapped(_) | GuestOutOfMemory(_)
@@ -88,6 +102,21 @@ impl IntoResponse for ApiError {
                 reason + "\n",
             )
                 .into_response(),
+            ApiError::RetryAfter(status, seconds, reason) => {
+                tracing::warn!(status = status.as_u16(), "{reason}");
+                (
+                    status,
+                    [
+                        (header::RETRY_AFTER, seconds.to_string()),
+                        (
+                            header::CONTENT_TYPE,
+                            "text/plain; charset=utf-8".to_string(),
+                        ),
+                    ],
+                    reason.replace(['\r', '\n'], " ") + "\n",
+                )
+                    .into_response()
+            }
             ApiError::Holder(status, holder) => (
                 status,
                 [(header::CONTENT_TYPE, "application/json")],

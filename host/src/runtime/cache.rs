@@ -75,7 +75,7 @@ mod tests {
     use super::*;
 
     fn engine() -> Engine {
-        super::super::engine::build(2, 64 << 20).unwrap()
+        super::super::engine::build(2, 64 << 20, false).unwrap()
     }
 
     fn digest() -> String {

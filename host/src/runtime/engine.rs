@@ -15,11 +15,26 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 const MEMORIES_PER_COMPONENT: u32 = 2;
 const CORE_INSTANCES_PER_COMPONENT: u32 = 8;
 
-/// Memory kept resident per pool slot between instances: covers a guest's
-/// stack, heap and a state of a few MiB. Only slots in use are touched, so
-/// an idle server holds little; the worst case is this times the pool size.
-const KEEP_RESIDENT_BYTES: usize = 4 << 20;
+/// Memory kept resident per pool slot between instances (reset in place
+/// when an instance ends): a small request's heap then needs no page
+/// faults. Only slots in use are touched (no warm slots are kept spare), so
+/// an idle server holds little; the worst case is this times the pool size,
+/// and the guest memory budget sets that aside ([`pool_resident_bytes`]).
+const KEEP_RESIDENT_BYTES: usize = 1 << 20;
 const TABLE_KEEP_RESIDENT_BYTES: usize = 64 << 10;
+/// wasmtime's default stack for a guest call on the async executor; its
+/// touched pages stay resident in the pool too.
+const ASYNC_STACK_BYTES: usize = 2 << 20;
+
+/// The most memory the instance pool keeps resident between requests with
+/// `max_instances` slots: every memory slot's kept part, every table's,
+/// and every stack.
+pub fn pool_resident_bytes(max_instances: u32) -> u64 {
+    let n = u64::from(max_instances);
+    n * u64::from(MEMORIES_PER_COMPONENT) * KEEP_RESIDENT_BYTES as u64
+        + n * u64::from(CORE_INSTANCES_PER_COMPONENT) * TABLE_KEEP_RESIDENT_BYTES as u64
+        + n * ASYNC_STACK_BYTES as u64
+}
 
 /// Build the engine:
 /// - epoch interruption, so a guest in an endless loop is stopped at its
@@ -30,7 +45,21 @@ const TABLE_KEEP_RESIDENT_BYTES: usize = 64 << 10;
 ///   instantiation reuses warm slots instead of mmap-ing afresh;
 /// - nothing the guests do not need: threads, GC and the rest are compiled
 ///   out by the crate features chosen in the workspace manifest.
-pub fn build(max_instances: u32, max_memory_bytes: u64) -> anyhow::Result<Engine> {
+///
+/// Slots are shared by every backend's guests, so a slot must come back
+/// clean. The fast reset (Linux 6.7+ PAGEMAP_SCAN: reset only the pages
+/// the instance dirtied) skips dirty pages the kernel swapped out in
+/// wasmtime 48 (upstream wasmtime PR #14357): the next instance in the
+/// slot, of any backend, could read them. So it is used only where this
+/// process's memory cannot be swapped (`swap_possible` false: no swap area,
+/// or a cgroup that forbids swap); elsewhere every instance's kept memory
+/// is reset with a memset, which has no such gap (and costs about 4x on a
+/// small read, measured).
+pub fn build(
+    max_instances: u32,
+    max_memory_bytes: u64,
+    swap_possible: bool,
+) -> anyhow::Result<Engine> {
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(max_instances)
         .total_core_instances(max_instances * CORE_INSTANCES_PER_COMPONENT)
@@ -39,18 +68,22 @@ pub fn build(max_instances: u32, max_memory_bytes: u64) -> anyhow::Result<Engine
         .total_stacks(max_instances)
         .max_memories_per_component(MEMORIES_PER_COMPONENT)
         .max_memory_size(usize::try_from(max_memory_bytes)?)
-        // A fresh instance per request would otherwise page-fault its memory
-        // in and madvise it away again every time (half of a small GET's
-        // cost, measured). Keep the first pages of each slot resident and
-        // reset only the pages the instance dirtied (Linux 6.7+ PAGEMAP_SCAN;
-        // elsewhere a memset of the resident part).
         .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
         .table_keep_resident(TABLE_KEEP_RESIDENT_BYTES)
-        .pagemap_scan(Enabled::Auto);
+        // Reuse a slot that was used before rather than touching a fresh
+        // one: the slots holding resident memory stay as few as the peak
+        // of concurrent instances.
+        .max_unused_warm_slots(0)
+        .pagemap_scan(if swap_possible {
+            Enabled::No
+        } else {
+            Enabled::Auto
+        });
 
     let mut config = Config::new();
     config
         .epoch_interruption(true)
+        .async_stack_size(ASYNC_STACK_BYTES)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     Ok(Engine::new(&config)?)
 }

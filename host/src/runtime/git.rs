@@ -41,6 +41,7 @@ impl Sandbox {
     ) -> impl Future<Output = Result<T, wit::GitError>> + Send + 'static {
         let access = self.git.clone();
         let backend = self.backend.clone();
+        let deadline = self.deadline;
         async move {
             let Some(access) = access else {
                 tracing::warn!(backend = %backend, %url, "git call refused: the backend has no git grant");
@@ -48,15 +49,19 @@ impl Sandbox {
                     "backend {backend:?} may not use git; the operator must add allow_git = [\"{url}\"] to it"
                 )));
             };
-            run(access, backend, url, call).await
+            run(access, backend, url, deadline, call).await
         }
     }
 }
 
+/// Run `call` on a blocking thread of the guest threads' pool, stopping at
+/// the request's `deadline` (waiting for the repository and talking to the
+/// remote), so host work done for a guest ends when the guest's time does.
 async fn run<T: Send + 'static>(
     access: GitAccess,
     backend: Arc<str>,
     url: String,
+    deadline: std::time::Instant,
     call: impl FnOnce(&RepoHandle<'_>) -> Result<T, GitError> + Send + 'static,
 ) -> Result<T, wit::GitError> {
     tokio::task::spawn_blocking(move || {
@@ -65,7 +70,7 @@ async fn run<T: Send + 'static>(
                     tracing::warn!(backend = %backend, %url, "git call refused: repository not granted");
                 }
             })?;
-            call(&repo)
+            call(&repo.until(deadline))
         })
         .await
         .map_err(|e| wit::GitError::Internal(format!("git task failed: {e}")))?

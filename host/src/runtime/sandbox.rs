@@ -4,7 +4,11 @@
 use super::bindings::wasmstate::backend::{host, types};
 use super::limits::MemoryLimiter;
 use super::outbound::Outbound;
+use super::quota::DirQuota;
+use super::turns::Core;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -28,8 +32,17 @@ pub struct Sandbox {
     pub http: WasiHttpCtx,
     /// Outbound HTTP, filtered by the backend's grants.
     pub outbound: Outbound,
-    /// Memory cap for this instance.
+    /// Memory caps for this instance: its own, its backend's, the server's.
     pub limiter: MemoryLimiter,
+    /// The quota of the backend's directory, if it has one.
+    pub quota: Option<Arc<DirQuota>>,
+    /// Set when the quota refused a growth during this request.
+    pub quota_refused: Arc<AtomicBool>,
+    /// When this request's guest time runs out; host work done for the
+    /// guest (git) stops then too.
+    pub deadline: Instant,
+    /// Its place on the cores (file calls hold its turn).
+    pub core: Core,
     /// Guest stderr, kept to report panic messages.
     pub stderr: MemoryOutputPipe,
     /// Backend name, tagged on every log line.

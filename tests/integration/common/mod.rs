@@ -3,10 +3,12 @@
 
 #![allow(dead_code, unused_imports)]
 
+mod limits;
 mod peers;
 mod process;
 pub mod tools;
 
+pub use limits::{MemoryCgroup, peak_rss_kib, rss_kib};
 pub use peers::{Etcd, FileServer, GitDaemon, GitHttp, Moto, Registry, bare_repo, git};
 
 use std::io::{BufRead, BufReader, Read};
@@ -60,10 +62,39 @@ impl Server {
         Server::spawn(data_dir, Some(config), env)
     }
 
+    /// Serve `config` from inside `cgroup` (its memory limit applies to the
+    /// server, as a container's would).
+    pub fn in_cgroup(data_dir: &Path, config: &str, cgroup: &MemoryCgroup) -> Server {
+        std::fs::create_dir_all(data_dir).unwrap();
+        let path = data_dir.join("wasmstate.toml");
+        std::fs::write(&path, config).unwrap();
+        Server::launch(data_dir, Some(&path), &[], Some(cgroup))
+    }
+
     fn spawn(data_dir: &Path, config: Option<&Path>, env: &[(&str, &str)]) -> Server {
+        Server::launch(data_dir, config, env, None)
+    }
+
+    fn launch(
+        data_dir: &Path,
+        config: Option<&Path>,
+        env: &[(&str, &str)],
+        cgroup: Option<&MemoryCgroup>,
+    ) -> Server {
         std::fs::create_dir_all(data_dir).unwrap();
         let log = data_dir.join(format!("server-{}.log", unique()));
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match cgroup {
+            // The shell joins the cgroup, then becomes the server (same pid).
+            Some(cgroup) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg("echo $$ > \"$0\" && exec \"$@\"")
+                    .arg(cgroup.procs())
+                    .arg(BIN);
+                sh
+            }
+            None => Command::new(BIN),
+        };
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             .arg("--cache-dir")

@@ -21,6 +21,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, Once, PoisonError};
+use std::time::Instant;
 
 use git2::build::TreeUpdateBuilder;
 use git2::{
@@ -41,6 +42,12 @@ const MAX_AUTH_ATTEMPTS: u32 = 3;
 const CONNECT_TIMEOUT_MS: i32 = 10_000;
 /// libgit2 server read/write timeout, so a stalled remote cannot hang a call.
 const IO_TIMEOUT_MS: i32 = 30_000;
+/// Most commits one `file_history` call walks back to report.
+const MAX_HISTORY: u32 = 1000;
+/// What a clone may hold by default before it is discarded and fetched again.
+const DEFAULT_MAX_CLONE_BYTES: u64 = 1 << 30;
+/// Largest file `read_file` hands out by default.
+const DEFAULT_MAX_FILE_BYTES: u64 = 64 << 20;
 
 /// Why a git call failed; mirrors `git-error` in `wit/backend.wit`. Each
 /// message is one line and says what to do.
@@ -103,11 +110,29 @@ pub use wasmstate_types::git::{FileChange, FileVersion, RemoteRef};
 /// The host side of the git capability: owns the clones directory and the
 /// per-repository locks. One per process is enough; it is `Sync`. Its locks only
 /// cover this process, so do not share `clones_dir` between processes.
+///
+/// Work done for a guest is bounded like the guest: a call waits for its
+/// repository's lock and talks to the remote only until the request's
+/// deadline ([`RepoHandle::until`]); a file larger than `max_file_bytes` is
+/// not read into memory; and a clone whose objects grow past
+/// `max_clone_bytes` (commits that were never pushed, deepened history) is
+/// a cache past its bound: it is discarded and fetched again, shallow.
 pub struct GitHost {
     clones_dir: PathBuf,
     identity: (String, String),
+    max_clone_bytes: u64,
+    max_file_bytes: u64,
     /// One lock (holding the opened clone, reused across calls) per normalised URL.
-    repos: Mutex<HashMap<String, Arc<Mutex<Option<Repository>>>>>,
+    repos: Mutex<HashMap<String, Arc<parking_lot::Mutex<Slot>>>>,
+}
+
+/// One repository's clone, opened once and reused across calls.
+#[derive(Default)]
+pub(super) struct Slot {
+    repo: Option<Repository>,
+    /// What the clone holds on disk, measured when it is opened and
+    /// counted up as objects arrive or are written.
+    bytes: Cell<u64>,
 }
 
 /// One granted repository, ready for git calls. Cheap; make one per call.
@@ -115,7 +140,8 @@ pub struct RepoHandle<'a> {
     host: &'a GitHost,
     auth: &'a GitAuth,
     url: String,
-    slot: Arc<Mutex<Option<Repository>>>,
+    slot: Arc<parking_lot::Mutex<Slot>>,
+    deadline: Option<Instant>,
 }
 
 impl GitHost {
@@ -126,8 +152,17 @@ impl GitHost {
         GitHost {
             clones_dir,
             identity: ("wasmstate".into(), "wasmstate@localhost".into()),
+            max_clone_bytes: DEFAULT_MAX_CLONE_BYTES,
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
             repos: Mutex::default(),
         }
+    }
+
+    /// Bound each clone's disk use and the files handed out.
+    pub fn with_limits(mut self, max_clone_bytes: u64, max_file_bytes: u64) -> Self {
+        self.max_clone_bytes = max_clone_bytes;
+        self.max_file_bytes = max_file_bytes;
+        self
     }
 
     /// Use `name <email>` as author and committer of the commits this host creates.
@@ -156,17 +191,25 @@ impl GitHost {
             auth: &grant.auth,
             url,
             slot,
+            deadline: None,
         })
     }
 }
 
 impl RepoHandle<'_> {
+    /// Stop at `deadline`: waiting for the repository's lock, and talking to
+    /// the remote (libgit2 cancels at its next progress callback).
+    pub fn until(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
     /// The remote's refs whose full name starts with `prefix` (all refs for `""`;
     /// `HEAD` and peeled tag entries are left out). One connection, no objects fetched.
     pub fn list_remote_refs(&self, prefix: &str) -> Result<Vec<RemoteRef>, GitError> {
-        let mut slot = lock(&self.slot);
+        let mut slot = self.lock_slot()?;
         let repo = self.open(&mut slot)?;
-        let auth = Auth::new(self.auth);
+        let auth = self.auth();
         let mut remote = repo
             .remote_anonymous(&self.url)
             .or_internal(self, "cannot set up the remote")?;
@@ -193,9 +236,10 @@ impl RepoHandle<'_> {
     /// from the same connection that fetches the objects, so they are consistent.
     pub fn fetch(&self, refs: &[String]) -> Result<Vec<Option<String>>, GitError> {
         refs.iter().try_for_each(|r| check_ref(r))?;
-        let mut slot = lock(&self.slot);
-        let repo = self.open(&mut slot)?;
-        let auth = Auth::new(self.auth);
+        let mut slot = self.lock_slot()?;
+        self.bound_clone(&mut slot)?;
+        let (repo, clone_bytes) = self.open_counted(&mut slot)?;
+        let auth = self.auth();
         let mut remote = repo
             .remote_anonymous(&self.url)
             .or_internal(self, "cannot set up the remote")?;
@@ -248,6 +292,8 @@ impl RepoHandle<'_> {
             conn.remote()
                 .fetch(&specs, Some(&mut opts), None)
                 .or_net(self, &auth)?;
+            let received = conn.remote().stats().received_bytes() as u64;
+            clone_bytes.set(clone_bytes.get() + received);
         }
         Ok(found
             .into_iter()
@@ -266,10 +312,11 @@ impl RepoHandle<'_> {
     ) -> Result<Vec<FileVersion>, GitError> {
         check_path(path)?;
         let start = parse_oid(commit)?;
-        let mut slot = lock(&self.slot);
-        let repo = self.open(&mut slot)?;
+        let limit = limit.min(MAX_HISTORY);
+        let mut slot = self.lock_slot()?;
+        let (repo, clone_bytes) = self.open_counted(&mut slot)?;
         if repo.is_shallow() {
-            self.unshallow(repo)?;
+            self.unshallow(repo, clone_bytes)?;
         }
         self.find_commit(repo, commit)?;
         let blob_at = |c: &git2::Commit<'_>| {
@@ -317,7 +364,7 @@ impl RepoHandle<'_> {
     }
 
     /// Fetch the full history behind the tracking refs of a shallow clone.
-    fn unshallow(&self, repo: &Repository) -> Result<(), GitError> {
+    fn unshallow(&self, repo: &Repository, clone_bytes: &Cell<u64>) -> Result<(), GitError> {
         let specs: Vec<String> = repo
             .references_glob(&format!("{TRACKING_PREFIX}*"))
             .or_internal(self, "cannot list tracking refs")?
@@ -328,7 +375,7 @@ impl RepoHandle<'_> {
                 format!("+{remote}:{tracking}")
             })
             .collect();
-        let auth = Auth::new(self.auth);
+        let auth = self.auth();
         let mut remote = repo
             .remote_anonymous(&self.url)
             .or_internal(self, "cannot set up the remote")?;
@@ -338,16 +385,18 @@ impl RepoHandle<'_> {
             .update_fetchhead(false)
             // libgit2's GIT_FETCH_DEPTH_UNSHALLOW.
             .depth(i32::MAX);
-        remote
+        let fetched = remote
             .fetch(&specs, Some(&mut opts), None)
-            .or_net(self, &auth)
+            .or_net(self, &auth);
+        clone_bytes.set(clone_bytes.get() + remote.stats().received_bytes() as u64);
+        fetched
     }
 
     /// The bytes of the file at `path` in `commit`, or `None` if there is no file there.
     /// [`GitError::NotFound`] if the commit is not in the clone (fetch it first).
     pub fn read_file(&self, commit: &str, path: &str) -> Result<Option<Vec<u8>>, GitError> {
         check_path(path)?;
-        let mut slot = lock(&self.slot);
+        let mut slot = self.lock_slot()?;
         let repo = self.open(&mut slot)?;
         let tree = self.commit_tree(repo, commit)?;
         let entry = match tree.get_path(Path::new(path)) {
@@ -356,6 +405,17 @@ impl RepoHandle<'_> {
             Err(e) if e.code() == ErrorCode::NotFound => return Ok(None),
             Err(e) => return Err(self.internal("cannot read the tree", e)),
         };
+        let (size, _) = repo
+            .odb()
+            .and_then(|odb| odb.read_header(entry.id()))
+            .or_internal(self, "cannot read a blob")?;
+        if size as u64 > self.max_file_bytes() {
+            return Err(GitError::InvalidInput(format!(
+                "{path} is {} MiB in {commit}, more than the {} MiB the host reads for a guest",
+                size >> 20,
+                self.max_file_bytes() >> 20
+            )));
+        }
         let blob = repo
             .find_blob(entry.id())
             .or_internal(self, "cannot read a blob")?;
@@ -369,7 +429,7 @@ impl RepoHandle<'_> {
         if !dir.is_empty() {
             check_path(dir)?;
         }
-        let mut slot = lock(&self.slot);
+        let mut slot = self.lock_slot()?;
         let repo = self.open(&mut slot)?;
         let root = self.commit_tree(repo, commit)?;
         let tree = if dir.is_empty() {
@@ -410,8 +470,8 @@ impl RepoHandle<'_> {
             .iter()
             .map(|c| (c.path.as_str(), c.content.as_deref()))
             .collect();
-        let mut slot = lock(&self.slot);
-        let repo = self.open(&mut slot)?;
+        let mut slot = self.lock_slot()?;
+        let (repo, clone_bytes) = self.open_counted(&mut slot)?;
         let parent = parent.map(|p| self.find_commit(repo, p)).transpose()?;
         let base = match &parent {
             Some(c) => c
@@ -429,6 +489,7 @@ impl RepoHandle<'_> {
             match content {
                 Some(bytes) => {
                     let id = repo.blob(bytes).or_internal(self, "cannot write a blob")?;
+                    clone_bytes.set(clone_bytes.get() + bytes.len() as u64);
                     update.upsert(path, id, FileMode::Blob);
                 }
                 // libgit2 errors on removing an absent entry; the contract says no-op.
@@ -476,7 +537,7 @@ impl RepoHandle<'_> {
         check_ref(name)?;
         let new = parse_oid(new)?;
         let expected = expected.map(parse_oid).transpose()?;
-        let mut slot = lock(&self.slot);
+        let mut slot = self.lock_slot()?;
         let repo = self.open(&mut slot)?;
         self.find_commit(repo, &new.to_string())?;
         if is_local(&self.url) {
@@ -491,7 +552,7 @@ impl RepoHandle<'_> {
     pub fn delete_ref(&self, name: &str, expected: &str) -> Result<(), GitError> {
         check_ref(name)?;
         let expected = parse_oid(expected)?;
-        let mut slot = lock(&self.slot);
+        let mut slot = self.lock_slot()?;
         let repo = self.open(&mut slot)?;
         if is_local(&self.url) {
             self.update_local(repo, name, None, Some(expected))

@@ -563,7 +563,7 @@ fn credential_offers_are_bounded_and_secrets_stay_out_of_messages() {
         password: Some("s3cret".into()),
         ..GitAuth::default()
     };
-    let auth = Auth::new(&with_password);
+    let auth = Auth::new(&with_password, None);
     for _ in 0..MAX_AUTH_ATTEMPTS {
         assert!(
             auth.offer(None, CredentialType::USER_PASS_PLAINTEXT)
@@ -577,7 +577,7 @@ fn credential_offers_are_bounded_and_secrets_stay_out_of_messages() {
     );
     assert!(auth.refused.get());
     let none = GitAuth::default();
-    let auth = Auth::new(&none);
+    let auth = Auth::new(&none, None);
     assert!(
         auth.offer(None, CredentialType::USER_PASS_PLAINTEXT)
             .is_err(),

@@ -14,7 +14,7 @@ impl RepoHandle<'_> {
         expected: Option<Oid>,
     ) -> Result<(), GitError> {
         let deleting = refspec.starts_with(':');
-        let auth = Auth::new(self.auth);
+        let auth = self.auth();
         let mut remote = repo
             .remote_anonymous(&self.url)
             .or_internal(self, "cannot set up the remote")?;
@@ -66,8 +66,7 @@ impl RepoHandle<'_> {
         new: Option<Oid>,
         expected: Option<Oid>,
     ) -> Result<(), GitError> {
-        let remote =
-            Repository::open_bare(local_path(&self.url)).or_net(self, &Auth::new(self.auth))?;
+        let remote = Repository::open_bare(local_path(&self.url)).or_net(self, &self.auth())?;
         let current = match remote.refname_to_id(name) {
             Ok(id) => Some(id),
             Err(e) if e.code() == ErrorCode::NotFound => None,
@@ -147,27 +146,83 @@ impl RepoHandle<'_> {
         }
     }
 
+    /// This repository's slot, waiting for it no longer than the deadline.
+    pub(super) fn lock_slot(&self) -> Result<parking_lot::MutexGuard<'_, Slot>, GitError> {
+        match self.deadline {
+            None => Ok(self.slot.lock()),
+            Some(deadline) => self.slot.try_lock_until(deadline).ok_or_else(|| {
+                GitError::Unavailable(format!(
+                    "the host's clone of {} was busy with other requests until this one's deadline; retry",
+                    redact(&self.url)
+                ))
+            }),
+        }
+    }
+
+    /// Credentials and the deadline for one libgit2 call.
+    pub(super) fn auth(&self) -> Auth<'_> {
+        Auth::new(self.auth, self.deadline)
+    }
+
+    fn clone_dir(&self) -> std::path::PathBuf {
+        self.host.clones_dir.join(clone_dir_name(&self.url))
+    }
+
     /// The clone for this URL, opened once and kept in the slot (reopening costs a config parse).
-    pub(super) fn open<'s>(
+    pub(super) fn open<'s>(&self, slot: &'s mut Slot) -> Result<&'s Repository, GitError> {
+        self.open_counted(slot).map(|(repo, _)| repo)
+    }
+
+    /// [`Self::open`], with the counter of the clone's bytes beside it.
+    pub(super) fn open_counted<'s>(
         &self,
-        slot: &'s mut Option<Repository>,
-    ) -> Result<&'s Repository, GitError> {
-        if slot.is_none() {
-            let dir = self.host.clones_dir.join(clone_dir_name(&self.url));
+        slot: &'s mut Slot,
+    ) -> Result<(&'s Repository, &'s Cell<u64>), GitError> {
+        if slot.repo.is_none() {
+            let dir = self.clone_dir();
             let repo = if dir.join("HEAD").is_file() {
                 Repository::open_bare(&dir)
             } else {
                 Repository::init_bare(&dir)
             };
-            *slot = Some(repo.map_err(|e| {
+            slot.repo = Some(repo.map_err(|e| {
                 GitError::Internal(format!(
                     "cannot open or create the clone at {} ({}); check the clones directory",
                     dir.display(),
                     one_line(e.message())
                 ))
             })?);
+            slot.bytes.set(dir_size(&dir));
         }
-        Ok(slot.as_ref().expect("set above"))
+        Ok((slot.repo.as_ref().expect("set above"), &slot.bytes))
+    }
+
+    /// A clone past its bound is a cache past its bound: throw it away (the
+    /// remote holds everything that was pushed) and start a fresh one.
+    pub(super) fn bound_clone(&self, slot: &mut Slot) -> Result<(), GitError> {
+        if slot.repo.is_none() || slot.bytes.get() <= self.host.max_clone_bytes {
+            return Ok(());
+        }
+        let dir = self.clone_dir();
+        tracing::info!(
+            url = %redact(&self.url),
+            mib = slot.bytes.get() >> 20,
+            max_mib = self.host.max_clone_bytes >> 20,
+            "git clone past its bound (git_clone_max_mib): discarding it; the next fetch starts afresh"
+        );
+        slot.repo = None;
+        slot.bytes.set(0);
+        std::fs::remove_dir_all(&dir).map_err(|e| {
+            GitError::Internal(format!(
+                "cannot remove the oversized clone at {}: {e}",
+                dir.display()
+            ))
+        })
+    }
+
+    /// The largest file the host reads into memory for a guest.
+    pub(super) fn max_file_bytes(&self) -> u64 {
+        self.host.max_file_bytes
     }
 
     pub(super) fn find_commit<'r>(
@@ -214,6 +269,11 @@ impl RepoHandle<'_> {
                 "there is no git repository at {url}; check the path, then retry"
             ));
         }
+        if auth.expired.get() {
+            return GitError::Unavailable(format!(
+                "talking to {url} was stopped at the request's deadline; retry"
+            ));
+        }
         if auth.refused.get() || e.code() == ErrorCode::Auth {
             return GitError::Denied(format!(
                 "{url} refused the credentials ({msg}); check the username/password or ssh key granted for it"
@@ -255,27 +315,56 @@ impl<T> OrGitError<T> for Result<T, git2::Error> {
     }
 }
 
-/// Credential state for one call: bounds libgit2's retry loop and records a refusal.
+/// Credential state for one call: bounds libgit2's retry loop and records a
+/// refusal; stops the call at the request's deadline.
 pub(super) struct Auth<'g> {
     auth: &'g GitAuth,
     attempts: Cell<u32>,
     pub(super) refused: Cell<bool>,
+    deadline: Option<Instant>,
+    pub(super) expired: Cell<bool>,
 }
 
 impl<'g> Auth<'g> {
-    pub(super) fn new(auth: &'g GitAuth) -> Self {
+    pub(super) fn new(auth: &'g GitAuth, deadline: Option<Instant>) -> Self {
         Auth {
             auth,
             attempts: Cell::new(0),
             refused: Cell::new(false),
+            deadline,
+            expired: Cell::new(false),
         }
     }
 
-    /// Callbacks offering our credentials. A fresh set is needed per libgit2 call
-    /// because fetch/push replace the connection's callbacks with their own.
+    /// Whether the call may go on (false once the deadline has passed).
+    fn in_time(&self) -> bool {
+        let in_time = self.deadline.is_none_or(|d| Instant::now() < d);
+        if !in_time {
+            self.expired.set(true);
+        }
+        in_time
+    }
+
+    /// Callbacks offering our credentials and cancelling at the deadline. A
+    /// fresh set is needed per libgit2 call because fetch/push replace the
+    /// connection's callbacks with their own.
     pub(super) fn callbacks(&self) -> RemoteCallbacks<'_> {
         let mut cb = RemoteCallbacks::new();
-        cb.credentials(move |_url, url_user, allowed| self.offer(url_user, allowed));
+        cb.credentials(move |_url, url_user, allowed| {
+            if !self.in_time() {
+                return Err(git2::Error::from_str("the request's deadline passed"));
+            }
+            self.offer(url_user, allowed)
+        });
+        cb.transfer_progress(move |_| self.in_time());
+        cb.sideband_progress(move |_| self.in_time());
+        cb.push_negotiation(move |_| {
+            if self.in_time() {
+                Ok(())
+            } else {
+                Err(git2::Error::from_str("the request's deadline passed"))
+            }
+        });
         cb
     }
 

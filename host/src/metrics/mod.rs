@@ -6,6 +6,10 @@
 //! `method` one of the protocol's methods or `other`, so no request can
 //! create new series at will.
 
+mod resources;
+
+pub use resources::Usage;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -84,6 +88,7 @@ pub struct Metrics {
     lock_held_seconds: Family<BackendLabels, Histogram, fn() -> Histogram>,
     /// Locks granted through this server, for the held gauge and duration.
     held: Mutex<HashMap<(String, String), (String, Instant)>>,
+    resources: resources::Resources,
 }
 
 impl Metrics {
@@ -143,7 +148,9 @@ impl Metrics {
             "How long locks granted here were held",
             lock_held_seconds.clone(),
         );
+        let resources = resources::Resources::new(&mut registry);
         Metrics {
+            resources,
             registry,
             backends: backends.into_iter().collect(),
             requests,
@@ -262,8 +269,42 @@ impl Metrics {
         }
     }
 
+    /// The server-wide guest memory budget, read at every scrape.
+    pub fn set_memory_budget(&self, budget: impl Usage + 'static) {
+        self.resources.set_server(std::sync::Arc::new(budget));
+    }
+
+    /// A backend's memory share, disk quota and cores, read at every
+    /// scrape (a reloaded backend's replace its old ones).
+    pub fn set_backend_limits(
+        &self,
+        backend: &str,
+        memory: impl Usage + 'static,
+        disk: Option<std::sync::Arc<dyn Usage>>,
+        cores: impl Usage + 'static,
+    ) {
+        self.resources.set_backend(
+            self.backend(backend),
+            std::sync::Arc::new(memory),
+            disk,
+            std::sync::Arc::new(cores),
+        );
+    }
+
+    /// A guest's memory growth was refused because a budget (the server's,
+    /// or the backend's share) was in use.
+    pub fn memory_refused(&self, backend: &str, server: bool) {
+        self.resources.memory_refused(self.backend(backend), server);
+    }
+
+    /// A request stopped at its directory's disk quota.
+    pub fn disk_quota_refused(&self, backend: &str) {
+        self.resources.disk_refused(self.backend(backend));
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
+        self.resources.sample();
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out

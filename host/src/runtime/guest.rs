@@ -1,0 +1,500 @@
+//! One backend served by a guest component: every call in a fresh instance
+//! on the guest threads, within the backend's limits, with every way it can
+//! end turned into a [`StorageResult`].
+
+use super::bindings::{self, Backend as GuestWorld, BackendPre as GuestWorldPre};
+use super::limits::{Budget, MemoryLimiter, Refusal};
+use super::quota::DirQuota;
+use super::sandbox::{STDERR_CAPACITY, Sandbox};
+use super::turns::{Core, TurnHook, Turns};
+use super::{GUEST_DATA_DIR, OUTER_GRACE, git, outbound};
+use crate::backend::{Diagnostic, LockInfo, Storage, StorageError, StorageResult};
+use crate::config::Limits;
+use crate::metrics::{Fault, Metrics};
+use crate::policy::OutboundPolicy;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+use tokio::sync::Semaphore;
+use wasmtime::component::ResourceTable;
+use wasmtime::{Engine, Store, Trap, UpdateDeadline};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+use wasmtime_wasi_http::WasiHttpCtx;
+
+/// Most bytes a guest may hand the host in one workspace list: far more
+/// names than any backend has, far less than the memory a flood of huge
+/// lists would cost.
+const MAX_LIST_BYTES: usize = 16 << 20;
+
+/// A future returned by one guest call, borrowing the instance and store.
+pub type GuestCall<'a, T> = Pin<
+    Box<
+        dyn Future<Output = wasmtime::Result<Result<T, bindings::wasmstate::backend::types::Error>>>
+            + Send
+            + 'a,
+    >,
+>;
+
+/// Everything one backend's guest calls share.
+pub(super) struct Shared {
+    pub metrics: Arc<Metrics>,
+    pub name: Arc<str>,
+    pub pre: GuestWorldPre<Sandbox>,
+    pub engine: Engine,
+    pub instances: Arc<Semaphore>,
+    /// This backend's own share of the slots: a flood of requests to one
+    /// backend queues here, leaving slots for the others.
+    pub own_instances: Arc<Semaphore>,
+    pub turns: Turns,
+    pub limits: Limits,
+    pub memory: Budget,
+    pub server_memory: Budget,
+    pub quota: Option<Arc<DirQuota>>,
+    /// Most bytes the host lifts out of the guest in one call.
+    pub max_lift_bytes: usize,
+    pub dir: Option<PathBuf>,
+    pub config: Arc<[(String, String)]>,
+    pub outbound: Arc<OutboundPolicy>,
+    pub git: Option<git::GitAccess>,
+    pub secrets: Arc<[(String, String)]>,
+    pub sha256: String,
+}
+
+/// One backend served by a guest component. Cheap to share; every call runs
+/// in a fresh instance.
+#[derive(Clone)]
+pub struct GuestBackend {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl GuestBackend {
+    /// The backend's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// sha256 of the guest component serving this backend.
+    pub fn sha256(&self) -> &str {
+        &self.shared.sha256
+    }
+
+    /// Its share of the guest memory budget.
+    pub fn memory_budget(&self) -> &Budget {
+        &self.shared.memory
+    }
+
+    /// Its turns on the guest threads.
+    pub fn turns(&self) -> &Turns {
+        &self.shared.turns
+    }
+
+    /// Its directory's disk quota, if it has one.
+    pub fn disk_quota(&self) -> Option<&Arc<DirQuota>> {
+        self.shared.quota.as_ref()
+    }
+
+    /// Run one call in a fresh instance, as a task of its own, lifting at
+    /// most `max_lift` bytes out of it; the answer comes by the deadline
+    /// (plus a grace for a guest stuck in a host call) whatever the guest
+    /// does.
+    async fn run<T: Send + 'static>(
+        &self,
+        max_lift: usize,
+        call: impl for<'a> FnOnce(&'a GuestWorld, &'a mut Store<Sandbox>) -> GuestCall<'a, T>
+        + Send
+        + 'static,
+    ) -> StorageResult<T> {
+        let shared = &self.shared;
+        // Waiting for a free instance slot is not the guest's time.
+        let shutting_down = |_| StorageError::Unavailable("server is shutting down".into());
+        let own = shared
+            .own_instances
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(shutting_down)?;
+        let slot = shared
+            .instances
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(shutting_down)?;
+        let task = tokio::spawn({
+            let shared = shared.clone();
+            async move {
+                let _slots = (own, slot);
+                shared.call(max_lift, call).await
+            }
+        });
+        let abort = task.abort_handle();
+        match tokio::time::timeout(shared.limits.timeout + OUTER_GRACE, task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(e)) => {
+                shared.metrics.fault(&shared.name, Fault::Trap);
+                Err(StorageError::GuestTrapped(format!(
+                    "the host's call into the guest failed: {e}"
+                )))
+            }
+            Err(_elapsed) => {
+                // Stuck in a host call: drop the instance at its next
+                // await; the answer does not wait for it.
+                abort.abort();
+                shared.metrics.fault(&shared.name, Fault::Timeout);
+                Err(StorageError::GuestTimedOut(shared.limits.timeout))
+            }
+        }
+    }
+
+    /// Ask the guest to check its configuration.
+    pub async fn validate_config(&self) -> StorageResult<Vec<Diagnostic>> {
+        let lift = self.shared.max_lift_bytes;
+        self.run(lift, |g, s| {
+            Box::pin(async move {
+                let diagnostics = g.wasmstate_backend_config().call_validate(s).await?;
+                Ok(Ok(diagnostics.into_iter().map(Into::into).collect()))
+            })
+        })
+        .await
+    }
+}
+
+impl Shared {
+    /// Take a turn on the cores, instantiate, call, classify the outcome.
+    async fn call<T>(
+        &self,
+        max_lift: usize,
+        call: impl for<'a> FnOnce(&'a GuestWorld, &'a mut Store<Sandbox>) -> GuestCall<'a, T>,
+    ) -> StorageResult<T> {
+        let deadline = Instant::now() + self.limits.timeout;
+        let mut store = self.new_store(deadline)?;
+        store.set_hostcall_fuel(max_lift);
+        let outcome = async {
+            let started = Instant::now();
+            let guest = self.pre.instantiate_async(&mut store).await?;
+            self.metrics.instantiated(&self.name, started.elapsed());
+            let called = Instant::now();
+            let result = call(&guest, &mut store).await;
+            self.metrics.called(&self.name, called.elapsed());
+            result
+        }
+        .await;
+        let sandbox = store.data();
+        match outcome {
+            Ok(Ok(value)) => Ok(value),
+            // Whatever went wrong once its time was up (a host call cut
+            // short at the deadline, say), the guest ran out of time.
+            Ok(Err(_)) | Err(_)
+                if Instant::now() >= deadline && sandbox.limiter.refused().is_none() =>
+            {
+                self.metrics.fault(&self.name, Fault::Timeout);
+                Err(StorageError::GuestTimedOut(self.limits.timeout))
+            }
+            // The guest's own error, but caused by a cap the host imposed.
+            Ok(Err(_)) if sandbox.quota_refused.load(Ordering::Relaxed) => Err(self.no_space()),
+            Ok(Err(e)) => match sandbox.limiter.refused() {
+                Some(refusal @ (Refusal::Backend | Refusal::Server)) => {
+                    Err(self.over_budget(refusal))
+                }
+                _ => Err(StorageError::from(e)),
+            },
+            Err(error) => Err(self.fault(error, sandbox, max_lift)),
+        }
+    }
+
+    /// A store for one request: fresh WASI context granting only this
+    /// backend's directory, memory limiter, epoch deadline, and a turn on
+    /// the cores while it runs wasm.
+    fn new_store(&self, deadline: Instant) -> StorageResult<Store<Sandbox>> {
+        let core = Core::new(self.turns.clone(), deadline);
+        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+        let mut wasi = WasiCtxBuilder::new();
+        // File operations on a local disk are short; running them inline
+        // (on the guest threads, never the HTTP ones) instead of on a
+        // blocking pool halves a small read's latency.
+        wasi.allow_blocking_current_thread(true)
+            .stderr(stderr.clone());
+        if let Some(dir) = &self.dir {
+            wasi.preopened_dir(dir, GUEST_DATA_DIR, FsPerms::ReadWrite)
+                .map_err(|e| {
+                    StorageError::Unavailable(format!(
+                        "cannot open the backend's directory {}: {e}",
+                        dir.display()
+                    ))
+                })?;
+        }
+        let sandbox = Sandbox {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            http: WasiHttpCtx::new(),
+            outbound: outbound::Outbound {
+                policy: self.outbound.clone(),
+                backend: self.name.clone(),
+            },
+            limiter: MemoryLimiter::new(
+                self.limits.memory_bytes,
+                self.memory.clone(),
+                self.server_memory.clone(),
+            ),
+            quota: self.quota.clone(),
+            quota_refused: Arc::new(AtomicBool::new(false)),
+            stderr,
+            backend: self.name.clone(),
+            config: self.config.clone(),
+            log_lines: 0,
+            git: self.git.clone(),
+            secrets: self.secrets.clone(),
+            deadline,
+            core: core.clone(),
+        };
+        let mut store = Store::new(&self.engine, sandbox);
+        store.limiter(|s| &mut s.limiter);
+        // The guest holds a turn on the cores only while it runs wasm: the
+        // call hook takes it on the way in and gives it back on every call
+        // into the host, and every epoch tick passes it on (so a spinning
+        // guest shares the cores with the rest of its backend, and other
+        // backends always find one) until its wall-clock deadline, when it
+        // is interrupted.
+        store.call_hook_async(TurnHook(core.clone()));
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            Ok(if Instant::now() >= deadline {
+                UpdateDeadline::Interrupt
+            } else {
+                UpdateDeadline::YieldCustom(1, Box::pin(core.pass()))
+            })
+        });
+        Ok(store)
+    }
+
+    fn no_space(&self) -> StorageError {
+        let limit = self.quota.as_ref().map_or(0, |q| q.limit());
+        self.metrics.disk_quota_refused(&self.name);
+        StorageError::NoSpace(format!(
+            "its directory reached its disk quota of {} MiB (disk_quota_mib)",
+            limit >> 20
+        ))
+    }
+
+    fn over_budget(&self, refusal: Refusal) -> StorageError {
+        self.metrics
+            .memory_refused(&self.name, refusal == Refusal::Server);
+        StorageError::Overloaded(match refusal {
+            Refusal::Server => format!(
+                "the server's guest memory budget of {} MiB (max_guest_memory_mib) is in use by other requests",
+                self.server_memory.bytes() >> 20
+            ),
+            _ => format!(
+                "this backend's share of guest memory, {} MiB (memory_budget_mib), is in use by its other requests",
+                self.memory.bytes() >> 20
+            ),
+        })
+    }
+
+    /// Classify a failed call: a cap the host imposed, the deadline, a
+    /// crash with the guest's own panic message when it left one.
+    fn fault(&self, error: wasmtime::Error, sandbox: &Sandbox, max_lift: usize) -> StorageError {
+        match sandbox.limiter.refused() {
+            Some(Refusal::Instance) => {
+                self.metrics.fault(&self.name, Fault::OutOfMemory);
+                return StorageError::GuestOutOfMemory(self.limits.memory_bytes);
+            }
+            Some(refusal) => return self.over_budget(refusal),
+            None => {}
+        }
+        if sandbox.quota_refused.load(Ordering::Relaxed) {
+            return self.no_space();
+        }
+        if matches!(error.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
+            self.metrics.fault(&self.name, Fault::Timeout);
+            return StorageError::GuestTimedOut(self.limits.timeout);
+        }
+        self.metrics.fault(&self.name, Fault::Trap);
+        // wasmtime refuses to lift more than the store's hostcall fuel and
+        // says so only in its message.
+        if error
+            .chain()
+            .any(|e| e.to_string().contains("too much data is being copied"))
+        {
+            return StorageError::Internal(format!(
+                "the guest returned more than the {} MiB the host accepts from one call",
+                max_lift >> 20
+            ));
+        }
+        // The client gets one short line (the panic message, or the trap's
+        // kind); the wasm backtrace goes to the log only.
+        let reason = match (sandbox.last_stderr_line(), error.downcast_ref::<Trap>()) {
+            (Some(line), _) => line,
+            (None, Some(trap)) => trap.to_string(),
+            (None, None) => error
+                .to_string()
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_string(),
+        };
+        tracing::warn!(backend = %self.name, "guest trapped: {error:#}");
+        StorageError::GuestTrapped(reason)
+    }
+}
+
+impl Storage for GuestBackend {
+    async fn read(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
+        let ws = workspace.to_owned();
+        self.run(self.shared.max_lift_bytes, move |g, s| {
+            Box::pin(async move { g.wasmstate_backend_storage().call_read(s, &ws).await })
+        })
+        .await
+    }
+
+    async fn write(
+        &self,
+        workspace: &str,
+        state: Vec<u8>,
+        lock_id: Option<&str>,
+    ) -> StorageResult<()> {
+        let ws = workspace.to_owned();
+        let id = lock_id.map(str::to_owned);
+        self.run(self.shared.max_lift_bytes, move |g, s| {
+            Box::pin(async move {
+                g.wasmstate_backend_storage()
+                    .call_write(s, &ws, &state, id.as_deref())
+                    .await
+            })
+        })
+        .await
+    }
+
+    async fn delete(&self, workspace: &str, lock_id: Option<&str>) -> StorageResult<()> {
+        let ws = workspace.to_owned();
+        let id = lock_id.map(str::to_owned);
+        self.run(self.shared.max_lift_bytes, move |g, s| {
+            Box::pin(async move {
+                g.wasmstate_backend_storage()
+                    .call_delete(s, &ws, id.as_deref())
+                    .await
+            })
+        })
+        .await
+    }
+
+    async fn lock(&self, workspace: &str, info: LockInfo) -> StorageResult<()> {
+        let ws = workspace.to_owned();
+        let info = info.into();
+        self.run(self.shared.max_lift_bytes, move |g, s| {
+            Box::pin(async move { g.wasmstate_backend_storage().call_lock(s, &ws, &info).await })
+        })
+        .await
+    }
+
+    async fn unlock(&self, workspace: &str, id: &str) -> StorageResult<()> {
+        let ws = workspace.to_owned();
+        let id = id.to_owned();
+        self.run(self.shared.max_lift_bytes, move |g, s| {
+            Box::pin(async move { g.wasmstate_backend_storage().call_unlock(s, &ws, &id).await })
+        })
+        .await
+    }
+
+    async fn current_lock(&self, workspace: &str) -> StorageResult<Option<LockInfo>> {
+        let ws = workspace.to_owned();
+        let holder = self
+            .run(self.shared.max_lift_bytes, move |g, s| {
+                Box::pin(async move {
+                    g.wasmstate_backend_storage()
+                        .call_current_lock(s, &ws)
+                        .await
+                })
+            })
+            .await?;
+        Ok(holder.map(Into::into))
+    }
+
+    async fn force_unlock(&self, workspace: &str) -> StorageResult<Option<LockInfo>> {
+        let ws = workspace.to_owned();
+        let holder = self
+            .run(self.shared.max_lift_bytes, move |g, s| {
+                Box::pin(async move {
+                    g.wasmstate_backend_storage()
+                        .call_force_unlock(s, &ws)
+                        .await
+                })
+            })
+            .await?;
+        Ok(holder.map(Into::into))
+    }
+
+    async fn list_workspaces(&self) -> StorageResult<Vec<String>> {
+        self.run(MAX_LIST_BYTES, |g, s| {
+            Box::pin(async move {
+                g.wasmstate_backend_workspaces()
+                    .call_list_workspaces(s)
+                    .await
+            })
+        })
+        .await
+    }
+
+    async fn create_workspace(&self, name: &str) -> StorageResult<bool> {
+        let name = name.to_owned();
+        self.run(self.shared.max_lift_bytes, move |g, s| {
+            Box::pin(async move {
+                g.wasmstate_backend_workspaces()
+                    .call_create_workspace(s, &name)
+                    .await
+            })
+        })
+        .await
+    }
+
+    async fn delete_workspace(&self, name: &str) -> StorageResult<()> {
+        let name = name.to_owned();
+        self.run(self.shared.max_lift_bytes, move |g, s| {
+            Box::pin(async move {
+                g.wasmstate_backend_workspaces()
+                    .call_delete_workspace(s, &name)
+                    .await
+            })
+        })
+        .await
+    }
+
+    async fn list_versions(&self, workspace: &str) -> StorageResult<Vec<crate::backend::Version>> {
+        let ws = workspace.to_owned();
+        let versions = self
+            .run(MAX_LIST_BYTES, move |g, s| {
+                Box::pin(async move {
+                    g.wasmstate_backend_history()
+                        .call_list_versions(s, &ws)
+                        .await
+                })
+            })
+            .await?;
+        let versions = versions.ok_or(StorageError::NoHistory)?;
+        Ok(versions
+            .into_iter()
+            .map(|v| crate::backend::Version {
+                id: v.id,
+                serial: v.serial,
+                created_unix_ms: v.created_unix_ms,
+                bytes: v.bytes,
+            })
+            .collect())
+    }
+
+    async fn read_version(&self, workspace: &str, id: &str) -> StorageResult<Option<Vec<u8>>> {
+        let ws = workspace.to_owned();
+        let id = id.to_owned();
+        self.run(self.shared.max_lift_bytes, move |g, s| {
+            Box::pin(async move {
+                g.wasmstate_backend_history()
+                    .call_read_version(s, &ws, &id)
+                    .await
+            })
+        })
+        .await
+    }
+}

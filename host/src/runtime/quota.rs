@@ -1,0 +1,148 @@
+//! A disk quota per granted directory (`disk_quota_mib`), held within a
+//! request: every way a guest can grow what its directory holds goes
+//! through a ledger shared by all instances of the backend, and a growth
+//! past the quota fails inside the guest with "no space" (ENOSPC, WASI's
+//! `insufficient-space`) before a byte is written.
+//!
+//! The guest's filesystem ([`super::fs`]) charges the ledger before every
+//! growth: `write`, `set-size`, writes through file output streams,
+//! `open-at` (a new file, or a truncation), `create-directory-at`,
+//! `symlink-at`, `link-at`; and credits it when `rename-at`,
+//! `unlink-file-at` or `remove-directory-at` free space. A file counts its
+//! size; each directory entry counts [`ENTRY_BYTES`], so a flood of empty
+//! files or directories is bounded too. Usage is measured by walking the
+//! directory when the backend loads and kept current from then on.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
+
+/// What one directory entry (a file's or directory's name and inode)
+/// counts against the quota, whatever its size.
+pub const ENTRY_BYTES: u64 = 4096;
+
+/// One backend directory's quota and its current use, shared by every
+/// instance of the backend.
+#[derive(Debug)]
+pub struct DirQuota {
+    limit: u64,
+    used: AtomicU64,
+    /// Set when a growth was refused; the runtime reads and clears it to
+    /// answer the request with 507.
+    refusals: AtomicU64,
+}
+
+impl DirQuota {
+    /// A quota of `limit` bytes on `dir`, whose current use is measured now.
+    pub fn measure(dir: &Path, limit: u64) -> std::io::Result<Arc<DirQuota>> {
+        Ok(Arc::new(DirQuota {
+            limit,
+            used: AtomicU64::new(usage(dir)?),
+            refusals: AtomicU64::new(0),
+        }))
+    }
+
+    /// The quota in bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Bytes counted against it now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// Growths refused so far.
+    pub fn refusals(&self) -> u64 {
+        self.refusals.load(Ordering::Relaxed)
+    }
+
+    /// Charge `bytes`, or refuse with no space (and set `refused`).
+    pub fn charge(&self, bytes: u64, refused: &AtomicBool) -> Result<(), ErrorCode> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|n| *n <= self.limit)
+            })
+            .map(drop)
+            .map_err(|_| {
+                self.refusals.fetch_add(1, Ordering::Relaxed);
+                refused.store(true, Ordering::Relaxed);
+                ErrorCode::InsufficientSpace
+            })
+    }
+
+    /// Give back `bytes` (a file shrank or went away).
+    pub fn credit(&self, bytes: u64) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                Some(u.saturating_sub(bytes))
+            });
+    }
+}
+
+impl crate::metrics::Usage for DirQuota {
+    fn used(&self) -> u64 {
+        DirQuota::used(self)
+    }
+    fn limit(&self) -> u64 {
+        DirQuota::limit(self)
+    }
+}
+
+/// What is under `dir`, counted as the quota counts: file sizes plus
+/// [`ENTRY_BYTES`] per entry. Symlinks are not followed.
+pub fn usage(dir: &Path) -> std::io::Result<u64> {
+    let mut total = 0;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let meta = entry.path().symlink_metadata()?;
+        total += ENTRY_BYTES;
+        if meta.is_dir() {
+            total += usage(&entry.path())?;
+        } else if meta.is_file() {
+            total += meta.len();
+        }
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_counts_sizes_and_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("ws")).unwrap();
+        std::fs::write(dir.path().join("ws/terraform.tfstate"), vec![0u8; 10_000]).unwrap();
+        assert_eq!(usage(dir.path()).unwrap(), 2 * ENTRY_BYTES + 10_000);
+        assert_eq!(usage(&dir.path().join("missing")).unwrap(), 0);
+    }
+
+    #[test]
+    fn the_ledger_refuses_past_the_limit_and_takes_credit_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let quota = DirQuota::measure(dir.path(), 100).unwrap();
+        let refused = AtomicBool::new(false);
+        assert!(quota.charge(60, &refused).is_ok());
+        assert_eq!(
+            quota.charge(41, &refused),
+            Err(ErrorCode::InsufficientSpace)
+        );
+        assert!(refused.load(Ordering::Relaxed));
+        assert_eq!((quota.used(), quota.refusals()), (60, 1));
+        quota.credit(30);
+        assert!(quota.charge(70, &refused).is_ok());
+        assert_eq!(quota.used(), 100);
+    }
+}
