@@ -60,6 +60,9 @@ fn single_backend_app<S: Storage>(storage: S) -> axum::Router {
         metrics: metrics(),
         auth: Default::default(),
         allow_force_push: Default::default(),
+        body_timeout: Duration::from_secs(120),
+        origins: Default::default(),
+        draining: Default::default(),
     })
 }
 

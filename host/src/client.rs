@@ -101,7 +101,10 @@ impl Client {
         let lock_body = info.to_json();
         let lock = reqwest::Method::from_bytes(b"LOCK").expect("valid method");
         self.send(
-            self.http.request(lock, &base).body(lock_body.clone()),
+            self.http
+                .request(lock, &base)
+                .header("Content-Type", "application/json")
+                .body(lock_body.clone()),
             &base,
         )
         .await
@@ -138,7 +141,13 @@ impl Client {
         .await;
         let unlock = reqwest::Method::from_bytes(b"UNLOCK").expect("valid method");
         let unlocked = self
-            .send(self.http.request(unlock, &base).body(lock_body), &base)
+            .send(
+                self.http
+                    .request(unlock, &base)
+                    .header("Content-Type", "application/json")
+                    .body(lock_body),
+                &base,
+            )
             .await;
         let serial = written.context("restore failed; the state was not changed")?;
         unlocked

@@ -94,6 +94,42 @@ pub struct Config {
     pub max_guest_memory_bytes: Option<u64>,
     /// Disk one repository's clone under `<data_dir>/git` may use.
     pub git_clone_max_bytes: u64,
+    /// How the server faces the network: names, timeouts, caps.
+    pub network: NetworkConfig,
+}
+
+/// The `[network]` table: what strangers on the network may cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkConfig {
+    /// Host names clients reach the server by, besides its address (and
+    /// `localhost`); requests naming any other host are refused.
+    pub server_names: Vec<String>,
+    /// Time a client has to send a request's header.
+    pub header_read_timeout: Duration,
+    /// Time an idle keep-alive connection stays open.
+    pub keepalive_timeout: Duration,
+    /// Time a client has to send a request's body.
+    pub body_timeout: Duration,
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// Connections open at once from one address.
+    pub max_connections_per_address: usize,
+    /// How long requests under way may take to finish at shutdown.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        NetworkConfig {
+            server_names: Vec::new(),
+            header_read_timeout: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(120),
+            max_connections: 512,
+            max_connections_per_address: 64,
+            shutdown_timeout: Duration::from_secs(25),
+        }
+    }
 }
 
 /// The `[marketplace]` table: which publishers' guests may be installed
@@ -240,6 +276,21 @@ struct RawConfig {
     tls: Option<RawTls>,
     #[serde(default)]
     marketplace: MarketplaceConfig,
+    #[serde(default)]
+    network: RawNetwork,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawNetwork {
+    #[serde(default)]
+    server_names: Vec<String>,
+    header_read_timeout_secs: Option<u64>,
+    keepalive_timeout_secs: Option<u64>,
+    body_timeout_secs: Option<u64>,
+    max_connections: Option<u64>,
+    max_connections_per_address: Option<u64>,
+    shutdown_timeout_secs: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -384,6 +435,7 @@ impl Config {
             marketplace: MarketplaceConfig::default(),
             max_guest_memory_bytes: None,
             git_clone_max_bytes: mib(DEFAULT_GIT_CLONE_MAX_MIB),
+            network: NetworkConfig::default(),
         }
     }
 
@@ -595,7 +647,9 @@ fn validate(
             })
         })
         .transpose()?;
+    let network = validate_network(raw.network, file)?;
     Ok(Config {
+        network,
         max_guest_memory_bytes,
         git_clone_max_bytes,
         marketplace: raw.marketplace,
@@ -608,6 +662,73 @@ fn validate(
         max_body_bytes: mib(max_body) as usize,
         max_instances,
         backends,
+    })
+}
+
+fn validate_network(raw: RawNetwork, file: &str) -> Result<NetworkConfig, ConfigError> {
+    let d = NetworkConfig::default();
+    let secs = |key: &str, value: Option<u64>, default: Duration, max: u64| {
+        in_range(
+            file,
+            &format!("network.{key}"),
+            value.unwrap_or(default.as_secs()),
+            1,
+            max,
+        )
+        .map(Duration::from_secs)
+    };
+    let count = |key: &str, value: Option<u64>, default: usize| {
+        in_range(
+            file,
+            &format!("network.{key}"),
+            value.unwrap_or(default as u64),
+            1,
+            1_000_000,
+        )
+        .map(|n| n as usize)
+    };
+    let mut server_names = Vec::new();
+    for name in raw.server_names {
+        let host = name.trim().to_ascii_lowercase();
+        if host.is_empty() || host.contains(['/', ':', ' ', '@']) {
+            return Err(ConfigError(format!(
+                "{file}: network.server_names: {name:?} is not a host name; write e.g. \"state.example.com\" (no scheme or port)"
+            )));
+        }
+        server_names.push(host);
+    }
+    Ok(NetworkConfig {
+        server_names,
+        header_read_timeout: secs(
+            "header_read_timeout_secs",
+            raw.header_read_timeout_secs,
+            d.header_read_timeout,
+            3600,
+        )?,
+        keepalive_timeout: secs(
+            "keepalive_timeout_secs",
+            raw.keepalive_timeout_secs,
+            d.keepalive_timeout,
+            3600,
+        )?,
+        body_timeout: secs(
+            "body_timeout_secs",
+            raw.body_timeout_secs,
+            d.body_timeout,
+            86_400,
+        )?,
+        max_connections: count("max_connections", raw.max_connections, d.max_connections)?,
+        max_connections_per_address: count(
+            "max_connections_per_address",
+            raw.max_connections_per_address,
+            d.max_connections_per_address,
+        )?,
+        shutdown_timeout: secs(
+            "shutdown_timeout_secs",
+            raw.shutdown_timeout_secs,
+            d.shutdown_timeout,
+            3600,
+        )?,
     })
 }
 

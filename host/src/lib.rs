@@ -15,6 +15,8 @@
 //! - [`metrics`]: what `GET /metrics` reports, fed by both layers.
 //! - [`store`]: encryption at rest and version history, around any storage.
 //! - [`tls`]: HTTPS and client certificates for `serve`.
+//! - [`listen`]: accepting connections, their deadlines and caps, and
+//!   graceful shutdown.
 //! - [`reload`]: swapping backends in on SIGHUP while requests run.
 //! - [`server`], [`cli`], [`client`]: the `wasmstate` command.
 #![warn(missing_docs)]
@@ -27,6 +29,7 @@ pub mod client;
 pub mod config;
 pub mod conformance;
 pub mod guests;
+pub mod listen;
 pub mod marketplace;
 pub mod metrics;
 pub mod names;

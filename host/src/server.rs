@@ -4,8 +4,10 @@
 use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::guests;
+use crate::listen::NetworkLimits;
+use crate::listen::timed_io::Clocks;
 use crate::metrics::Metrics;
-use crate::protocol::{self, App};
+use crate::protocol::{self, App, OriginPolicy};
 use crate::reload::{ConfigSource, Swappable};
 use crate::runtime::{GuestBackend, Runtime};
 use crate::store::Store;
@@ -15,6 +17,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Compile, link and validate every configured backend's guest.
 pub async fn load_backends(
@@ -155,10 +158,18 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
     if let Some(source) = source {
         tokio::spawn(reload_on_sighup(source, runtime.clone(), backends.clone()));
     }
+    let draining = Arc::new(AtomicBool::new(false));
+    let network = &config.network;
+    // On a wildcard address with no names configured, the server cannot
+    // tell which host names are its own (it requires credentials there).
+    let check_host = config.listen.ip().is_loopback()
+        || !config.listen.ip().is_unspecified()
+        || !network.server_names.is_empty();
     let app = protocol::router(App {
         backends,
         max_body_bytes: config.max_body_bytes,
-        metrics,
+        body_timeout: network.body_timeout,
+        metrics: metrics.clone(),
         auth,
         allow_force_push: config
             .backends
@@ -166,20 +177,27 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
             .filter(|b| b.allow_force_push)
             .map(|b| b.name.clone())
             .collect(),
+        origins: OriginPolicy::new(network.server_names.clone(), check_host),
+        draining: draining.clone(),
     });
-    match tls {
-        Some(tls) => {
-            axum::serve(crate::tls::TlsListener::new(listener, tls)?, app)
-                .with_graceful_shutdown(shutdown_signal())
-                .await?
-        }
-        None => {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown_signal())
-                .await?
-        }
-    }
-    drop(runtime);
+    let limits = NetworkLimits {
+        clocks: Clocks {
+            header: network.header_read_timeout,
+            idle: network.keepalive_timeout,
+            write: network.body_timeout,
+        },
+        max_connections: network.max_connections,
+        max_connections_per_address: network.max_connections_per_address,
+        shutdown_timeout: network.shutdown_timeout,
+    };
+    let signal = async {
+        shutdown_signal().await;
+        draining.store(true, Ordering::Release);
+    };
+    crate::listen::serve(listener, tls, app, limits, metrics, signal).await;
+    // Guest calls already under way finish (a write completes or never
+    // started); each ends by its own deadline.
+    runtime.drain().await;
     tracing::info!("stopped");
     Ok(())
 }
@@ -245,5 +263,5 @@ async fn shutdown_signal() {
         () = ctrl_c => {},
         () = term => {},
     }
-    tracing::info!("shutting down: finishing in-flight requests");
+    tracing::info!("shutdown signal: finishing requests under way");
 }

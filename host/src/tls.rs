@@ -2,28 +2,17 @@
 //! client-certificate verification (mTLS, Terraform's
 //! `client_certificate_pem`).
 //!
-//! Handshakes run on their own tasks, so a slow or silent client cannot hold
-//! up everyone else's `accept`; finished connections reach axum through a
-//! channel, which keeps `axum::serve` (and its graceful shutdown) unchanged.
+//! Handshakes run in each connection's own task ([`crate::listen`]), under
+//! the connection caps and a time limit, so a slow or silent client cannot
+//! hold up everyone else's `accept`.
 
 use crate::config::TlsConfig;
 use anyhow::Context;
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
-use tokio_rustls::server::TlsStream;
-
-/// A client that has not finished its handshake by then is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Finished handshakes waiting for axum to pick them up.
-const ACCEPT_BACKLOG: usize = 128;
 
 /// Build the rustls server configuration from PEM files.
 pub fn server_config(tls: &TlsConfig) -> anyhow::Result<Arc<ServerConfig>> {
@@ -71,70 +60,4 @@ fn read_certs(path: &std::path::Path) -> anyhow::Result<Vec<CertificateDer<'stat
         anyhow::bail!("{}: no PEM certificates in the file", path.display());
     }
     Ok(certs)
-}
-
-/// A listener that yields TLS connections whose handshake has completed.
-pub struct TlsListener {
-    local_addr: SocketAddr,
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-}
-
-impl TlsListener {
-    /// Accept on `listener`, handshaking each connection with `config`.
-    pub fn new(listener: TcpListener, config: Arc<ServerConfig>) -> std::io::Result<Self> {
-        let local_addr = listener.local_addr()?;
-        let (sender, ready) = mpsc::channel(ACCEPT_BACKLOG);
-        tokio::spawn(accept_loop(listener, TlsAcceptor::from(config), sender));
-        Ok(TlsListener { local_addr, ready })
-    }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
-) {
-    loop {
-        let (tcp, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                // Out of file descriptors and the like: back off briefly
-                // instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        if ready.is_closed() {
-            return;
-        }
-        let acceptor = acceptor.clone();
-        let ready = ready.clone();
-        tokio::spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => {
-                    let _ = ready.send((stream, peer)).await;
-                }
-                Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake failed"),
-                Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
-            }
-        });
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(connection) => connection,
-            // The accept loop only ends when this receiver is gone.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local_addr)
-    }
 }

@@ -13,6 +13,7 @@ mod hostile;
 mod isolation;
 mod marketplace;
 mod metrics;
+mod network;
 mod opentofu;
 mod production;
 mod protocol;

@@ -89,6 +89,25 @@ pub struct Metrics {
     /// Locks granted through this server, for the held gauge and duration.
     held: Mutex<HashMap<(String, String), (String, Instant)>>,
     resources: resources::Resources,
+    auth_failures: Family<ThrottleLabels, Counter>,
+    connections_open: Gauge,
+    connections_refused: Family<ReasonLabels, Counter>,
+    connection_timeouts: Family<PhaseLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ThrottleLabels {
+    throttled: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: String,
 }
 
 impl Metrics {
@@ -149,7 +168,35 @@ impl Metrics {
             lock_held_seconds.clone(),
         );
         let resources = resources::Resources::new(&mut registry);
+        let auth_failures = Family::default();
+        registry.register(
+            "auth_failures",
+            "Sign-ins refused: wrong credentials (throttled=\"false\") or refused unchecked during a backoff (throttled=\"true\")",
+            auth_failures.clone(),
+        );
+        let connections_open = Gauge::default();
+        registry.register(
+            "connections_open",
+            "Client connections open now",
+            connections_open.clone(),
+        );
+        let connections_refused = Family::default();
+        registry.register(
+            "connections_refused",
+            "Connections refused past max_connections (reason=\"total\") or max_connections_per_address (\"address\")",
+            connections_refused.clone(),
+        );
+        let connection_timeouts = Family::default();
+        registry.register(
+            "connection_timeouts",
+            "Connections closed by a deadline: header, idle or write",
+            connection_timeouts.clone(),
+        );
         Metrics {
+            auth_failures,
+            connections_open,
+            connections_refused,
+            connection_timeouts,
             resources,
             registry,
             backends: backends.into_iter().collect(),
@@ -269,6 +316,16 @@ impl Metrics {
         }
     }
 
+    /// A sign-in was refused; `throttled` when it was refused unchecked
+    /// during a backoff.
+    pub fn auth_failed(&self, throttled: bool) {
+        self.auth_failures
+            .get_or_create(&ThrottleLabels {
+                throttled: throttled.to_string(),
+            })
+            .inc();
+    }
+
     /// The server-wide guest memory budget, read at every scrape.
     pub fn set_memory_budget(&self, budget: impl Usage + 'static) {
         self.resources.set_server(std::sync::Arc::new(budget));
@@ -308,6 +365,32 @@ impl Metrics {
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
+    }
+}
+
+impl crate::listen::ConnectionEvents for Metrics {
+    fn open(&self, opened: bool) {
+        if opened {
+            self.connections_open.inc();
+        } else {
+            self.connections_open.dec();
+        }
+    }
+
+    fn refused(&self, reason: &'static str) {
+        self.connections_refused
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    fn timed_out(&self, phase: &'static str) {
+        self.connection_timeouts
+            .get_or_create(&PhaseLabels {
+                phase: phase.to_string(),
+            })
+            .inc();
     }
 }
 

@@ -7,29 +7,34 @@
 //! - `GET /workspaces/{backend}`, `PUT|DELETE /workspaces/{backend}/{workspace}`
 //! - `GET /healthz`, `GET /metrics` (Prometheus)
 
+mod caller;
 mod error;
+mod origin;
 mod state;
 mod versions;
 mod workspaces;
 
+pub use caller::Caller;
 pub use error::ApiError;
+pub use origin::OriginPolicy;
 pub use workspaces::DEFAULT_WORKSPACE;
 
-use crate::auth::{AuthError, Authenticator, Identity, Role};
+use crate::auth::{Authenticator, Role};
 use crate::backend::{Storage, StorageError};
+use crate::listen::ClientAddr;
 use crate::metrics::Metrics;
 use crate::names::check_name;
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::body::{Body, Bytes};
+use axum::extract::{Extension, Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// What the protocol layer serves: named backends and request limits.
 pub struct App<S> {
@@ -37,12 +42,18 @@ pub struct App<S> {
     pub backends: BTreeMap<String, S>,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
+    /// Time a client has to send a request body.
+    pub body_timeout: Duration,
     /// Where requests and locks are counted.
     pub metrics: Arc<Metrics>,
     /// Who may do what; with no users or tokens, everyone may do anything.
     pub auth: Arc<Authenticator>,
     /// Backends that accept older or unrelated states (`state push -force`).
     pub allow_force_push: BTreeSet<String>,
+    /// Which hosts and origins browsers may reach the server through.
+    pub origins: OriginPolicy,
+    /// Set when the server is shutting down: no change starts any more.
+    pub draining: Arc<AtomicBool>,
 }
 
 /// A validated request target: a known backend and a well-formed workspace.
@@ -63,72 +74,63 @@ impl<S> Target<'_, S> {
 }
 
 impl<S> App<S> {
-    /// Who sent the request: `None` when authentication is off, 401 when
-    /// it is on and the credentials are missing or wrong.
-    pub fn identify(&self, headers: &HeaderMap) -> Result<Option<Identity>, ApiError> {
-        if !self.auth.enabled() {
-            return Ok(None);
-        }
-        let header = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        self.auth.authenticate(header).map(Some).map_err(|e| {
-            ApiError::Unauthorized(match e {
-                AuthError::Missing => "credentials required: HTTP Basic (Terraform's username/password) or a bearer token".into(),
-                AuthError::Invalid => "wrong user name, password or token".into(),
-            })
-        })
-    }
-
-    /// Allow the request only if its credentials may act as `role` on
-    /// `backend` (and `workspace`): 401 without valid credentials, 403 when
-    /// the caller lacks the grant.
-    pub fn authorize(
+    /// Who sent the request (401 when authentication is on and the
+    /// credentials are missing or wrong, 429 while its address or user name
+    /// is throttled). Nothing of the body has been read yet.
+    pub async fn identify(
         &self,
         headers: &HeaderMap,
-        backend: &str,
-        workspace: Option<&str>,
-        role: Role,
-    ) -> Result<(), ApiError> {
-        let Some(identity) = self.identify(headers)? else {
-            return Ok(());
-        };
-        if identity.may(backend, workspace, role) {
-            return Ok(());
-        }
-        let on = match workspace {
-            Some(ws) => format!("{backend}/{ws}"),
-            None => backend.to_string(),
-        };
-        Err(ApiError::Message(
-            StatusCode::FORBIDDEN,
-            format!(
-                "{} may not {} {on} (needs the {role:?} role)",
-                identity.name,
-                role_verb(role)
-            )
-            .to_lowercase(),
-        ))
+        client: Option<Extension<ClientAddr>>,
+    ) -> Result<Caller, ApiError> {
+        let client = client.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.0.ip());
+        Caller::identify(&self.auth, &self.metrics, headers, client).await
     }
-}
 
-fn role_verb(role: Role) -> &'static str {
-    match role {
-        Role::Read => "read",
-        Role::Write => "write to",
-        Role::Admin => "administer",
+    /// Read a request body: at most `max_body_bytes` (413), within
+    /// `body_timeout` (408).
+    pub async fn read_body(&self, body: Body) -> Result<Bytes, ApiError> {
+        use http_body_util::BodyExt;
+        let limited = http_body_util::Limited::new(body, self.max_body_bytes);
+        match tokio::time::timeout(self.body_timeout, limited.collect()).await {
+            Err(_) => Err(ApiError::Message(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the body did not arrive within {} s (body_timeout_secs); nothing was written",
+                    self.body_timeout.as_secs()
+                ),
+            )),
+            Ok(Ok(collected)) => Ok(collected.to_bytes()),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::Message(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the body is larger than this server accepts (raise max_body_mib in its config); nothing was written"
+                    .into(),
+            )),
+            Ok(Err(e)) => Err(ApiError::bad_request(format!(
+                "could not read the request body: {e}"
+            ))),
+        }
+    }
+
+    /// 503 once the server is shutting down: a change either completes or
+    /// never starts.
+    pub fn refuse_while_draining(&self) -> Result<(), ApiError> {
+        if self.draining.load(Ordering::Acquire) {
+            return Err(ApiError::RetryAfter(
+                StatusCode::SERVICE_UNAVAILABLE,
+                1,
+                "the server is shutting down; retry (on another replica, or when it is back)"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 }
 
 impl<S: Storage> App<S> {
     fn storage(&self, backend: &str) -> Result<&S, ApiError> {
-        self.backends.get(backend).ok_or_else(|| {
-            let known: Vec<&str> = self.backends.keys().map(String::as_str).collect();
-            ApiError::not_found(format!(
-                "no backend named {backend:?} (configured: {})",
-                known.join(", ")
-            ))
-        })
+        self.backends
+            .get(backend)
+            .ok_or_else(|| ApiError::not_found(format!("no backend named {backend:?}")))
     }
 
     fn target<'a>(
@@ -148,8 +150,8 @@ impl<S: Storage> App<S> {
 
 /// The HTTP application, ready to serve (tests call it in-process too).
 pub fn router<S: Storage>(app: App<S>) -> Router {
-    let limit = app.max_body_bytes;
     let metrics = app.metrics.clone();
+    let origins = app.origins.clone();
     Router::new()
         .route("/states/{backend}/{workspace}", any(state_route::<S>))
         .route(
@@ -169,61 +171,71 @@ pub fn router<S: Storage>(app: App<S>) -> Router {
                 "no such route; use /states/{backend}/{workspace}, /workspaces/{backend} or /healthz",
             )
         })
-        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(origins, origin::guard))
         .layer(middleware::from_fn_with_state(metrics, log_request))
         .with_state(Arc::new(app))
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn state_route<S: Storage>(
     State(app): State<Arc<App<S>>>,
     Path((backend, workspace)): Path<(String, String)>,
+    client: Option<Extension<ClientAddr>>,
     method: Method,
     query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
+    let caller = app.identify(&headers, client).await?;
     let target = app.target(&backend, &workspace)?;
     let Query(query) =
         query.map_err(|e| ApiError::bad_request(format!("bad query string: {e}")))?;
-    state::handle(&app, target, method, query, headers, body).await
+    state::handle(&app, target, &caller, method, query, headers, body).await
 }
 
 async fn versions_route<S: Storage>(
     State(app): State<Arc<App<S>>>,
     Path((backend, workspace)): Path<(String, String)>,
+    client: Option<Extension<ClientAddr>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let caller = app.identify(&headers, client).await?;
     let target = app.target(&backend, &workspace)?;
-    app.authorize(&headers, &backend, Some(&workspace), Role::Read)?;
+    caller.may(&backend, Some(&workspace), Role::Read)?;
     versions::list(target).await
 }
 
 async fn version_route<S: Storage>(
     State(app): State<Arc<App<S>>>,
     Path((backend, workspace, id)): Path<(String, String, String)>,
+    client: Option<Extension<ClientAddr>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let caller = app.identify(&headers, client).await?;
     let target = app.target(&backend, &workspace)?;
-    app.authorize(&headers, &backend, Some(&workspace), Role::Read)?;
+    caller.may(&backend, Some(&workspace), Role::Read)?;
     versions::read(target, &id).await
 }
 
 async fn list_route<S: Storage>(
     State(app): State<Arc<App<S>>>,
     Path(backend): Path<String>,
+    client: Option<Extension<ClientAddr>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let caller = app.identify(&headers, client).await?;
     let storage = app.storage(&backend)?;
-    app.authorize(&headers, &backend, None, Role::Read)?;
-    workspaces::list(&backend, storage).await
+    caller.may(&backend, None, Role::Read)?;
+    workspaces::list(&backend, storage, &caller).await
 }
 
 /// Any signed-in caller may read the metrics (they name backends, not data).
 async fn metrics_route<S: Storage>(
     State(app): State<Arc<App<S>>>,
+    client: Option<Extension<ClientAddr>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    app.identify(&headers)?;
+    app.identify(&headers, client).await?;
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,
@@ -237,17 +249,21 @@ async fn metrics_route<S: Storage>(
 async fn workspace_route<S: Storage>(
     State(app): State<Arc<App<S>>>,
     Path((backend, workspace)): Path<(String, String)>,
+    client: Option<Extension<ClientAddr>>,
     method: Method,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let caller = app.identify(&headers, client).await?;
     let target = app.target(&backend, &workspace)?;
     match method {
         Method::PUT => {
-            app.authorize(&headers, &backend, Some(&workspace), Role::Write)?;
+            caller.may(&backend, Some(&workspace), Role::Write)?;
+            app.refuse_while_draining()?;
             workspaces::create(target).await
         }
         Method::DELETE => {
-            app.authorize(&headers, &backend, Some(&workspace), Role::Admin)?;
+            caller.may(&backend, Some(&workspace), Role::Admin)?;
+            app.refuse_while_draining()?;
             workspaces::delete(target).await
         }
         _ => Ok((

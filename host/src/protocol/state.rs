@@ -9,12 +9,11 @@
 //! | UNLOCK      | 200     | 409 + holder on ID mismatch; empty body = force   |
 
 use super::error::ApiError;
-use super::{App, Target};
+use super::{App, Caller, Target};
 use crate::auth::Role;
 use crate::backend::{LockInfo, Storage};
 use crate::statefile;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -24,35 +23,49 @@ use std::collections::HashMap;
 /// Methods served on a state URL (for 405 answers).
 pub const ALLOWED: &str = "GET, POST, PUT, DELETE, LOCK, UNLOCK";
 
-/// Dispatch one request on a state URL.
+/// Dispatch one request on a state URL. The caller is known (401 comes
+/// before anything is read); the body is read only when the method takes
+/// one, and only then is the role checked, since an UNLOCK without a body
+/// (force-unlock) needs more than one with.
 pub async fn handle<S: Storage>(
     app: &App<S>,
     target: Target<'_, S>,
+    caller: &Caller,
     method: Method,
     query: HashMap<String, String>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
     // Terraform sends `?ID=<lock id>` on writes while it holds the lock.
     let lock_id = query
         .get("ID")
         .map(String::as_str)
         .filter(|id| !id.is_empty());
+    // A change that arrives once the server is stopping never starts; one
+    // already past this point completes.
+    if method != Method::GET {
+        app.refuse_while_draining()?;
+    }
+    let body = match method.as_str() {
+        "POST" | "PUT" | "LOCK" | "UNLOCK" => {
+            // Writers must at least write before the server reads a body.
+            caller.may(target.backend, Some(target.workspace), Role::Write)?;
+            app.read_body(body).await?
+        }
+        _ => Bytes::new(),
+    };
     // Force-unlock (UNLOCK without a body) and deletes need admin.
-    let force = method.as_str() == "UNLOCK"
-        && body
-            .as_ref()
-            .is_ok_and(|b| b.iter().all(u8::is_ascii_whitespace));
+    let force = method.as_str() == "UNLOCK" && body.iter().all(u8::is_ascii_whitespace);
     let role = match method.as_str() {
         "GET" => Role::Read,
         "DELETE" => Role::Admin,
         "UNLOCK" if force => Role::Admin,
         _ => Role::Write,
     };
-    app.authorize(&headers, target.backend, Some(target.workspace), role)?;
+    caller.may(target.backend, Some(target.workspace), role)?;
     match method.as_str() {
         "GET" => read(target).await,
-        "POST" | "PUT" => write(app, target, lock_id, &headers, body?).await,
+        "POST" | "PUT" => write(app, target, lock_id, &headers, body).await,
         "DELETE" => {
             target
                 .storage
@@ -61,8 +74,8 @@ pub async fn handle<S: Storage>(
                 .map_err(|e| target.error(e))?;
             Ok(StatusCode::OK.into_response())
         }
-        "LOCK" => lock(app, target, body?).await,
-        "UNLOCK" => unlock(app, target, body?).await,
+        "LOCK" => lock(app, target, body).await,
+        "UNLOCK" => unlock(app, target, body).await,
         _ => Ok((
             StatusCode::METHOD_NOT_ALLOWED,
             [(header::ALLOW, ALLOWED)],

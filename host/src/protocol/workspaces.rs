@@ -2,8 +2,9 @@
 //! Terraform's http backend lacks. `default` always exists and cannot be
 //! deleted, as in Terraform.
 
-use super::Target;
 use super::error::ApiError;
+use super::{Caller, Target};
+use crate::auth::Role;
 use crate::backend::Storage;
 use axum::Json;
 use axum::http::StatusCode;
@@ -12,16 +13,23 @@ use axum::response::{IntoResponse, Response};
 /// The workspace every backend has.
 pub const DEFAULT_WORKSPACE: &str = "default";
 
-/// `GET /workspaces/{backend}`: JSON list, `default` first, then sorted.
-pub async fn list<S: Storage>(backend: &str, storage: &S) -> Result<Response, ApiError> {
+/// `GET /workspaces/{backend}`: JSON list, `default` first, then sorted;
+/// only the workspaces the caller may read.
+pub async fn list<S: Storage>(
+    backend: &str,
+    storage: &S,
+    caller: &Caller,
+) -> Result<Response, ApiError> {
     let mut names = storage
         .list_workspaces()
         .await
         .map_err(|e| ApiError::from_storage(backend, e))?;
-    names.retain(|n| n != DEFAULT_WORKSPACE);
+    names.retain(|n| n != DEFAULT_WORKSPACE && caller.allows(backend, Some(n), Role::Read));
     names.sort();
     names.dedup();
-    names.insert(0, DEFAULT_WORKSPACE.to_string());
+    if caller.allows(backend, Some(DEFAULT_WORKSPACE), Role::Read) {
+        names.insert(0, DEFAULT_WORKSPACE.to_string());
+    }
     Ok(Json(names).into_response())
 }
 

@@ -45,6 +45,8 @@ pub(super) struct Shared {
     pub name: Arc<str>,
     pub pre: GuestWorldPre<Sandbox>,
     pub engine: Engine,
+    /// Every guest call's task, so the server can wait for them when it stops.
+    pub tasks: tokio_util::task::TaskTracker,
     pub instances: Arc<Semaphore>,
     /// This backend's own share of the slots: a flood of requests to one
     /// backend queues here, leaving slots for the others.
@@ -123,7 +125,10 @@ impl GuestBackend {
             .acquire_owned()
             .await
             .map_err(shutting_down)?;
-        let task = tokio::spawn({
+        // A task of its own: the deadline below holds whatever the guest
+        // does, and a call whose client went away still completes (a write
+        // is never left half-done).
+        let task = shared.tasks.spawn({
             let shared = shared.clone();
             async move {
                 let _slots = (own, slot);

@@ -69,6 +69,9 @@ pub struct Runtime {
     max_lift_bytes: usize,
     cache_dir: PathBuf,
     git: Arc<crate::capabilities::git::GitHost>,
+    tasks: tokio_util::task::TaskTracker,
+    /// The longest `timeout_ms` of any backend: what draining waits for.
+    longest_call: std::time::Duration,
     _ticker: engine::EpochTicker,
 }
 
@@ -109,6 +112,14 @@ impl Runtime {
             memory,
             max_lift_bytes: config.max_body_bytes + LIFT_MARGIN_BYTES,
             cache_dir: config.cache_dir(),
+            tasks: tokio_util::task::TaskTracker::new(),
+            longest_call: config
+                .backends
+                .iter()
+                .map(|b| b.limits.timeout)
+                .max()
+                .unwrap_or_default()
+                + OUTER_GRACE,
             git: Arc::new(
                 crate::capabilities::git::GitHost::new(config.data_dir.join("git")).with_limits(
                     config.git_clone_max_bytes,
@@ -116,6 +127,19 @@ impl Runtime {
                 ),
             ),
         })
+    }
+
+    /// Wait for the guest calls under way (each ends by its deadline) and
+    /// start no more: for a server that is stopping.
+    pub async fn drain(&self) {
+        self.tasks.close();
+        if !self.tasks.is_empty() {
+            tracing::info!(
+                calls = self.tasks.len(),
+                "waiting for guest calls under way to finish"
+            );
+        }
+        let _ = tokio::time::timeout(self.longest_call, self.tasks.wait()).await;
     }
 
     /// The server-wide guest memory budget.
@@ -168,6 +192,7 @@ impl Runtime {
                 name: Arc::from(name.as_str()),
                 pre: GuestWorldPre::new(pre)?,
                 engine: self.engine.clone(),
+                tasks: self.tasks.clone(),
                 instances: self.instances.clone(),
                 own_instances: Arc::new(Semaphore::new(
                     backend

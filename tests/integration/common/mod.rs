@@ -250,6 +250,13 @@ pub fn send_with(method: &str, url: &str, body: Option<&[u8]>, headers: &[(&str,
         request = request.header(*k, *v);
     }
     if let Some(body) = body {
+        // As Terraform sends every body (the server refuses other types).
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        {
+            request = request.header("Content-Type", "application/json");
+        }
         request = request.body(body.to_vec());
     }
     let response = request

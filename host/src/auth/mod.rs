@@ -8,14 +8,23 @@
 //!
 //! Verifying argon2 takes tens of milliseconds by design, and Terraform sends
 //! many requests per run, so a successful verification is remembered for a
-//! few minutes, keyed by a hash of the credentials.
+//! few minutes, keyed by a hash of the credentials. Verifications run on
+//! the blocking pool, a few at a time, so a flood of wrong passwords never
+//! holds the threads that serve everyone else; failures are throttled per
+//! client address and per user name ([`throttle`]). An unknown user name is
+//! verified against a hash of the same cost, so it is refused in the same
+//! time as a known one.
+
+pub mod throttle;
 
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use subtle::ConstantTimeEq;
+use throttle::Throttle;
 
 /// How long a verified password stays verified.
 const VERIFIED_FOR: Duration = Duration::from_secs(300);
@@ -127,23 +136,48 @@ pub enum AuthError {
     Missing,
     /// Credentials were sent and are wrong.
     Invalid,
+    /// Too many failures from this address or for this user name: try
+    /// again after this long.
+    Throttled(Duration),
 }
 
 /// Checks credentials against the configured users and tokens.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Authenticator {
     users: Vec<User>,
     tokens: Vec<Token>,
     verified: Mutex<HashMap<[u8; 32], Instant>>,
+    throttle: Throttle,
+    /// Password verifications running at once (each takes a core for tens
+    /// of milliseconds).
+    verifying: Arc<tokio::sync::Semaphore>,
+    /// What an unknown user name's password is checked against.
+    decoy_hash: String,
+}
+
+impl Default for Authenticator {
+    fn default() -> Self {
+        Authenticator::new(Vec::new(), Vec::new())
+    }
 }
 
 impl Authenticator {
     /// An authenticator for these users and tokens.
     pub fn new(users: Vec<User>, tokens: Vec<Token>) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // Only needed (and only paid for) when users sign in with passwords.
+        let decoy_hash = if users.is_empty() {
+            String::new()
+        } else {
+            hash_password(&generate_token().0)
+        };
         Authenticator {
             users,
             tokens,
             verified: Mutex::new(HashMap::new()),
+            throttle: Throttle::default(),
+            verifying: Arc::new(tokio::sync::Semaphore::new(cores)),
+            decoy_hash,
         }
     }
 
@@ -153,47 +187,79 @@ impl Authenticator {
         !self.users.is_empty() || !self.tokens.is_empty()
     }
 
-    /// Who sent a request with this `Authorization` header.
-    pub fn authenticate(&self, header: Option<&str>) -> Result<Identity, AuthError> {
+    /// Who sent a request with this `Authorization` header, from `client`.
+    pub async fn authenticate(
+        &self,
+        header: Option<&str>,
+        client: IpAddr,
+    ) -> Result<Identity, AuthError> {
         let header = header.ok_or(AuthError::Missing)?;
         let (scheme, credentials) = header.trim().split_once(' ').ok_or(AuthError::Missing)?;
         match scheme.to_ascii_lowercase().as_str() {
-            "basic" => self.basic(credentials.trim()),
-            "bearer" => self.bearer(credentials.trim()),
+            "basic" => self.basic(credentials.trim(), client).await,
+            "bearer" => {
+                // A valid token is a hash away: never slowed by anyone's
+                // failures. Wrong ones count against their address.
+                let result = self.bearer(credentials.trim());
+                if result.is_err() {
+                    self.throttle
+                        .check(client, None)
+                        .map_err(AuthError::Throttled)?;
+                    self.throttle.failed(client, None);
+                }
+                result
+            }
             _ => Err(AuthError::Missing),
         }
     }
 
-    fn basic(&self, encoded: &str) -> Result<Identity, AuthError> {
+    async fn basic(&self, encoded: &str, client: IpAddr) -> Result<Identity, AuthError> {
         let decoded = base64::engine::general_purpose::STANDARD
             .decode(encoded)
             .map_err(|_| AuthError::Invalid)?;
         let text = String::from_utf8(decoded).map_err(|_| AuthError::Invalid)?;
         let (name, password) = text.split_once(':').ok_or(AuthError::Invalid)?;
-        let user = self
-            .users
-            .iter()
-            .find(|u| u.name == name)
-            .ok_or(AuthError::Invalid)?;
-        let key: [u8; 32] =
-            Sha256::digest(format!("{}\0{name}\0{password}", user.password_hash)).into();
-        let mut verified = self.verified.lock().unwrap_or_else(|e| e.into_inner());
-        let fresh = verified
+        let user = self.users.iter().find(|u| u.name == name);
+        // A sign-in that worked minutes ago is not slowed by anyone.
+        let hash = user.map_or(self.decoy_hash.as_str(), |u| u.password_hash.as_str());
+        let key: [u8; 32] = Sha256::digest(format!("{hash}\0{name}\0{password}")).into();
+        let fresh = self
+            .verified
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
             .get(&key)
             .is_some_and(|at| at.elapsed() < VERIFIED_FOR);
-        if !fresh {
-            drop(verified);
-            if !verify_password(password, &user.password_hash) {
-                return Err(AuthError::Invalid);
-            }
-            verified = self.verified.lock().unwrap_or_else(|e| e.into_inner());
-            verified.retain(|_, at| at.elapsed() < VERIFIED_FOR);
-            verified.insert(key, Instant::now());
+        if let (true, Some(user)) = (fresh, user) {
+            return Ok(identity_of(user));
         }
-        Ok(Identity {
-            name: user.name.clone(),
-            grants: user.grants.clone(),
-        })
+        self.throttle
+            .check(client, Some(name))
+            .map_err(AuthError::Throttled)?;
+        let matches = self.verify(password, hash).await;
+        match user {
+            Some(user) if matches => {
+                self.throttle.succeeded(client, Some(name));
+                let mut verified = self.verified.lock().unwrap_or_else(|e| e.into_inner());
+                verified.retain(|_, at| at.elapsed() < VERIFIED_FOR);
+                verified.insert(key, Instant::now());
+                Ok(identity_of(user))
+            }
+            _ => {
+                self.throttle.failed(client, Some(name));
+                Err(AuthError::Invalid)
+            }
+        }
+    }
+
+    /// Verify on the blocking pool, a few at a time.
+    async fn verify(&self, password: &str, hash: &str) -> bool {
+        let Ok(_turn) = self.verifying.acquire().await else {
+            return false;
+        };
+        let (password, hash) = (password.to_string(), hash.to_string());
+        tokio::task::spawn_blocking(move || verify_password(&password, &hash))
+            .await
+            .unwrap_or(false)
     }
 
     fn bearer(&self, token: &str) -> Result<Identity, AuthError> {
@@ -212,6 +278,13 @@ impl Authenticator {
                 grants: t.grants.clone(),
             })
             .ok_or(AuthError::Invalid)
+    }
+}
+
+fn identity_of(user: &User) -> Identity {
+    Identity {
+        name: user.name.clone(),
+        grants: user.grants.clone(),
     }
 }
 
@@ -282,39 +355,81 @@ mod tests {
         )
     }
 
-    #[test]
-    fn basic_users_and_their_grants() {
+    const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    #[tokio::test]
+    async fn basic_users_and_their_grants() {
         let (auth, _) = auth();
-        let alice = auth.authenticate(Some(&basic("alice", "s3cret"))).unwrap();
+        let alice = auth
+            .authenticate(Some(&basic("alice", "s3cret")), CLIENT)
+            .await
+            .unwrap();
         assert!(alice.may("prod", Some("team-a-net"), Role::Write));
         assert!(!alice.may("prod", Some("team-b"), Role::Write));
         assert!(alice.may("prod", Some("team-b"), Role::Read));
         assert!(!alice.may("prod", Some("team-a-net"), Role::Admin));
         // The second check is served from the verification cache.
         assert_eq!(
-            auth.authenticate(Some(&basic("alice", "s3cret"))).unwrap(),
+            auth.authenticate(Some(&basic("alice", "s3cret")), CLIENT)
+                .await
+                .unwrap(),
             alice
         );
         assert_eq!(
-            auth.authenticate(Some(&basic("alice", "wrong"))),
+            auth.authenticate(Some(&basic("alice", "wrong")), CLIENT)
+                .await,
             Err(AuthError::Invalid)
         );
         assert_eq!(
-            auth.authenticate(Some(&basic("mallory", "s3cret"))),
+            auth.authenticate(Some(&basic("mallory", "s3cret")), CLIENT)
+                .await,
             Err(AuthError::Invalid)
         );
-        assert_eq!(auth.authenticate(None), Err(AuthError::Missing));
-        assert_eq!(auth.authenticate(Some("Digest x")), Err(AuthError::Missing));
+        assert_eq!(
+            auth.authenticate(None, CLIENT).await,
+            Err(AuthError::Missing)
+        );
+        assert_eq!(
+            auth.authenticate(Some("Digest x"), CLIENT).await,
+            Err(AuthError::Missing)
+        );
     }
 
-    #[test]
-    fn bearer_tokens() {
+    #[tokio::test]
+    async fn repeated_failures_are_throttled_but_a_remembered_sign_in_is_not() {
+        let (auth, _) = auth();
+        auth.authenticate(Some(&basic("alice", "s3cret")), CLIENT)
+            .await
+            .unwrap();
+        let attacker = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 7));
+        for _ in 0..=throttle::FREE_FAILURES {
+            let _ = auth
+                .authenticate(Some(&basic("mallory", "guess")), attacker)
+                .await;
+        }
+        assert!(matches!(
+            auth.authenticate(Some(&basic("mallory", "guess")), attacker)
+                .await,
+            Err(AuthError::Throttled(_))
+        ));
+        assert!(
+            auth.authenticate(Some(&basic("alice", "s3cret")), CLIENT)
+                .await
+                .is_ok()
+        );
+    }
+
+    #[tokio::test]
+    async fn bearer_tokens() {
         let (auth, token) = auth();
-        let ci = auth.authenticate(Some(&format!("Bearer {token}"))).unwrap();
+        let ci = auth
+            .authenticate(Some(&format!("Bearer {token}")), CLIENT)
+            .await
+            .unwrap();
         assert!(ci.may("dev", Some("anything"), Role::Admin));
         assert!(!ci.may("prod", None, Role::Read));
         assert_eq!(
-            auth.authenticate(Some("Bearer wst_nope")),
+            auth.authenticate(Some("Bearer wst_nope"), CLIENT).await,
             Err(AuthError::Invalid)
         );
     }

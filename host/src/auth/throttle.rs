@@ -1,0 +1,189 @@
+//! Failed sign-ins, counted per client address and per user name: after a
+//! few failures, further attempts are refused at once (429 with
+//! `Retry-After`) for a backoff that doubles with each failure, without
+//! spending a password verification on them. Successful sign-ins and
+//! tokens are never slowed by someone else's failures: a success clears its
+//! own address and user, and a blocked address is refused before any work.
+//!
+//! Unknown user names are counted like known ones, so the answers tell an
+//! attacker nothing about which names exist. The tables are bounded: past
+//! [`MAX_TRACKED`] entries the stalest are forgotten first.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Failures allowed before the backoff starts.
+pub const FREE_FAILURES: u32 = 5;
+/// The first backoff; each further failure doubles it…
+pub const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+/// …up to this.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// A record with no failure for this long is forgotten.
+const FORGET_AFTER: Duration = Duration::from_secs(900);
+/// Most addresses (and, separately, user names) tracked at once.
+const MAX_TRACKED: usize = 10_000;
+
+#[derive(Debug, Clone, Copy)]
+struct Failures {
+    count: u32,
+    last: Instant,
+    blocked_until: Option<Instant>,
+}
+
+/// One table of failures, by address or by user name.
+#[derive(Debug)]
+struct Table<K> {
+    entries: Mutex<HashMap<K, Failures>>,
+}
+
+impl<K: std::hash::Hash + Eq + Clone> Table<K> {
+    fn new() -> Self {
+        Table {
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, Failures>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How long `key` must wait, if it is blocked now.
+    fn wait(&self, key: &K, now: Instant) -> Option<Duration> {
+        let until = self.lock().get(key)?.blocked_until?;
+        (until > now).then(|| until - now)
+    }
+
+    fn failed(&self, key: K, now: Instant) {
+        let mut entries = self.lock();
+        if entries.len() >= MAX_TRACKED && !entries.contains_key(&key) {
+            entries.retain(|_, f| now.duration_since(f.last) < FORGET_AFTER);
+            if entries.len() >= MAX_TRACKED
+                && let Some(stalest) = entries
+                    .iter()
+                    .min_by_key(|(_, f)| f.last)
+                    .map(|(k, _)| k.clone())
+            {
+                entries.remove(&stalest);
+            }
+        }
+        let entry = entries.entry(key).or_insert(Failures {
+            count: 0,
+            last: now,
+            blocked_until: None,
+        });
+        if now.duration_since(entry.last) >= FORGET_AFTER {
+            entry.count = 0;
+        }
+        entry.count += 1;
+        entry.last = now;
+        if entry.count > FREE_FAILURES {
+            let doublings = (entry.count - FREE_FAILURES - 1).min(16);
+            let backoff = (FIRST_BACKOFF * 2u32.pow(doublings)).min(MAX_BACKOFF);
+            entry.blocked_until = Some(now + backoff);
+        }
+    }
+
+    fn clear(&self, key: &K) {
+        self.lock().remove(key);
+    }
+}
+
+/// Failed sign-ins by client address and by user name.
+#[derive(Debug)]
+pub struct Throttle {
+    addresses: Table<IpAddr>,
+    users: Table<String>,
+}
+
+impl Default for Throttle {
+    fn default() -> Self {
+        Throttle {
+            addresses: Table::new(),
+            users: Table::new(),
+        }
+    }
+}
+
+impl Throttle {
+    /// `Err(wait)` when `address` or `user` is in backoff.
+    pub fn check(&self, address: IpAddr, user: Option<&str>) -> Result<(), Duration> {
+        let now = Instant::now();
+        let by_address = self.addresses.wait(&address, now);
+        let by_user = user.and_then(|u| self.users.wait(&u.to_string(), now));
+        match by_address.max(by_user) {
+            Some(wait) => Err(wait),
+            None => Ok(()),
+        }
+    }
+
+    /// A sign-in from `address` (as `user`) failed.
+    pub fn failed(&self, address: IpAddr, user: Option<&str>) {
+        let now = Instant::now();
+        self.addresses.failed(address, now);
+        if let Some(user) = user {
+            self.users.failed(user.to_string(), now);
+        }
+    }
+
+    /// A sign-in from `address` as `user` succeeded: forget their failures.
+    pub fn succeeded(&self, address: IpAddr, user: Option<&str>) {
+        self.addresses.clear(&address);
+        if let Some(user) = user {
+            self.users.clear(&user.to_string());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1));
+    const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2));
+
+    #[test]
+    fn backoff_starts_after_the_free_failures_and_doubles() {
+        let t = Throttle::default();
+        for _ in 0..FREE_FAILURES {
+            assert!(t.check(A, Some("alice")).is_ok());
+            t.failed(A, Some("alice"));
+        }
+        assert!(t.check(A, None).is_ok());
+        t.failed(A, Some("alice"));
+        let first = t.check(A, None).unwrap_err();
+        assert!(
+            first <= FIRST_BACKOFF && first > FIRST_BACKOFF / 2,
+            "{first:?}"
+        );
+        t.failed(A, Some("alice"));
+        let second = t.check(A, None).unwrap_err();
+        assert!(second > FIRST_BACKOFF, "{second:?}");
+        // The user name is blocked from another address too…
+        assert!(t.check(B, Some("alice")).is_err());
+        // …but that address, and other users, are not.
+        assert!(t.check(B, Some("bob")).is_ok());
+    }
+
+    #[test]
+    fn a_success_clears_its_address_and_user() {
+        let t = Throttle::default();
+        for _ in 0..=FREE_FAILURES {
+            t.failed(A, Some("alice"));
+        }
+        assert!(t.check(A, Some("alice")).is_err());
+        t.succeeded(A, Some("alice"));
+        assert!(t.check(A, Some("alice")).is_ok());
+    }
+
+    #[test]
+    fn the_tables_stay_bounded() {
+        let t = Table::<u32>::new();
+        let now = Instant::now();
+        for key in 0..(MAX_TRACKED as u32 + 100) {
+            t.failed(key, now);
+        }
+        assert!(t.lock().len() <= MAX_TRACKED);
+    }
+}

@@ -1,0 +1,403 @@
+//! Accepting connections and keeping them honest: every deployment that
+//! matters is reachable by strangers, who need no password to cost us.
+//!
+//! - At most `max_connections` open at once, and `max_connections_per_address`
+//!   from one client address; a connection past either is answered 503
+//!   (with `Retry-After`) and closed, and past a small allowance for those
+//!   answers it is closed at once.
+//! - A connection's clocks ([`timed_io`]): a header must arrive within
+//!   `header_read_timeout_secs`, an idle keep-alive connection closes after
+//!   `keepalive_timeout_secs`, a client that stops reading is cut off.
+//! - TLS handshakes run inside each connection's task, under the same caps
+//!   and a 10 s limit.
+//! - Graceful shutdown with a deadline: on the signal the server stops
+//!   accepting, idle connections close at once, requests under way may
+//!   finish until `shutdown_timeout_secs`, and then the rest are dropped.
+//!   (Guest calls already started finish on their own: a write completes or
+//!   never starts; see [`crate::runtime`].)
+
+pub mod timed_io;
+
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use timed_io::{Clocks, InFlight, TimedIo};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+
+/// A TLS client that has not finished its handshake by then is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections past a cap that still get a 503 (the rest are closed at once).
+const REFUSALS_ANSWERED: usize = 64;
+/// How long a refused connection may take to send its request.
+const REFUSAL_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The limits of the listener (`[network]` in the config).
+#[derive(Debug, Clone)]
+pub struct NetworkLimits {
+    /// The connection clocks.
+    pub clocks: Clocks,
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// Connections open at once from one client address.
+    pub max_connections_per_address: usize,
+    /// How long requests under way may take to finish after the signal.
+    pub shutdown_timeout: Duration,
+}
+
+/// The client address of a request, put in its extensions by the listener.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddr(pub SocketAddr);
+
+/// What happened to connections, for metrics and logs.
+pub trait ConnectionEvents: Send + Sync + 'static {
+    /// A connection was opened (`true`) or closed (`false`).
+    fn open(&self, opened: bool);
+    /// A connection was refused: `reason` is `total` or `address`.
+    fn refused(&self, reason: &'static str);
+    /// A connection's deadline closed it: `header`, `idle` or `write`.
+    fn timed_out(&self, phase: &'static str);
+}
+
+/// Open connections, in total and by address.
+struct Counts {
+    total: usize,
+    by_address: HashMap<IpAddr, usize>,
+}
+
+/// One admitted connection; gives its place back when dropped.
+struct Admitted {
+    counts: Arc<Mutex<Counts>>,
+    address: IpAddr,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut counts = lock(&self.counts);
+        counts.total -= 1;
+        if let Some(n) = counts.by_address.get_mut(&self.address) {
+            *n -= 1;
+            if *n == 0 {
+                counts.by_address.remove(&self.address);
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn admit(
+    counts: &Arc<Mutex<Counts>>,
+    limits: &NetworkLimits,
+    address: IpAddr,
+) -> Result<Admitted, &'static str> {
+    let mut c = lock(counts);
+    if c.total >= limits.max_connections {
+        return Err("total");
+    }
+    let mine = c.by_address.entry(address).or_insert(0);
+    if *mine >= limits.max_connections_per_address {
+        return Err("address");
+    }
+    *mine += 1;
+    c.total += 1;
+    Ok(Admitted {
+        counts: counts.clone(),
+        address,
+    })
+}
+
+/// Serve `app` on `listener` until `shutdown` completes, then drain.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    app: Router,
+    limits: NetworkLimits,
+    events: Arc<dyn ConnectionEvents>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let acceptor = tls.map(TlsAcceptor::from);
+    let counts = Arc::new(Mutex::new(Counts {
+        total: 0,
+        by_address: HashMap::new(),
+    }));
+    let refusals = Arc::new(Semaphore::new(REFUSALS_ANSWERED));
+    let graceful = GracefulShutdown::new();
+    let mut tasks = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            accepted = listener.accept() => {
+                let (tcp, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off
+                        // briefly instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                match admit(&counts, &limits, peer.ip()) {
+                    Ok(admitted) => {
+                        let watcher = graceful.watcher();
+                        let (app, acceptor, events, clocks) =
+                            (app.clone(), acceptor.clone(), events.clone(), limits.clocks);
+                        tasks.spawn(async move {
+                            events.open(true);
+                            connection(tcp, peer, app, acceptor, clocks, watcher, &*events).await;
+                            events.open(false);
+                            drop(admitted);
+                        });
+                    }
+                    Err(reason) => {
+                        events.refused(reason);
+                        tracing::info!(%peer, reason, "connection refused: too many open");
+                        if let Ok(permit) = refusals.clone().try_acquire_owned() {
+                            tasks.spawn(async move {
+                                refuse(tcp, reason).await;
+                                drop(permit);
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    drop(listener);
+    tracing::info!(
+        open = graceful.count(),
+        "shutting down: no new connections; requests under way may finish for {} s",
+        limits.shutdown_timeout.as_secs()
+    );
+    if tokio::time::timeout(limits.shutdown_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            left = tasks.len(),
+            "shutdown deadline passed: dropping the connections still open"
+        );
+    }
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+}
+
+/// One connection: TLS if configured, then HTTP/1.1 until it closes.
+async fn connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    app: Router,
+    acceptor: Option<TlsAcceptor>,
+    clocks: Clocks,
+    watcher: hyper_util::server::graceful::Watcher,
+    events: &dyn ConnectionEvents,
+) {
+    let _ = tcp.set_nodelay(true);
+    match acceptor {
+        None => http(tcp, peer, app, clocks, watcher, events).await,
+        Some(acceptor) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
+        {
+            Ok(Ok(tls)) => http(tls, peer, app, clocks, watcher, events).await,
+            Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake failed"),
+            Err(_) => {
+                events.timed_out("header");
+                tracing::info!(%peer, "TLS handshake timed out");
+            }
+        },
+    }
+}
+
+async fn http<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    io: I,
+    peer: SocketAddr,
+    app: Router,
+    clocks: Clocks,
+    watcher: hyper_util::server::graceful::Watcher,
+    events: &dyn ConnectionEvents,
+) {
+    let in_flight: Arc<InFlight> = Arc::default();
+    let timed = TimedIo::new(io, clocks, in_flight.clone());
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        let app = app.clone();
+        let answering = in_flight.start();
+        request.extensions_mut().insert(ClientAddr(peer));
+        async move {
+            let response = app.oneshot(request.map(axum::body::Body::new)).await;
+            drop(answering);
+            response
+        }
+    });
+    // The connection's own I/O object is moved into hyper; its clocks are
+    // read back through this handle when it ends.
+    let (timed, expired) = Expiry::wrap(timed);
+    let conn = hyper::server::conn::http1::Builder::new()
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(timed), service);
+    if let Err(e) = watcher.watch(conn).await {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+    if let Some(phase) = expired.get() {
+        events.timed_out(phase);
+        tracing::info!(%peer, phase, "connection closed: its deadline passed");
+    }
+}
+
+/// Reads which deadline closed a connection after hyper has consumed it.
+struct Expiry<I> {
+    inner: TimedIo<I>,
+    cell: Arc<Mutex<Option<&'static str>>>,
+}
+
+#[derive(Clone)]
+struct ExpiryCell(Arc<Mutex<Option<&'static str>>>);
+
+impl ExpiryCell {
+    fn get(&self) -> Option<&'static str> {
+        *lock(&self.0)
+    }
+}
+
+impl<I> Expiry<I> {
+    fn wrap(inner: TimedIo<I>) -> (Self, ExpiryCell) {
+        let cell = Arc::new(Mutex::new(None));
+        (
+            Expiry {
+                inner,
+                cell: cell.clone(),
+            },
+            ExpiryCell(cell),
+        )
+    }
+
+    fn record(&self) {
+        if let Some(expired) = self.inner.expired() {
+            *lock(&self.cell) = Some(match expired {
+                timed_io::Expired::Header => "header",
+                timed_io::Expired::Idle => "idle",
+                timed_io::Expired::Write => "write",
+            });
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Expiry<I> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        self.record();
+        polled
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Expiry<I> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, data);
+        self.record();
+        polled
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Answer a connection past a cap with 503 and close it.
+async fn refuse(tcp: TcpStream, reason: &'static str) {
+    let message = match reason {
+        "address" => {
+            "too many connections from your address (max_connections_per_address); retry later\n"
+        }
+        _ => "too many connections to this server (max_connections); retry later\n",
+    };
+    let service =
+        hyper::service::service_fn(move |_request: hyper::Request<Incoming>| async move {
+            Ok::<_, std::convert::Infallible>(
+                hyper::Response::builder()
+                    .status(hyper::StatusCode::SERVICE_UNAVAILABLE)
+                    .header(hyper::header::RETRY_AFTER, "1")
+                    .header(hyper::header::CONNECTION, "close")
+                    .header(hyper::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+                    .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                        message.as_bytes(),
+                    )))
+                    .expect("a valid response"),
+            )
+        });
+    let clocks = Clocks {
+        header: REFUSAL_HEADER_TIMEOUT,
+        idle: REFUSAL_HEADER_TIMEOUT,
+        write: REFUSAL_HEADER_TIMEOUT,
+    };
+    let io = TimedIo::new(tcp, clocks, Arc::default());
+    let conn = hyper::server::conn::http1::Builder::new()
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(io), service);
+    let _ = conn.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(total: usize, per_address: usize) -> NetworkLimits {
+        NetworkLimits {
+            clocks: Clocks {
+                header: Duration::from_secs(1),
+                idle: Duration::from_secs(1),
+                write: Duration::from_secs(1),
+            },
+            max_connections: total,
+            max_connections_per_address: per_address,
+            shutdown_timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn caps_count_in_total_and_by_address_and_give_places_back() {
+        let counts = Arc::new(Mutex::new(Counts {
+            total: 0,
+            by_address: HashMap::new(),
+        }));
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let limits = limits(3, 2);
+        let first = admit(&counts, &limits, a).unwrap();
+        let _second = admit(&counts, &limits, a).unwrap();
+        assert_eq!(admit(&counts, &limits, a).err(), Some("address"));
+        let _third = admit(&counts, &limits, b).unwrap();
+        assert_eq!(admit(&counts, &limits, b).err(), Some("total"));
+        drop(first);
+        assert!(admit(&counts, &limits, a).is_ok());
+        assert!(lock(&counts).by_address.len() <= 2);
+    }
+}
