@@ -253,6 +253,15 @@ pub enum GuestAction {
         /// the embedded git guest gets its --config repository=URL).
         #[arg(long = "allow-git", value_name = "URL")]
         allow_git: Vec<String>,
+        /// Ref the guest may update in those repositories, `*` within a
+        /// segment, `**` across (repeatable; the embedded git guest: its
+        /// branch and refs/heads/locks/**).
+        #[arg(long = "git-ref", value_name = "PATTERN")]
+        git_refs: Vec<String>,
+        /// Path its commits may touch (repeatable; the embedded git guest:
+        /// its state and lock files).
+        #[arg(long = "git-path", value_name = "PATTERN")]
+        git_paths: Vec<String>,
         /// Memory cap per call.
         #[arg(long, default_value_t = 256)]
         memory_mib: u64,
@@ -359,6 +368,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     dir,
                     allow_http,
                     allow_git,
+                    git_refs,
+                    git_paths,
                     memory_mib,
                     timeout_ms,
                 },
@@ -379,6 +390,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                     .map(|o| Origin::parse(o).map_err(|e| anyhow::anyhow!("--allow-http {e}")))
                     .collect::<Result<_, _>>()?,
                 allow_git,
+                git_refs,
+                git_paths,
                 limits: Limits {
                     memory_bytes: memory_mib << 20,
                     timeout: std::time::Duration::from_millis(timeout_ms),

@@ -137,14 +137,41 @@ impl Default for NetworkConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MarketplaceConfig {
-    /// Publisher public keys (minisign base64, or paths to `.pub` files).
+    /// Publisher public keys (minisign base64, or paths to `.pub` files),
+    /// each for any guest or for the guests it names.
     #[serde(default)]
-    pub trusted_keys: Vec<String>,
+    pub trusted_keys: Vec<TrustedKey>,
     /// Install and run guests without a trusted signature.
     #[serde(default)]
     pub allow_unsigned: bool,
     /// Guest catalogue (path or URL) for `guest search` and `guest install NAME`.
     pub index: Option<String>,
+}
+
+/// One `trusted_keys` entry: `"KEY"` trusts the key for any guest,
+/// `{ key = "KEY", guests = ["etcd", "acme-*"] }` only for those names.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum TrustedKey {
+    /// Trusted to sign any guest.
+    Any(String),
+    /// Trusted to sign the guests named (a `*` suffix: any name so prefixed).
+    Scoped {
+        /// The key.
+        key: String,
+        /// The guest names.
+        guests: Vec<String>,
+    },
+}
+
+impl TrustedKey {
+    /// The key, and the names it may sign (`None`: any).
+    pub fn parts(&self) -> (&str, Option<&[String]>) {
+        match self {
+            TrustedKey::Any(key) => (key, None),
+            TrustedKey::Scoped { key, guests } => (key, Some(guests)),
+        }
+    }
 }
 
 /// The `[tls]` table: certificate files for HTTPS.
@@ -173,6 +200,8 @@ pub struct BackendConfig {
     pub guest_config: Vec<(String, String)>,
     /// Origins the guest may send HTTP requests to.
     pub allow_http: Vec<Origin>,
+    /// Internal addresses and ranges those origins may resolve to.
+    pub allow_http_addresses: Vec<ipnet::IpNet>,
     /// Accept states older than, or unrelated to, the stored one.
     pub allow_force_push: bool,
     /// Versions the host keeps per workspace (0: none).
@@ -187,6 +216,10 @@ pub struct BackendConfig {
     pub max_instances: Option<u32>,
     /// Keys for encryption at rest; the first seals. Empty: no encryption.
     pub encryption_keys: Vec<EncryptionKey>,
+    /// With encryption on, still accept states stored before it (plain, or
+    /// sealed by wasmstate before 2026-11 without the backend and workspace
+    /// bound in): a one-time migration mode, off by default.
+    pub encryption_accept_plain: bool,
     /// Linear memory this backend's instances together may hold; `None`:
     /// three quarters of the server's guest memory budget.
     pub memory_budget_bytes: Option<u64>,
@@ -320,6 +353,8 @@ struct RawGitAuth {
 #[serde(deny_unknown_fields)]
 struct RawEncryption {
     keys: Vec<RawKey>,
+    #[serde(default)]
+    accept_plain: bool,
 }
 
 #[derive(Deserialize)]
@@ -356,11 +391,15 @@ struct RawBackend {
     #[serde(default)]
     allow_http: Vec<String>,
     #[serde(default)]
+    allow_http_addresses: Vec<String>,
+    #[serde(default)]
     allow_force_push: bool,
     history: Option<u64>,
     encryption: Option<RawEncryption>,
     #[serde(default)]
     allow_git: Vec<String>,
+    git_refs: Option<Vec<String>>,
+    git_paths: Option<Vec<String>>,
     git_auth: Option<RawGitAuth>,
     #[serde(default)]
     secrets: BTreeMap<String, RawSecret>,
@@ -419,9 +458,11 @@ impl Config {
                 limits: Limits::default(),
                 guest_config: Vec::new(),
                 allow_http: Vec::new(),
+                allow_http_addresses: Vec::new(),
                 allow_force_push: false,
                 history: DEFAULT_HISTORY as usize,
                 encryption_keys: Vec::new(),
+                encryption_accept_plain: false,
                 allow_git: Vec::new(),
                 secrets: Vec::new(),
                 max_instances: None,
@@ -648,7 +689,7 @@ fn validate(
         })
         .transpose()?;
     let network = validate_network(raw.network, file)?;
-    Ok(Config {
+    let config = Config {
         network,
         max_guest_memory_bytes,
         git_clone_max_bytes,
@@ -662,7 +703,81 @@ fn validate(
         max_body_bytes: mib(max_body) as usize,
         max_instances,
         backends,
-    })
+    };
+    check_granted_dirs(&config, file)?;
+    Ok(config)
+}
+
+/// `path` with symlinks resolved as far as it exists, and `..` removed, so
+/// two spellings of one place compare equal.
+fn resolved(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut existing = absolute.as_path();
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(real) = existing.canonicalize() {
+            let mut out = real;
+            for part in rest.iter().rev() {
+                match part {
+                    std::path::Component::ParentDir => {
+                        out.pop();
+                    }
+                    std::path::Component::CurDir => {}
+                    other => out.push(other),
+                }
+            }
+            return out;
+        }
+        match (existing.parent(), existing.components().next_back()) {
+            (Some(parent), Some(last)) => {
+                rest.push(last);
+                existing = parent;
+            }
+            _ => return absolute,
+        }
+    }
+}
+
+/// A guest's directory must not overlap what the host keeps for itself
+/// (compiled machine code, the cache key, installed guests, git clones,
+/// version history) nor another backend's directory: a guest able to
+/// write there could change what the host runs or what others store.
+fn check_granted_dirs(config: &Config, file: &str) -> Result<(), ConfigError> {
+    let data = resolved(&config.data_dir);
+    let own = [
+        (resolved(&config.cache_dir()), "the compiled-guest cache"),
+        (data.join("git"), "the git clones"),
+        (data.join("guests"), "the installed guests"),
+        (data.join("history"), "the version history"),
+    ];
+    let dirs: Vec<(&str, PathBuf)> = config
+        .backends
+        .iter()
+        .filter_map(|b| {
+            config
+                .granted_dir(b)
+                .map(|d| (b.name.as_str(), resolved(&d)))
+        })
+        .collect();
+    let overlap = |a: &Path, b: &Path| a.starts_with(b) || b.starts_with(a);
+    for (i, (name, dir)) in dirs.iter().enumerate() {
+        let refuse = |what: &str| {
+            Err(ConfigError(format!(
+                "{file}: backends.{name}.dir = {}: overlaps {what}; give each backend a directory of its own, outside the host's",
+                dir.display()
+            )))
+        };
+        if data.starts_with(dir) {
+            return refuse(&format!("the data directory {}", data.display()));
+        }
+        if let Some((_, what)) = own.iter().find(|(host, _)| overlap(dir, host)) {
+            return refuse(what);
+        }
+        if let Some((other, _)) = dirs[i + 1..].iter().find(|(_, d)| overlap(dir, d)) {
+            return refuse(&format!("backend {other:?}'s directory"));
+        }
+    }
+    Ok(())
 }
 
 fn validate_network(raw: RawNetwork, file: &str) -> Result<NetworkConfig, ConfigError> {
@@ -808,6 +923,14 @@ fn validate_backend(
     if allow_http.is_empty() {
         allow_http = default_http;
     }
+    let allow_http_addresses = raw
+        .allow_http_addresses
+        .iter()
+        .map(|a| {
+            crate::policy::parse_address_grant(a)
+                .map_err(|e| ConfigError(format!("{file}: {}: {e}", key("allow_http_addresses"))))
+        })
+        .collect::<Result<_, _>>()?;
     let history = in_range(
         file,
         &key("history"),
@@ -815,6 +938,7 @@ fn validate_backend(
         0,
         10_000,
     )? as usize;
+    let encryption_accept_plain = raw.encryption.as_ref().is_some_and(|e| e.accept_plain);
     let encryption_keys = match raw.encryption {
         None => Vec::new(),
         Some(enc) => encryption_keys(enc, base, &key("encryption.keys"), file)?,
@@ -835,7 +959,19 @@ fn validate_backend(
     };
     let mut git_urls = raw.allow_git;
     if git_urls.is_empty() {
-        git_urls = default_git;
+        git_urls = default_git.urls;
+    }
+    // What the guest may change in them: a first-party guest's own layout
+    // unless the operator says otherwise; nothing for other guests.
+    let git_refs = raw.git_refs.unwrap_or(default_git.refs);
+    let git_paths = raw.git_paths.unwrap_or(default_git.paths);
+    for pattern in git_refs.iter().chain(&git_paths) {
+        if pattern.trim().is_empty() || pattern.contains("..") {
+            return Err(ConfigError(format!(
+                "{file}: {}: {pattern:?} is not a pattern; write e.g. \"refs/heads/locks/**\" or \"states/*.tfstate\"",
+                key("git_refs / git_paths")
+            )));
+        }
     }
     let allow_git = git_urls
         .into_iter()
@@ -849,6 +985,8 @@ fn validate_backend(
             Ok(GitGrant {
                 url,
                 auth: auth.clone(),
+                refs: git_refs.clone(),
+                paths: git_paths.clone(),
             })
         })
         .collect::<Result<_, _>>()?;
@@ -886,7 +1024,9 @@ fn validate_backend(
         allow_git,
         history,
         encryption_keys,
+        encryption_accept_plain,
         allow_http,
+        allow_http_addresses,
         allow_force_push: raw.allow_force_push,
         dir: raw.dir.map(|d| base.join(d)),
         name,
@@ -1168,6 +1308,39 @@ mod tests {
             (Some(100 << 20), Some(3))
         );
         assert_eq!(config.max_guest_memory_bytes, None);
+    }
+
+    #[test]
+    fn a_backend_directory_may_not_overlap_the_hosts_or_another_backends() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = |backends: &str| {
+            Config::parse(
+                &format!("data_dir = \"data\"\n{backends}"),
+                &dir.path().join("c.toml"),
+                Overrides::default(),
+            )
+        };
+        for (bad, what) in [
+            ("dir = \"data\"", "the data directory"),
+            ("dir = \".\"", "the data directory"),
+            ("dir = \"data/cache\"", "compiled-guest cache"),
+            ("dir = \"data/cache/x\"", "compiled-guest cache"),
+            ("dir = \"data/git\"", "git clones"),
+            ("dir = \"data/./guests/../history\"", "version history"),
+        ] {
+            let err = config(&format!("[backends.a]\nguest = \"local\"\n{bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(what), "{bad}: {err}");
+        }
+        let shared = config(
+            "[backends.a]\nguest = \"local\"\ndir = \"s\"\n[backends.b]\nguest = \"local\"\ndir = \"s/x\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(shared.contains("backend \"b\"'s directory"), "{shared}");
+        // The default layout (data/backends/NAME) and dirs elsewhere are fine.
+        assert!(config("[backends.a]\nguest = \"local\"\n[backends.b]\nguest = \"local\"\ndir = \"elsewhere\"\n").is_ok());
     }
 
     #[test]

@@ -17,8 +17,52 @@ pub struct EmbeddedGuest {
     /// derived from the guest's configuration.
     pub default_http: fn(&[(String, String)]) -> Vec<Origin>,
     /// Git repositories granted when the operator grants none explicitly,
-    /// derived from the guest's configuration.
-    pub default_git: fn(&[(String, String)]) -> Vec<String>,
+    /// and the refs and paths it may change there, derived from the
+    /// guest's configuration.
+    pub default_git: fn(&[(String, String)]) -> GitDefaults,
+}
+
+/// What a first-party guest is granted in git by default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GitDefaults {
+    /// Repository URLs.
+    pub urls: Vec<String>,
+    /// Refs it may update (patterns: `*` within a segment, `**` across).
+    pub refs: Vec<String>,
+    /// Paths its commits may touch (same patterns).
+    pub paths: Vec<String>,
+}
+
+/// The value of `key` in a guest's configuration.
+fn setting<'a>(config: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    config
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The git guest's grants: its repository, its branch and the lock
+/// branches, the state and lock files in its directory.
+fn git_guest_grants(config: &[(String, String)]) -> GitDefaults {
+    let get = |key: &str| setting(config, key);
+    let branch = get("ref").unwrap_or("main");
+    let branch = branch.strip_prefix("refs/heads/").unwrap_or(branch);
+    let dir = get("dir").map(|d| d.trim_matches('/')).unwrap_or("");
+    let within = |name: &str| {
+        if dir.is_empty() {
+            name.to_string()
+        } else {
+            format!("{dir}/{name}")
+        }
+    };
+    GitDefaults {
+        urls: get("repository").map(str::to_owned).into_iter().collect(),
+        refs: vec![
+            format!("refs/heads/{branch}"),
+            "refs/heads/locks/**".to_string(),
+        ],
+        paths: vec![within("*.tfstate"), within("*.tfstate.lock")],
+    }
 }
 
 /// Every embedded guest. The build script compiles each from `guests/<name>`.
@@ -28,21 +72,21 @@ pub const EMBEDDED: &[EmbeddedGuest] = &[
         summary: "state files in a directory on this machine (the default)",
         wasm: include_bytes!(env!("WASMSTATE_GUEST_LOCAL")),
         default_http: |_| Vec::new(),
-        default_git: |_| Vec::new(),
+        default_git: |_| GitDefaults::default(),
     },
     EmbeddedGuest {
         name: "s3-lockfile",
         summary: "S3, locked with .tflock objects (Terraform's use_lockfile layout)",
         wasm: include_bytes!(env!("WASMSTATE_GUEST_S3_LOCKFILE")),
         default_http: aws_grants,
-        default_git: |_| Vec::new(),
+        default_git: |_| GitDefaults::default(),
     },
     EmbeddedGuest {
         name: "dynamodb",
         summary: "S3, locked with a DynamoDB table (Terraform's dynamodb_table layout)",
         wasm: include_bytes!(env!("WASMSTATE_GUEST_DYNAMODB")),
         default_http: aws_grants,
-        default_git: |_| Vec::new(),
+        default_git: |_| GitDefaults::default(),
     },
     EmbeddedGuest {
         name: "git",
@@ -51,13 +95,7 @@ pub const EMBEDDED: &[EmbeddedGuest] = &[
         // No HTTP: it reaches its repository through the host's git
         // capability, granted from its `repository` setting.
         default_http: |_| Vec::new(),
-        default_git: |config| {
-            config
-                .iter()
-                .filter(|(k, _)| k == "repository")
-                .map(|(_, url)| url.clone())
-                .collect()
-        },
+        default_git: git_guest_grants,
     },
 ];
 
@@ -70,12 +108,7 @@ fn origin_of(url: &str) -> Option<Origin> {
 /// The AWS endpoints an S3/DynamoDB guest's configuration points at: the
 /// configured ones, else AWS's regional endpoints.
 fn aws_grants(config: &[(String, String)]) -> Vec<Origin> {
-    let get = |key: &str| {
-        config
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    };
+    let get = |key: &str| setting(config, key);
     let region = get("region").unwrap_or("us-east-1");
     let mut grants = Vec::new();
     let s3 = match get("endpoints.s3").or(get("endpoint")) {
@@ -106,7 +139,7 @@ fn aws_grants(config: &[(String, String)]) -> Vec<Origin> {
 pub fn default_grants(
     source: &GuestSource,
     config: &[(String, String)],
-) -> (Vec<Origin>, Vec<String>) {
+) -> (Vec<Origin>, GitDefaults) {
     match source {
         GuestSource::Embedded(name) => embedded(name)
             .map(|g| ((g.default_http)(config), (g.default_git)(config)))

@@ -30,6 +30,7 @@ pub mod config;
 pub mod conformance;
 pub mod guests;
 pub mod listen;
+pub mod logline;
 pub mod marketplace;
 pub mod metrics;
 pub mod names;

@@ -11,9 +11,12 @@ async fn main() -> ExitCode {
         .with_env_filter(
             EnvFilter::try_from_env("WASMSTATE_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(wasmstate::logline::OneLineStderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    // States, keys and caches are the owner's alone, whatever the umask of
+    // the shell or unit that started us (guests create files too).
+    rustix::process::umask(rustix::fs::Mode::from_bits_truncate(0o077));
     let cli = wasmstate::cli::Cli::parse();
     match wasmstate::cli::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,

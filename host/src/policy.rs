@@ -8,7 +8,16 @@
 //! Link-local and cloud metadata addresses (169.254.0.0/16, fe80::/10,
 //! fd00:ec2::254) are refused even if a pattern would cover them, unless a
 //! grant names that exact address.
+//!
+//! A grant is by name, but the connection goes to an address: the host
+//! resolves the name itself, checks every address it resolves to
+//! ([`OutboundPolicy::check_address`]) and connects only to a checked one,
+//! so a granted name whose DNS answers 169.254.169.254, 127.0.0.1 or a
+//! private address reaches nothing there unless the operator granted that
+//! address or range (`allow_http_addresses`, or an origin that is the
+//! address itself).
 
+use ipnet::IpNet;
 use std::net::IpAddr;
 
 /// One granted origin.
@@ -91,16 +100,76 @@ fn is_metadata_or_link_local(host: &str) -> bool {
     }
 }
 
-/// The origins one backend's guest may call.
+/// Addresses no request goes to unless granted by address: loopback,
+/// private, shared (CGNAT), link-local and metadata, unspecified, multicast
+/// and broadcast, and their IPv6 kin (unique local, NAT64 of those).
+pub fn is_internal(ip: IpAddr) -> bool {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_multicast()
+                || v4.is_broadcast()
+                || a == 0
+                || (a == 100 && (64..128).contains(&b))
+        }
+        IpAddr::V6(v6) => {
+            let first = v6.segments()[0];
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (first & 0xfe00) == 0xfc00
+                || (first & 0xffc0) == 0xfe80
+                || v6.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0]
+        }
+    }
+}
+
+/// Parse an address or range granted by address (`10.0.0.0/8`,
+/// `127.0.0.1`, `fd00::/8`).
+pub fn parse_address_grant(text: &str) -> Result<IpNet, String> {
+    text.parse::<IpNet>()
+        .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
+        .map_err(|_| {
+            format!(
+                "{text:?} is not an IP address or range; write e.g. \"10.0.0.0/8\" or \"127.0.0.1\""
+            )
+        })
+}
+
+/// The origins one backend's guest may call, and the internal addresses
+/// they may resolve to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OutboundPolicy {
     granted: Vec<Origin>,
+    addresses: Vec<IpNet>,
 }
 
 impl OutboundPolicy {
-    /// A policy allowing exactly `granted`.
-    pub fn new(granted: Vec<Origin>) -> Self {
-        OutboundPolicy { granted }
+    /// A policy allowing exactly `granted`, resolving to public addresses
+    /// or to `addresses`.
+    pub fn new(granted: Vec<Origin>, addresses: Vec<IpNet>) -> Self {
+        OutboundPolicy { granted, addresses }
+    }
+
+    /// Allow or refuse connecting to `ip` for a request to `host` (already
+    /// allowed by [`Self::check`]): an internal address only when it was
+    /// granted by address, as an address range or as the origin's own host.
+    pub fn check_address(&self, host: &str, ip: IpAddr) -> Result<(), String> {
+        let ip = ip.to_canonical();
+        if !is_internal(ip) && !is_metadata_or_link_local(&ip.to_string()) {
+            return Ok(());
+        }
+        let literal = host.parse::<IpAddr>().is_ok_and(|h| h.to_canonical() == ip);
+        if literal || self.addresses.iter().any(|net| net.contains(&ip)) {
+            return Ok(());
+        }
+        Err(format!(
+            "{host} resolves to {ip}, an internal address nobody granted; add it to allow_http_addresses if the backend should reach it"
+        ))
     }
 
     /// Whether any outbound HTTP is granted.
@@ -139,7 +208,52 @@ mod tests {
     use super::*;
 
     fn policy(origins: &[&str]) -> OutboundPolicy {
-        OutboundPolicy::new(origins.iter().map(|o| Origin::parse(o).unwrap()).collect())
+        OutboundPolicy::new(
+            origins.iter().map(|o| Origin::parse(o).unwrap()).collect(),
+            Vec::new(),
+        )
+    }
+
+    #[test]
+    fn names_may_resolve_only_to_public_or_granted_addresses() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let p = policy(&["https://s3.example.com", "http://127.0.0.1:2379"]);
+        assert!(p.check_address("s3.example.com", ip("52.216.1.2")).is_ok());
+        for internal in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "::1",
+            "fd00:ec2::254",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+            "64:ff9b::7f00:1",
+        ] {
+            let err = p.check_address("s3.example.com", ip(internal)).unwrap_err();
+            assert!(err.contains("allow_http_addresses"), "{internal}: {err}");
+        }
+        // An origin granted as an address reaches that address.
+        assert!(p.check_address("127.0.0.1", ip("127.0.0.1")).is_ok());
+        // A range granted by address covers names resolving into it.
+        let ranged = OutboundPolicy::new(
+            vec![Origin::parse("http://etcd.internal:2379").unwrap()],
+            vec![parse_address_grant("10.0.0.0/8").unwrap()],
+        );
+        assert!(
+            ranged
+                .check_address("etcd.internal", ip("10.9.8.7"))
+                .is_ok()
+        );
+        assert!(
+            ranged
+                .check_address("etcd.internal", ip("192.168.0.1"))
+                .is_err()
+        );
+        assert!(parse_address_grant("not-an-ip").is_err());
     }
 
     fn check(p: &OutboundPolicy, uri: &str) -> Result<(), String> {

@@ -114,7 +114,13 @@ fn store_for(config: &Config, name: &str, guest: GuestBackend) -> Store<GuestBac
         .expect("every loaded backend is configured");
     let history = (backend.history > 0)
         .then(|| History::new(config.data_dir.join("history").join(name), backend.history));
-    Store::new(guest, backend.encryption_keys.clone(), history)
+    Store::new(
+        guest,
+        name,
+        backend.encryption_keys.clone(),
+        backend.encryption_accept_plain,
+        history,
+    )
 }
 
 /// Run the server described by `config` until a shutdown signal. With
@@ -155,8 +161,16 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
         })
         .collect();
     let runtime = Arc::new(runtime);
+    for name in backends.keys() {
+        metrics.backend_up(name, true);
+    }
     if let Some(source) = source {
-        tokio::spawn(reload_on_sighup(source, runtime.clone(), backends.clone()));
+        tokio::spawn(reload_on_sighup(
+            source,
+            runtime.clone(),
+            backends.clone(),
+            metrics.clone(),
+        ));
     }
     let draining = Arc::new(AtomicBool::new(false));
     let network = &config.network;
@@ -232,6 +246,7 @@ async fn reload_on_sighup(
     source: ConfigSource,
     runtime: Arc<Runtime>,
     served: BTreeMap<String, Arc<Swappable<Store<GuestBackend>>>>,
+    metrics: Arc<Metrics>,
 ) {
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut hangups) = signal(SignalKind::hangup()) else {
@@ -241,8 +256,21 @@ async fn reload_on_sighup(
     while hangups.recv().await.is_some() {
         tracing::info!(config = %source.path.display(), "SIGHUP: reloading backends");
         match crate::reload::reload(&source, &runtime, &served, store_for).await {
-            Ok(n) => tracing::info!(replaced = n, "reload done"),
-            Err(e) => tracing::error!("reload failed, nothing changed: {e:#}"),
+            Ok(outcome) => {
+                metrics.reloaded(true);
+                tracing::info!(
+                    replaced = outcome.replaced.len(),
+                    stopped = outcome.stopped.len(),
+                    "reload done"
+                )
+            }
+            Err(e) => {
+                metrics.reloaded(false);
+                tracing::error!("reload failed, nothing changed: {e:#}")
+            }
+        }
+        for (name, slot) in &served {
+            metrics.backend_up(name, slot.is_up());
         }
     }
 }

@@ -322,3 +322,45 @@ fn a_public_address_without_auth_is_refused() {
         "{stderr}"
     );
 }
+
+#[test]
+fn writers_never_see_a_holders_lock_id_and_cannot_unlock_with_what_they_see() {
+    let f = fixture();
+    let url = f.server.state_url("default", "held");
+    let secret_id = "6f3c1c1e-7b1a-4c55-9d59-held-by-another";
+    let locked = as_user(
+        "writer",
+        "LOCK",
+        &url,
+        Some(&lock_info(secret_id, "a@host")),
+    );
+    assert_eq!(locked.status, 200, "{}", locked.text());
+
+    // A second writer's LOCK: 423 with who holds it, but not the ID.
+    let refused = as_user("writer", "LOCK", &url, Some(&lock_info("mine", "b@host")));
+    assert_eq!(refused.status, 423, "{}", refused.text());
+    let shown = refused.json()["ID"].as_str().unwrap().to_string();
+    assert_ne!(shown, secret_id);
+    assert!(shown.starts_with("hidden-"), "{shown}");
+    assert_eq!(refused.json()["Who"], "a@host");
+    // What a writer sees does not unlock (force-unlock is the admin's).
+    let unlock = as_user("writer", "UNLOCK", &url, Some(&lock_info(&shown, "b@host")));
+    assert!(
+        unlock.status == 409 || unlock.status == 423,
+        "unlocking with the hidden ID: {} {}",
+        unlock.status,
+        unlock.text()
+    );
+    // An admin sees the real ID (for `terraform force-unlock`).
+    let admin_view = as_user("admin", "LOCK", &url, Some(&lock_info("x", "c@host")));
+    assert_eq!(admin_view.status, 423, "{}", admin_view.text());
+    assert_eq!(admin_view.json()["ID"], secret_id);
+    // The holder still unlocks with its own ID.
+    let released = as_user(
+        "writer",
+        "UNLOCK",
+        &url,
+        Some(&lock_info(secret_id, "a@host")),
+    );
+    assert_eq!(released.status, 200, "{}", released.text());
+}

@@ -10,12 +10,8 @@
 
 use crate::common::*;
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::thread::JoinHandle;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The fixture guest that attacks its sandbox on demand.
@@ -41,78 +37,14 @@ const ATTACKS: [&str; 13] = [
 /// The content of the secret file beside the granted directories. Distinct
 /// from its name, which the guest's error messages may quote.
 const SECRET: &str = "hostile-suite: the launch codes are 0000";
-/// What the canary listeners answer; must never reach a client.
-const CANARY: &str = "CANARY-ANSWER";
 /// Every line the log-flood attack writes starts with this.
 const FLOOD_MARKER: &str = "hostile-flood-line";
 /// The host's cap on guest log lines per request (`MAX_LOG_LINES`).
 const MAX_GUEST_LOG_LINES: usize = 64;
 /// The memory limit of most hostile backends.
 const MEMORY_MIB: u64 = 32;
-
-/// A loopback HTTP listener that answers anything with [`CANARY`] and
-/// counts the connections it accepted; stopped on drop.
-struct Canary {
-    addr: SocketAddr,
-    connections: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Canary {
-    fn start() -> Canary {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let connections = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (connections, stop) = (connections.clone(), stop.clone());
-            std::thread::spawn(move || {
-                for stream in listener.incoming() {
-                    if stop.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    let Ok(mut stream) = stream else { continue };
-                    connections.fetch_add(1, Ordering::SeqCst);
-                    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-                    let mut request = [0u8; 4096];
-                    let _ = stream.read(&mut request);
-                    let _ = write!(
-                        stream,
-                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{CANARY}",
-                        CANARY.len()
-                    );
-                }
-            })
-        };
-        Canary {
-            addr,
-            connections,
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    /// `http://127.0.0.1:PORT`
-    fn origin(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    fn connections(&self) -> usize {
-        self.connections.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for Canary {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop so it sees the flag (not counted).
-        let _ = TcpStream::connect(self.addr);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
+/// The line the log-forge attack tries to slip into the host's log.
+const FORGED: &str = "INFO wasmstate::server: FORGED-BY-A-GUEST";
 
 /// A server with a healthy `local` backend and one backend per attack, and
 /// everything the attacks aim at. Fields drop in order: the server first,
@@ -125,6 +57,9 @@ struct Hostile {
     ungranted: Canary,
     /// A bare repository the git backend names but was not granted.
     ungranted_repo: PathBuf,
+    /// The repository git-escalate is granted (only its `state` branch,
+    /// lock refs and `*.tfstate` files).
+    escalate_repo: PathBuf,
     /// The trap-mid-write backend's own directory.
     trap_dir: PathBuf,
     /// The secret file, beside (outside) every granted directory.
@@ -161,6 +96,7 @@ impl Hostile {
         std::fs::create_dir_all(&repos).unwrap();
         let granted_repo = bare_repo(&repos, "granted");
         let ungranted_repo = bare_repo(&repos, "ungranted");
+        let escalate_repo = bare_repo(&repos, "escalate");
 
         let limits =
             |timeout_ms: u64| format!("memory_mib = {MEMORY_MIB}\ntimeout_ms = {timeout_ms}");
@@ -179,6 +115,10 @@ impl Hostile {
         let secret_path = secret.display().to_string();
         let granted_repo = granted_repo.display().to_string();
         let ungranted_path = ungranted_repo.display().to_string();
+        let escalate_path = escalate_repo.display().to_string();
+        // A name granted by origin that resolves (through /etc/hosts, the
+        // host's own resolver) to a loopback address nobody granted.
+        let by_name = format!("http://localhost:{}", ungranted.addr.port());
         let mut config = String::from("[backends.healthy]\nguest = \"local\"\n");
         for table in [
             backend("recursion", &limits(2000), ""),
@@ -224,6 +164,22 @@ impl Hostile {
                 &format!("{}\nallow_git = [{granted_repo:?}]", limits(5000)),
                 &format!("target = {ungranted_path:?}"),
             ),
+            backend(
+                "http-granted-name",
+                &format!("{}\nallow_http = [{by_name:?}]", limits(5000)),
+                &format!("target = \"{by_name}/steal\""),
+            ),
+            backend(
+                "git-escalate",
+                &format!(
+                    "{}\nallow_git = [{escalate_path:?}]\n\
+                     git_refs = [\"refs/heads/state\", \"refs/heads/locks/**\"]\n\
+                     git_paths = [\"*.tfstate\"]",
+                    limits(10_000)
+                ),
+                &format!("target = {escalate_path:?}"),
+            ),
+            backend("log-forge", &limits(2000), &format!("target = {FORGED:?}")),
         ] {
             config.push_str(&table);
         }
@@ -234,6 +190,7 @@ impl Hostile {
             granted,
             ungranted,
             ungranted_repo,
+            escalate_repo,
             trap_dir,
             secret,
             data,
@@ -554,6 +511,93 @@ fn a_git_repository_that_was_not_granted_stays_untouched() {
         "{}",
         fx.server.log_text()
     );
+}
+
+#[test]
+fn a_granted_name_resolving_to_an_ungranted_address_is_not_reached() {
+    let fx = Hostile::start();
+    for round in 1..=2 {
+        let answer = fx.attack("http-granted-name");
+        let text = answer.text();
+        assert!(
+            text.contains("the host refused the request"),
+            "round {round}: {}",
+            short(&text)
+        );
+        fx.assert_contained("http-granted-name", &answer);
+    }
+    // Refused on the address the name resolved to, before connecting.
+    let log = fx.server.log_text();
+    let port = fx.ungranted.addr.port();
+    assert!(
+        log.contains(&format!("refused outbound request to localhost:{port}"))
+            && log.contains("an internal address nobody granted"),
+        "{log}"
+    );
+    fx.assert_canaries_untouched();
+}
+
+#[test]
+fn the_git_capability_moves_only_granted_refs_forward_and_touches_only_granted_paths() {
+    let fx = Hostile::start();
+    let answer = fx.attack("git-escalate");
+    let text = answer.text();
+    for refused in [
+        "push main: ",
+        "push a tag: ",
+        "commit a workflow file: ",
+        "non-fast-forward push: ",
+        "push with a stale expected value: ",
+    ] {
+        assert!(
+            text.contains(refused),
+            "{refused:?} missing: {}",
+            short(&text)
+        );
+    }
+    assert!(text.contains("is not granted to this backend"), "{text}");
+    assert!(text.contains("a ref only moves forward"), "{text}");
+    fx.assert_contained("git-escalate", &answer);
+    // The remote holds exactly the legitimate work: one branch, two
+    // commits, only the state file.
+    let repo = &fx.escalate_repo;
+    assert_eq!(
+        git(repo, &["for-each-ref", "--format=%(refname)"]).trim(),
+        "refs/heads/state"
+    );
+    assert_eq!(
+        git(repo, &["log", "--format=%s", "refs/heads/state"]).trim(),
+        "next\nstate"
+    );
+    assert_eq!(
+        git(repo, &["ls-tree", "-r", "--name-only", "refs/heads/state"]).trim(),
+        "prod.tfstate"
+    );
+}
+
+#[test]
+fn a_guest_cannot_forge_lines_of_the_hosts_log() {
+    let fx = Hostile::start();
+    let answer = fx.attack("log-forge");
+    assert_eq!(answer.status, 500, "{}", short(&answer.text()));
+    assert_eq!(
+        answer.text().trim_end().lines().count(),
+        1,
+        "the error answer is not one line: {:?}",
+        answer.text()
+    );
+    fx.assert_contained("log-forge", &answer);
+    // The guest's log line and its error both reached the log, escaped.
+    let escaped = format!("innocent\\n{FORGED}");
+    wait_until("the escaped lines", Duration::from_secs(10), || {
+        fx.server.log_text().matches(&escaped).count() >= 2
+    });
+    let log = fx.server.log_text();
+    let forged: Vec<&str> = log
+        .lines()
+        .filter(|l| l.trim_start().starts_with(FORGED))
+        .collect();
+    assert!(forged.is_empty(), "forged log lines: {forged:?}");
 }
 
 #[test]

@@ -351,6 +351,7 @@ fn git_work_for_a_guest_stops_at_its_deadline_and_the_clone_stays_bounded() {
         &format!(
             "git_clone_max_mib = 32\n\
              [backends.flood]\nguest = {HOSTILE_WASM:?}\nallow_git = [{repo:?}]\ntimeout_ms = 4000\n\
+             git_paths = [\"flood-*.bin\"]\n\
              [backends.flood.config]\nattack = \"git-flood\"\ntarget = {repo:?}\n\
              [backends.infra]\nguest = \"git\"\n[backends.infra.config]\nrepository = {repo:?}\n"
         ),

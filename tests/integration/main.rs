@@ -19,3 +19,4 @@ mod production;
 mod protocol;
 mod sandbox;
 mod terraform;
+mod trust;

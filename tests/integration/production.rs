@@ -272,10 +272,23 @@ fn encryption_at_rest_the_guest_and_the_history_hold_only_ciphertext() {
     assert_eq!(send("POST", &url, Some(&secret_state(1))).status, 200);
     drop(plain);
 
-    let keys = format!("encryption = {{ keys = [{{ id = \"k1\", file = {key_file:?} }}] }}\n");
+    let key = format!("{{ id = \"k1\", file = {key_file:?} }}");
+    let keys = format!("encryption = {{ keys = [{key}] }}\n");
+    let migrating = format!("encryption = {{ keys = [{key}], accept_plain = true }}\n");
+    // Encryption on: the plain state is refused (storage could have put
+    // anyone's there)...
     let server = Server::with_config(data.path(), &encrypted_config(&store, &keys));
+    let refused = send("GET", &server.state_url("default", "enc"), None);
+    assert_eq!(refused.status, 500, "{}", refused.text());
+    assert!(
+        refused.text().contains("accept_plain"),
+        "{}",
+        refused.text()
+    );
+    drop(server);
+    // ...unless the operator migrates on purpose.
+    let server = Server::with_config(data.path(), &encrypted_config(&store, &migrating));
     let url = server.state_url("default", "enc");
-    // Still readable after enabling encryption.
     assert_eq!(send("GET", &url, None).body, secret_state(1));
     // New writes are sealed; Terraform reads its own bytes back.
     assert_eq!(send("POST", &url, Some(&secret_state(2))).status, 200);
@@ -312,6 +325,12 @@ fn encryption_at_rest_the_guest_and_the_history_hold_only_ciphertext() {
     );
     drop(server);
 
+    // Migrated: the sealed state opens without accept_plain.
+    let server = Server::with_config(data.path(), &encrypted_config(&store, &keys));
+    let answer = send("GET", &server.state_url("default", "enc"), None);
+    assert_eq!(answer.body, secret_state(2), "{}", answer.text());
+    drop(server);
+
     // The same key id with other key material: a clear error, not garbage.
     let (_, other) = wasmstate(&["generate-key"]);
     std::fs::write(&key_file, other.trim()).unwrap();
@@ -319,7 +338,7 @@ fn encryption_at_rest_the_guest_and_the_history_hold_only_ciphertext() {
     let answer = send("GET", &wrong.state_url("default", "enc"), None);
     assert_eq!(answer.status, 500);
     assert!(
-        answer.text().contains("does not decrypt with key \"k1\""),
+        answer.text().contains("does not open with key \"k1\""),
         "{}",
         answer.text()
     );

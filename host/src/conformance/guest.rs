@@ -24,6 +24,11 @@ pub struct GuestUnderTest {
     /// Git repositories it may use (the embedded git guest: its
     /// configured `repository` when empty).
     pub allow_git: Vec<String>,
+    /// Refs it may update there (the embedded git guest: its own when
+    /// empty).
+    pub git_refs: Vec<String>,
+    /// Paths its commits may touch (likewise).
+    pub git_paths: Vec<String>,
     /// Sandbox limits.
     pub limits: Limits,
 }
@@ -46,13 +51,24 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
     }
     let mut git_urls = subject.allow_git.clone();
     if git_urls.is_empty() {
-        git_urls = default_git;
+        git_urls = default_git.urls;
     }
+    let or_default = |given: &Vec<String>, default: Vec<String>| {
+        if given.is_empty() {
+            default
+        } else {
+            given.clone()
+        }
+    };
+    let refs = or_default(&subject.git_refs, default_git.refs);
+    let paths = or_default(&subject.git_paths, default_git.paths);
     let allow_git: Vec<GitGrant> = git_urls
         .into_iter()
         .map(|url| GitGrant {
             url,
             auth: GitAuth::default(),
+            refs: refs.clone(),
+            paths: paths.clone(),
         })
         .collect();
     let dir = subject
@@ -66,9 +82,11 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
         limits: subject.limits,
         guest_config: config,
         allow_http: allow_http.clone(),
+        allow_http_addresses: Vec::new(),
         allow_force_push: false,
         history: 0,
         encryption_keys: Vec::new(),
+        encryption_accept_plain: false,
         allow_git: allow_git.clone(),
         secrets: Vec::new(),
         max_instances: None,

@@ -187,6 +187,7 @@ async fn resolve(
         Source {
             location: entry.url.clone(),
             sha256: Some(entry.sha256.clone()),
+            name: Some(entry.name.clone()),
         },
         signature,
     ))

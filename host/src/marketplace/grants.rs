@@ -17,12 +17,31 @@ struct OriginPattern {
 
 impl OriginPattern {
     fn parse(text: &str) -> Result<Self, String> {
-        let any_host = text.contains("://*");
-        let any_port = text.ends_with(":*");
-        let concrete =
-            text.strip_suffix(":*")
-                .unwrap_or(text)
-                .replacen("://*", "://wildcard.invalid", 1);
+        let (scheme, rest) = text
+            .split_once("://")
+            .ok_or_else(|| format!("manifest http {text:?}: write scheme://host[:port]"))?;
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        let (host, port) = match rest.rsplit_once(':') {
+            Some((host, port)) if !host.contains(']') || host.ends_with(']') => (host, Some(port)),
+            _ => (rest, None),
+        };
+        // Only a whole host (or port) may be `*`: `*.example.com` is not a
+        // pattern for "any host".
+        if host != "*" && host.contains('*') || port.is_some_and(|p| p != "*" && p.contains('*')) {
+            return Err(format!(
+                "manifest http {text:?}: `*` may stand only for the whole host or the whole port"
+            ));
+        }
+        let any_host = host == "*";
+        let any_port = port == Some("*");
+        let concrete = format!(
+            "{scheme}://{}{}",
+            if any_host { "wildcard.invalid" } else { host },
+            match port {
+                Some(p) if !any_port => format!(":{p}"),
+                _ => String::new(),
+            }
+        );
         let origin =
             Origin::parse(&concrete).map_err(|e| format!("manifest http {text:?}: {e}"))?;
         Ok(OriginPattern {
@@ -178,6 +197,20 @@ mod tests {
             "secrets not asked for are not handed out"
         );
         assert!(got.allow_git.is_empty());
+    }
+
+    #[test]
+    fn only_a_whole_host_or_port_is_a_wildcard() {
+        let err = OriginPattern::parse("https://*.x.com").unwrap_err();
+        assert!(err.contains("whole host"), "{err}");
+        assert!(OriginPattern::parse("https://a*b.x.com:443").is_err());
+        assert!(OriginPattern::parse("http://h:1*").is_err());
+        let any = OriginPattern::parse("https://*:*").unwrap();
+        assert!(any.host.is_none() && any.port.is_none());
+        let port = OriginPattern::parse("http://*:2379").unwrap();
+        assert_eq!((port.host, port.port), (None, Some(2379)));
+        let exact = OriginPattern::parse("https://api.example.com").unwrap();
+        assert_eq!(exact.port, Some(443));
     }
 
     #[test]

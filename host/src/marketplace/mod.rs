@@ -30,6 +30,9 @@ pub struct Source {
     pub location: String,
     /// The digest the component must have, when pinned.
     pub sha256: Option<String>,
+    /// The name its manifest must have (a guest resolved from an index by
+    /// name must be that guest, whatever the index's URL serves).
+    pub name: Option<String>,
 }
 
 impl Source {
@@ -46,11 +49,13 @@ impl Source {
                 Ok(Source {
                     location: location.to_string(),
                     sha256: Some(digest),
+                    name: None,
                 })
             }
             None => Ok(Source {
                 location: text.to_string(),
                 sha256: None,
+                name: None,
             }),
         }
     }
@@ -59,6 +64,11 @@ impl Source {
 /// Read bytes from a path or an http(s) URL; `Ok(None)` when a URL answers
 /// 404 (used for optional `.minisig` files).
 pub async fn fetch(location: &str) -> Result<Option<Vec<u8>>, String> {
+    if location.starts_with("http://") && !is_loopback_url(location) {
+        return Err(format!(
+            "{location}: guests, signatures and indexes are fetched over https only (plain http only from this machine)"
+        ));
+    }
     if location.starts_with("https://") || location.starts_with("http://") {
         let response = reqwest::get(location)
             .await
@@ -85,9 +95,25 @@ pub async fn fetch(location: &str) -> Result<Option<Vec<u8>>, String> {
     }
 }
 
+/// Whether `url`'s host is this machine (`localhost` or a loopback
+/// address).
+fn is_loopback_url(url: &str) -> bool {
+    url.parse::<http::Uri>()
+        .ok()
+        .and_then(|u| u.host().map(str::to_owned))
+        .is_some_and(|host| {
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            host == "localhost"
+                || host
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        })
+}
+
 /// The operator's signature policy, with keys parsed.
 pub struct Policy {
-    trusted: Vec<minisign::PublicKey>,
+    /// Each key, and the guest names it may sign (`None`: any).
+    trusted: Vec<(minisign::PublicKey, Option<Vec<String>>)>,
     allow_unsigned: bool,
 }
 
@@ -98,27 +124,55 @@ impl Policy {
             trusted: config
                 .trusted_keys
                 .iter()
-                .map(|k| signing::parse_public_key(k))
+                .map(|k| {
+                    let (key, guests) = k.parts();
+                    signing::parse_public_key(key)
+                        .map(|parsed| (parsed, guests.map(<[String]>::to_vec)))
+                })
                 .collect::<Result<_, _>>()?,
             allow_unsigned: config.allow_unsigned,
         })
     }
 
-    /// Check a component's signature by this policy: the signer's key id,
-    /// `None` when unsigned and unsigned guests are allowed.
+    /// Check the signature of the component of guest `name` by this
+    /// policy: the signer's key id, `None` when unsigned and unsigned
+    /// guests are allowed. Only keys trusted for `name` count.
     pub fn check(
         &self,
+        name: &str,
         wasm: &[u8],
         sha256: &str,
         signature: Option<&str>,
     ) -> Result<Option<String>, String> {
+        let keys: Vec<minisign::PublicKey> = self
+            .trusted
+            .iter()
+            .filter(|(_, guests)| {
+                guests
+                    .as_ref()
+                    .is_none_or(|names| names.iter().any(|n| name_matches(n, name)))
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
         match signature {
-            Some(signature) => signing::verify(wasm, sha256, signature, &self.trusted).map(Some),
+            Some(_) if keys.is_empty() && !self.trusted.is_empty() => Err(format!(
+                "no key in [marketplace] trusted_keys is trusted for the guest {name:?} (each is scoped to other guests); add {name:?} to the publisher's key's guests"
+            )),
+            Some(signature) => signing::verify(wasm, sha256, signature, &keys).map(Some),
             None if self.allow_unsigned => Ok(None),
             None => Err(
                 "the guest is not signed; ask its publisher for a .minisig signature (pass it with --signature), or set [marketplace] allow_unsigned = true".into(),
             ),
         }
+    }
+}
+
+/// Whether guest `name` matches `pattern` (a name, or a prefix ending in
+/// `*`).
+fn name_matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => pattern == name,
     }
 }
 
@@ -152,6 +206,14 @@ pub async fn install(
     let manifest = info.manifest.ok_or_else(|| {
         "the component carries no manifest; its author must embed one with wasmstate_guest::manifest!(include_str!(\"guest.toml\"))".to_string()
     })?;
+    if let Some(expected) = &source.name
+        && manifest.name != *expected
+    {
+        return Err(format!(
+            "{}: the index lists it as {expected:?}, but the component is the guest {:?}; nothing was installed",
+            source.location, manifest.name
+        ));
+    }
     crate::runtime::check_wit_version(&info.exports).map_err(|e| e.to_string())?;
     let signature_text = match (signature, bundled_signature) {
         (None, Some(bundled)) => Some(bundled),
@@ -170,7 +232,7 @@ pub async fn install(
             }
         }
     };
-    let signed_by = policy.check(&wasm, &sha256, signature_text.as_deref())?;
+    let signed_by = policy.check(&manifest.name, &wasm, &sha256, signature_text.as_deref())?;
     let entry = Installed {
         name: manifest.name,
         version: manifest.version,
@@ -205,7 +267,7 @@ pub fn load_installed(
     }
     let signature = std::fs::read_to_string(store.signature(sha256)).ok();
     policy
-        .check(&wasm, sha256, signature.as_deref())
+        .check(name, &wasm, sha256, signature.as_deref())
         .map_err(|e| format!("guest {name}: {e}"))?;
     Ok(wasm)
 }

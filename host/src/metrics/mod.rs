@@ -67,6 +67,11 @@ impl Fault {
 }
 
 const METHODS: &[&str] = &["GET", "POST", "PUT", "DELETE", "LOCK", "UNLOCK"];
+/// A held lock as the metrics follow it: a digest of its ID, and since when.
+type HeldLock = ([u8; 32], Instant);
+
+/// Most locks the held-locks gauge follows at once.
+const MAX_TRACKED_LOCKS: usize = 100_000;
 
 fn latency() -> Histogram {
     // 100 µs … ~3.3 s
@@ -87,12 +92,21 @@ pub struct Metrics {
     locks_held: Family<BackendLabels, Gauge>,
     lock_held_seconds: Family<BackendLabels, Histogram, fn() -> Histogram>,
     /// Locks granted through this server, for the held gauge and duration.
-    held: Mutex<HashMap<(String, String), (String, Instant)>>,
+    /// Keyed by backend and workspace (validated names); the holder kept
+    /// as a hash of its lock ID, whatever the ID's length.
+    held: Mutex<HashMap<(String, String), HeldLock>>,
     resources: resources::Resources,
     auth_failures: Family<ThrottleLabels, Counter>,
     connections_open: Gauge,
     connections_refused: Family<ReasonLabels, Counter>,
     connection_timeouts: Family<PhaseLabels, Counter>,
+    backend_up: Family<BackendLabels, Gauge>,
+    reloads: Family<ResultLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -192,7 +206,21 @@ impl Metrics {
             "Connections closed by a deadline: header, idle or write",
             connection_timeouts.clone(),
         );
+        let backend_up = Family::default();
+        registry.register(
+            "backend_up",
+            "1 while a backend serves, 0 while it is stopped (a reload that failed for it, or removed it)",
+            backend_up.clone(),
+        );
+        let reloads = Family::default();
+        registry.register(
+            "reloads",
+            "Config reloads (SIGHUP): result=\"ok\" (the file was read; backends may still have stopped) or \"failed\" (nothing changed)",
+            reloads.clone(),
+        );
         Metrics {
+            backend_up,
+            reloads,
             auth_failures,
             connections_open,
             connections_refused,
@@ -288,12 +316,18 @@ impl Metrics {
 
     /// A LOCK under `id` succeeded (a retry by the holder counts once).
     pub fn lock_granted(&self, backend: &str, workspace: &str, id: &str) {
+        use sha2::Digest;
+        let id: [u8; 32] = sha2::Sha256::digest(id.as_bytes()).into();
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let key = (backend.to_string(), workspace.to_string());
-        if held.get(&key).is_some_and(|(holder, _)| holder == id) {
+        if held.get(&key).is_some_and(|(holder, _)| *holder == id) {
             return;
         }
-        if held.insert(key, (id.to_string(), Instant::now())).is_none() {
+        // Bounded: past this many held locks, new ones go uncounted.
+        if held.len() >= MAX_TRACKED_LOCKS && !held.contains_key(&key) {
+            return;
+        }
+        if held.insert(key, (id, Instant::now())).is_none() {
             self.locks_held
                 .get_or_create(&BackendLabels {
                     backend: self.backend(backend),
@@ -314,6 +348,24 @@ impl Metrics {
                 .get_or_create(&labels)
                 .observe(since.elapsed().as_secs_f64());
         }
+    }
+
+    /// Whether `backend` serves (after startup or a reload).
+    pub fn backend_up(&self, backend: &str, up: bool) {
+        self.backend_up
+            .get_or_create(&BackendLabels {
+                backend: self.backend(backend),
+            })
+            .set(i64::from(up));
+    }
+
+    /// A reload was attempted.
+    pub fn reloaded(&self, ok: bool) {
+        self.reloads
+            .get_or_create(&ResultLabels {
+                result: if ok { "ok" } else { "failed" }.to_string(),
+            })
+            .inc();
     }
 
     /// A sign-in was refused; `throttled` when it was refused unchecked
@@ -426,6 +478,25 @@ mod tests {
         assert!(
             !text.contains("random-junk") && !text.contains("BREW"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn held_locks_are_bounded_in_number_and_keep_only_a_digest_of_ids() {
+        let m = Metrics::new(["prod".to_string()]);
+        // A 1 MiB lock ID costs the map 32 bytes.
+        m.lock_granted("prod", "big", &"x".repeat(1 << 20));
+        for i in 0..MAX_TRACKED_LOCKS + 10 {
+            m.lock_granted("prod", &format!("ws-{i}"), "id");
+        }
+        assert_eq!(m.held.lock().unwrap().len(), MAX_TRACKED_LOCKS);
+        let text = m.render();
+        assert!(
+            text.contains(&format!(
+                r#"wasmstate_locks_held{{backend="prod"}} {MAX_TRACKED_LOCKS}"#
+            )),
+            "{}",
+            &text[..text.len().min(2000)]
         );
     }
 

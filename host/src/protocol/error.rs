@@ -74,6 +74,24 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// Unless `show_id`, replace a lock holder's ID with a stand-in: the
+    /// ID lets whoever knows it unlock, so only administrators see it.
+    /// The stand-in is not empty (Terraform retries `-lock-timeout` only
+    /// for a holder with an ID) and the same for the same ID.
+    pub fn hide_holder_id(self, show_id: bool) -> Self {
+        match self {
+            ApiError::Holder(status, mut holder) if !show_id => {
+                use sha2::Digest;
+                let digest = hex::encode(sha2::Sha256::digest(holder.id.as_bytes()));
+                holder.id = format!("hidden-{}", &digest[..16]);
+                ApiError::Holder(status, holder)
+            }
+            other => other,
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match self {

@@ -36,6 +36,21 @@ pub async fn handle<S: Storage>(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    let admin = caller.is_admin(target.backend, target.workspace);
+    dispatch(app, target, caller, method, query, headers, body)
+        .await
+        .map_err(|e| e.hide_holder_id(admin))
+}
+
+async fn dispatch<S: Storage>(
+    app: &App<S>,
+    target: Target<'_, S>,
+    caller: &Caller,
+    method: Method,
+    query: HashMap<String, String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     // Terraform sends `?ID=<lock id>` on writes while it holds the lock.
     let lock_id = query
         .get("ID")

@@ -1,11 +1,20 @@
 //! Compiled-guest cache: compiling a component with Cranelift takes about a
 //! second, so the machine code is kept on disk, keyed by the component's
 //! sha256 and the engine's compatibility hash (wasmtime version, CPU
-//! features, settings). A restart then only maps the file.
+//! features, settings). A restart then only reads the file.
+//!
+//! Loading machine code runs it, so a cache entry is trusted only with this
+//! host's MAC: HMAC-SHA256, under a key kept in the data directory (where no
+//! guest's directory may be), over the component's sha256 and the compiled
+//! bytes. An entry that was swapped for another guest's, altered, or written
+//! by anyone without the key is compiled again, never run. Temporary files
+//! have random names, so replicas sharing a cache never collide.
 
 use anyhow::Context;
+use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 use std::hash::{Hash, Hasher};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use wasmtime::Engine;
 use wasmtime::component::Component;
@@ -13,6 +22,56 @@ use wasmtime::component::Component;
 /// The component's sha256, hex-encoded.
 pub fn sha256_hex(wasm: &[u8]) -> String {
     hex::encode(Sha256::digest(wasm))
+}
+
+/// The key that vouches for cache entries this host (or its replicas
+/// sharing the data directory) wrote.
+#[derive(Clone)]
+pub struct CacheKey([u8; 32]);
+
+impl std::fmt::Debug for CacheKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CacheKey(<redacted>)")
+    }
+}
+
+impl CacheKey {
+    /// The key at `path`, made (owner-only) when there is none yet.
+    pub fn load_or_create(path: &Path) -> anyhow::Result<CacheKey> {
+        match std::fs::read(path) {
+            Ok(bytes) => {
+                let key: [u8; 32] = bytes.try_into().map_err(|_| {
+                    anyhow::anyhow!(
+                        "{} is not a 32-byte key; delete it to make a new one",
+                        path.display()
+                    )
+                })?;
+                return Ok(CacheKey(key));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        }
+        use aes_gcm::aead::rand_core::RngCore;
+        let mut key = [0u8; 32];
+        aes_gcm::aead::OsRng.fill_bytes(&mut key);
+        let dir = path.parent().context("the key path has no folder")?;
+        std::fs::create_dir_all(dir)?;
+        let mut temp = tempfile::NamedTempFile::new_in(dir)?;
+        temp.write_all(&key)?;
+        // Another replica may have made one meanwhile: theirs wins.
+        match temp.persist_noclobber(path) {
+            Ok(_) => Ok(CacheKey(key)),
+            Err(_) => CacheKey::load_or_create(path),
+        }
+    }
+
+    fn mac(&self, sha256: &str, artifact: &[u8]) -> Hmac<Sha256> {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("any key length");
+        mac.update(sha256.as_bytes());
+        mac.update(b"\0");
+        mac.update(artifact);
+        mac
+    }
 }
 
 /// Where the compiled form of the component with digest `sha256` for
@@ -23,23 +82,28 @@ pub fn artifact_path(engine: &Engine, sha256: &str, dir: &Path) -> PathBuf {
     dir.join(format!("{sha256}-{:016x}.cwasm", hasher.finish()))
 }
 
+fn mac_path(artifact: &Path) -> PathBuf {
+    artifact.with_extension("cwasm.mac")
+}
+
 /// Compile `wasm` (whose digest is `sha256`), or load its cached
-/// compilation from `dir`. A cache that cannot be read or written only costs
-/// time: it is reported and bypassed.
+/// compilation from `dir` if it carries `key`'s MAC. A cache that cannot
+/// be read or written only costs time: it is reported and bypassed.
 pub fn compile(
     engine: &Engine,
     wasm: &[u8],
     sha256: &str,
     dir: &Path,
+    key: &CacheKey,
 ) -> anyhow::Result<Component> {
     let path = artifact_path(engine, sha256, dir);
-    if path.is_file() {
-        // SAFETY: `deserialize_file` trusts its input to be wasmtime's own
-        // output. Only this function writes this directory, naming each file
-        // after the sha256 of the source it compiled, inside the operator's
-        // private data directory.
+    if let Some(artifact) = vouched(&path, sha256, key) {
+        // SAFETY: `deserialize` trusts its input to be wasmtime's own
+        // output. These bytes carry this host's MAC over the source's
+        // digest and the bytes themselves, so this host compiled them from
+        // exactly this component.
         #[allow(unsafe_code)]
-        match unsafe { Component::deserialize_file(engine, &path) } {
+        match unsafe { Component::deserialize(engine, &artifact) } {
             Ok(component) => return Ok(component),
             Err(e) => {
                 tracing::warn!(path = %path.display(), "ignoring unusable compiled guest: {e:#}")
@@ -50,7 +114,7 @@ pub fn compile(
         .precompile_component(wasm)
         .map_err(anyhow::Error::from)
         .context("not a valid WebAssembly component")?;
-    if let Err(e) = store(&path, &artifact) {
+    if let Err(e) = store(&path, sha256, &artifact, key) {
         tracing::warn!(path = %path.display(), "could not cache compiled guest: {e:#}");
     }
     // SAFETY: `artifact` was produced by `precompile_component` just above.
@@ -59,15 +123,37 @@ pub fn compile(
     Ok(component)
 }
 
-/// Write atomically (temp file + rename), so a concurrent reader or a second
-/// host process never maps a half-written artifact.
-fn store(path: &Path, artifact: &[u8]) -> anyhow::Result<()> {
+/// The cached bytes at `path`, when their MAC is ours.
+fn vouched(path: &Path, sha256: &str, key: &CacheKey) -> Option<Vec<u8>> {
+    let artifact = std::fs::read(path).ok()?;
+    let tag = std::fs::read_to_string(mac_path(path))
+        .ok()
+        .and_then(|t| hex::decode(t.trim()).ok());
+    let verified = tag.is_some_and(|tag| key.mac(sha256, &artifact).verify_slice(&tag).is_ok());
+    if !verified {
+        tracing::warn!(
+            path = %path.display(),
+            "compiled guest does not carry this host's MAC (altered, swapped, or not written here): compiling again"
+        );
+        return None;
+    }
+    Some(artifact)
+}
+
+/// Write atomically (random temp names + rename), so a concurrent reader or
+/// another replica never reads a half-written file; the MAC last.
+fn store(path: &Path, sha256: &str, artifact: &[u8], key: &CacheKey) -> anyhow::Result<()> {
     let dir = path.parent().context("cache path has no parent")?;
     std::fs::create_dir_all(dir)?;
-    let temp = dir.join(format!(".tmp-{}", std::process::id()));
-    std::fs::write(&temp, artifact)?;
-    std::fs::rename(&temp, path)?;
-    Ok(())
+    let write = |to: &Path, bytes: &[u8]| -> anyhow::Result<()> {
+        let mut temp = tempfile::NamedTempFile::new_in(dir)?;
+        temp.write_all(bytes)?;
+        temp.persist(to).map_err(|e| e.error)?;
+        Ok(())
+    };
+    write(path, artifact)?;
+    let tag = hex::encode(key.mac(sha256, artifact).finalize().into_bytes());
+    write(&mac_path(path), tag.as_bytes())
 }
 
 #[cfg(test)]
@@ -76,6 +162,10 @@ mod tests {
 
     fn engine() -> Engine {
         super::super::engine::build(2, 64 << 20, false).unwrap()
+    }
+
+    fn key() -> CacheKey {
+        CacheKey([7; 32])
     }
 
     fn digest() -> String {
@@ -90,11 +180,11 @@ mod tests {
     fn a_second_load_maps_the_cached_artifact() {
         let dir = tempfile::tempdir().unwrap();
         let engine = engine();
-        compile(&engine, local_guest(), &digest(), dir.path()).unwrap();
+        compile(&engine, local_guest(), &digest(), dir.path(), &key()).unwrap();
         let path = artifact_path(&engine, &digest(), dir.path());
         let first = std::fs::metadata(&path).unwrap().modified().unwrap();
 
-        compile(&engine, local_guest(), &digest(), dir.path()).unwrap();
+        compile(&engine, local_guest(), &digest(), dir.path(), &key()).unwrap();
         let second = std::fs::metadata(&path).unwrap().modified().unwrap();
         assert_eq!(
             first, second,
@@ -115,14 +205,38 @@ mod tests {
         let engine = engine();
         let path = artifact_path(&engine, &digest(), dir.path());
         std::fs::write(&path, b"not machine code").unwrap();
-        compile(&engine, local_guest(), &digest(), dir.path()).unwrap();
+        compile(&engine, local_guest(), &digest(), dir.path(), &key()).unwrap();
         assert_ne!(std::fs::read(&path).unwrap(), b"not machine code");
+    }
+
+    #[test]
+    fn an_entry_without_our_mac_is_compiled_again_never_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine();
+        compile(&engine, local_guest(), &digest(), dir.path(), &key()).unwrap();
+        let path = artifact_path(&engine, &digest(), dir.path());
+        let ours = std::fs::read(&path).unwrap();
+        // Another host's key: its MAC does not verify, so the entry is
+        // replaced by a fresh compilation (with a MAC that does).
+        compile(
+            &engine,
+            local_guest(),
+            &digest(),
+            dir.path(),
+            &CacheKey([9; 32]),
+        )
+        .unwrap();
+        assert!(vouched(&path, &digest(), &CacheKey([9; 32])).is_some());
+        assert!(vouched(&path, &digest(), &key()).is_none());
+        // The same bytes claimed for another component are not vouched for.
+        std::fs::write(&path, &ours).unwrap();
+        assert!(vouched(&path, "another-digest", &key()).is_none());
     }
 
     #[test]
     fn garbage_is_refused_with_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        let err = compile(&engine(), b"\0asm garbage", "garbage", dir.path()).unwrap_err();
+        let err = compile(&engine(), b"\0asm garbage", "garbage", dir.path(), &key()).unwrap_err();
         assert!(
             format!("{err:#}").contains("not a valid WebAssembly component"),
             "{err:#}"

@@ -17,6 +17,7 @@ mod git;
 mod guest;
 pub mod limits;
 mod outbound;
+mod pinned;
 pub mod quota;
 mod sandbox;
 pub mod system;
@@ -68,6 +69,7 @@ pub struct Runtime {
     memory: Budget,
     max_lift_bytes: usize,
     cache_dir: PathBuf,
+    cache_key: cache::CacheKey,
     git: Arc<crate::capabilities::git::GitHost>,
     tasks: tokio_util::task::TaskTracker,
     /// The longest `timeout_ms` of any backend: what draining waits for.
@@ -112,6 +114,7 @@ impl Runtime {
             memory,
             max_lift_bytes: config.max_body_bytes + LIFT_MARGIN_BYTES,
             cache_dir: config.cache_dir(),
+            cache_key: cache::CacheKey::load_or_create(&config.data_dir.join("cache.key"))?,
             tasks: tokio_util::task::TaskTracker::new(),
             longest_call: config
                 .backends
@@ -158,8 +161,14 @@ impl Runtime {
         let name = &backend.name;
         let context = || format!("backend {name:?} (guest {})", backend.guest);
         let sha256 = sha256_hex(wasm);
-        let component =
-            cache::compile(&self.engine, wasm, &sha256, &self.cache_dir).with_context(context)?;
+        let component = cache::compile(
+            &self.engine,
+            wasm,
+            &sha256,
+            &self.cache_dir,
+            &self.cache_key,
+        )
+        .with_context(context)?;
         let exports: Vec<String> = component
             .component_type()
             .exports(&self.engine)
@@ -212,7 +221,10 @@ impl Runtime {
                 max_lift_bytes: self.max_lift_bytes,
                 dir,
                 config: backend.guest_config.clone().into(),
-                outbound: Arc::new(OutboundPolicy::new(backend.allow_http.clone())),
+                outbound: Arc::new(OutboundPolicy::new(
+                    backend.allow_http.clone(),
+                    backend.allow_http_addresses.clone(),
+                )),
                 git: (!backend.allow_git.is_empty()).then(|| git::GitAccess {
                     host: self.git.clone(),
                     grants: backend.allow_git.clone().into(),

@@ -1,5 +1,8 @@
 //! `wasi:http` outgoing requests, filtered by the backend's
-//! [`OutboundPolicy`] before anything leaves the host.
+//! [`OutboundPolicy`] before anything leaves the host: the URI's origin
+//! first, then every address its host resolves to. The host resolves the
+//! name once and connects only to an address it checked (no second
+//! lookup for DNS to answer differently), with TLS verified for the name.
 
 use crate::policy::OutboundPolicy;
 use std::future::Future;
@@ -58,9 +61,10 @@ impl WasiHttpHooks for Outbound {
             });
         }
         drop(fut);
+        let (policy, backend) = (self.policy.clone(), self.backend.clone());
         Box::new(async move {
             use http_body_util::BodyExt;
-            let (response, io) = wasmtime_wasi_http::default_send_request(request, options).await?;
+            let (response, io) = super::pinned::send(request, options, &policy, &backend).await?;
             Ok((
                 response.map(BodyExt::boxed_unsync),
                 Box::new(io) as Box<dyn Future<Output = Result<(), Error>> + Send>,

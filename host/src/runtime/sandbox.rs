@@ -69,6 +69,23 @@ impl Sandbox {
     }
 }
 
+/// `s` with control characters (newlines, escapes, NULs) written as
+/// escapes (`\n`, `\u{1b}`).
+pub fn escape_controls(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// `s`, cut to at most `max` bytes (on a character boundary) with `…`.
 pub fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
@@ -111,7 +128,9 @@ impl host::Host for Sandbox {
             }
             return;
         }
-        let message = truncate(&message, MAX_LOG_LINE);
+        // One line per call, whatever the guest sends: control characters
+        // are escaped, so a guest cannot forge lines of the host's own.
+        let message = escape_controls(&truncate(&message, MAX_LOG_LINE));
         let backend = &*self.backend;
         match level {
             host::LogLevel::Trace => tracing::trace!(backend, guest = true, "{message}"),

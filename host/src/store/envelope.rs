@@ -11,11 +11,18 @@
 //!   "nonce":"…","ciphertext":"…"},"serial":7,"lineage":"…"}
 //! ```
 //!
-//! The clear `serial` and `lineage` are bound to the ciphertext as
-//! associated data: editing them makes the state fail to open. Every write
-//! uses a fresh random nonce. The key id names which configured key sealed
-//! it, so keys can rotate: new writes use the first key, old states open
-//! with whichever key they name.
+//! The clear `serial` and `lineage`, and the backend and workspace the
+//! state belongs to, are bound to the ciphertext as associated data:
+//! editing them, or moving an envelope to another workspace or backend,
+//! makes the state fail to open. Every write uses a fresh random nonce. The
+//! key id names which configured key sealed it, so keys can rotate: new
+//! writes use the first key, old states open with whichever key they name.
+//!
+//! With encryption on, what storage hands back must be an envelope:
+//! a plain state (which a storage guest could return in place of the real
+//! one) is refused, as is a format-1 envelope (wasmstate before 2026-11,
+//! which bound neither backend nor workspace), unless the backend is in the
+//! one-time migration mode (`encryption.accept_plain`).
 
 use aes_gcm::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
 use aes_gcm::{Aes256Gcm, Key, Nonce};
@@ -26,7 +33,9 @@ use serde::{Deserialize, Serialize};
 /// The top-level key that marks a sealed state. It is written first, so a
 /// prefix check tells sealed states from plain ones without parsing.
 const MARKER: &str = "wasmstate_encrypted";
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
+/// Envelopes that bound only serial and lineage; read in migration mode.
+const FORMAT_UNBOUND: u32 = 1;
 const ALGORITHM: &str = "AES-256-GCM";
 
 /// One AES-256 key and the id stored beside states it seals.
@@ -74,6 +83,16 @@ impl EncryptionKey {
 #[derive(Debug, Clone)]
 pub struct Sealer {
     keys: Vec<EncryptionKey>,
+    accept_plain: bool,
+}
+
+/// Where a state belongs: what an envelope is bound to.
+#[derive(Debug, Clone, Copy)]
+pub struct Place<'a> {
+    /// The backend's name.
+    pub backend: &'a str,
+    /// The workspace's name.
+    pub workspace: &'a str,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -128,28 +147,43 @@ pub fn is_sealed(stored: &[u8]) -> bool {
     }
 }
 
-fn associated_data(header: &StateHeader) -> Vec<u8> {
-    format!(
-        "wasmstate-state:{FORMAT}:{}:{}",
-        header.lineage.as_deref().unwrap_or(""),
-        header.serial.map(|s| s.to_string()).unwrap_or_default()
-    )
-    .into_bytes()
+fn associated_data(format: u32, place: Place<'_>, header: &StateHeader) -> Vec<u8> {
+    let serial = header.serial.map(|s| s.to_string()).unwrap_or_default();
+    let lineage = header.lineage.as_deref().unwrap_or("");
+    if format == FORMAT_UNBOUND {
+        return format!("wasmstate-state:{format}:{lineage}:{serial}").into_bytes();
+    }
+    // JSON: unambiguous whatever the lineage holds.
+    serde_json::to_vec(&(
+        "wasmstate-state",
+        format,
+        place.backend,
+        place.workspace,
+        lineage,
+        serial,
+    ))
+    .expect("strings serialise")
 }
 
 impl Sealer {
     /// A sealer using `keys[0]` for new states; `None` without keys.
-    pub fn new(keys: Vec<EncryptionKey>) -> Option<Self> {
-        (!keys.is_empty()).then_some(Sealer { keys })
+    /// With `accept_plain`, states stored before encryption still open.
+    pub fn new(keys: Vec<EncryptionKey>, accept_plain: bool) -> Option<Self> {
+        (!keys.is_empty()).then_some(Sealer { keys, accept_plain })
     }
 
-    /// Encrypt a plain state, whose clear fields are `header`, into an
-    /// envelope.
-    pub fn seal(&self, state: &[u8], header: &StateHeader) -> Result<Vec<u8>, String> {
+    /// Encrypt a plain state of `place`, whose clear fields are `header`,
+    /// into an envelope.
+    pub fn seal(
+        &self,
+        place: Place<'_>,
+        state: &[u8],
+        header: &StateHeader,
+    ) -> Result<Vec<u8>, String> {
         let key = &self.keys[0];
         let cipher = Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(&key.key));
         let nonce = Aes256Gcm::generate_nonce(&mut OsRng);
-        let aad = associated_data(header);
+        let aad = associated_data(FORMAT, place, header);
         let ciphertext = cipher
             .encrypt(
                 &nonce,
@@ -173,24 +207,56 @@ impl Sealer {
         serde_json::to_vec(&envelope).map_err(|e| e.to_string())
     }
 
-    /// Decrypt what a guest returned. Plain states (written before
-    /// encryption was enabled) pass through unchanged.
-    pub fn open(&self, stored: Vec<u8>) -> Result<Vec<u8>, String> {
-        open_with(&self.keys, stored)
+    /// Decrypt what a guest returned for `place`; with the clear fields
+    /// the envelope carried.
+    pub fn open(
+        &self,
+        place: Place<'_>,
+        stored: Vec<u8>,
+    ) -> Result<(Vec<u8>, StateHeader), String> {
+        if !is_sealed(&stored) {
+            if self.accept_plain {
+                let header = StateHeader::of(&stored);
+                return Ok((stored, header));
+            }
+            return Err(
+                "storage returned a state that is not sealed, though encryption is on for this backend; \
+                 refused (it could be anyone's). To read states written before encryption was enabled, \
+                 set encryption.accept_plain = true once, until each has been written again"
+                    .into(),
+            );
+        }
+        open_with(&self.keys, place, self.accept_plain, stored)
     }
 }
 
-/// Decrypt `stored` with `keys`; plain states pass through. With no keys, a
-/// sealed state is an error that says so, never ciphertext for Terraform.
-pub fn open_with(keys: &[EncryptionKey], stored: Vec<u8>) -> Result<Vec<u8>, String> {
+/// Decrypt a sealed `stored` for `place` with `keys` (format-1 envelopes
+/// only with `accept_unbound`). A plain state is returned as it is; callers
+/// with encryption on refuse it first ([`Sealer::open`]).
+pub fn open_with(
+    keys: &[EncryptionKey],
+    place: Place<'_>,
+    accept_unbound: bool,
+    stored: Vec<u8>,
+) -> Result<(Vec<u8>, StateHeader), String> {
     if !is_sealed(&stored) {
-        return Ok(stored);
+        let header = StateHeader::of(&stored);
+        return Ok((stored, header));
     }
     let envelope: Envelope = serde_json::from_slice(&stored).map_err(|e| {
         format!("the stored state looks encrypted but its envelope is malformed: {e}")
     })?;
     let sealed = &envelope.wasmstate_encrypted;
-    if sealed.format != FORMAT || sealed.algorithm != ALGORITHM {
+    if sealed.format == FORMAT_UNBOUND && !accept_unbound {
+        return Err(
+            "the stored state is sealed in format 1, which binds neither backend nor workspace; \
+             set encryption.accept_plain = true once to read it, and it is sealed again on its next write"
+                .into(),
+        );
+    }
+    if !(sealed.format == FORMAT || sealed.format == FORMAT_UNBOUND)
+        || sealed.algorithm != ALGORITHM
+    {
         return Err(format!(
             "the stored state is encrypted with format {} / {}, which this wasmstate does not know",
             sealed.format, sealed.algorithm
@@ -220,18 +286,17 @@ pub fn open_with(keys: &[EncryptionKey], stored: Vec<u8>) -> Result<Vec<u8>, Str
         lineage: envelope.lineage.clone(),
     };
     let cipher = Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(&key.key));
-    cipher
-        .decrypt(
-            Nonce::from_slice(&nonce),
-            Payload { msg: &ciphertext, aad: &associated_data(&header) },
-        )
+    let aad = associated_data(sealed.format, place, &header);
+    let state = cipher
+        .decrypt(Nonce::from_slice(&nonce), Payload { msg: &ciphertext, aad: &aad })
         .map_err(|_| {
             format!(
-                "the stored state does not decrypt with key {:?}: the key's material is not the one \
-                 it was sealed with, or the stored bytes were altered",
-                sealed.key_id
+                "the stored state does not open with key {:?} for {}/{}: it was sealed with other key \
+                 material, for another backend or workspace, or its bytes were altered",
+                sealed.key_id, place.backend, place.workspace
             )
-        })
+        })?;
+    Ok((state, header))
 }
 
 #[cfg(test)]
@@ -242,86 +307,107 @@ mod tests {
         EncryptionKey::parse(id, &EncryptionKey::generate()).unwrap()
     }
 
+    fn sealer(keys: Vec<EncryptionKey>) -> Sealer {
+        Sealer::new(keys, false).unwrap()
+    }
+
     const STATE: &[u8] =
         br#"{"version":4,"serial":7,"lineage":"abc","outputs":{"pw":{"value":"hunter2"}}}"#;
+    const HERE: Place<'static> = Place {
+        backend: "prod",
+        workspace: "net",
+    };
+
+    fn seal(sealer: &Sealer, place: Place<'_>) -> Vec<u8> {
+        sealer.seal(place, STATE, &StateHeader::of(STATE)).unwrap()
+    }
 
     #[test]
     fn round_trip_keeps_serial_and_lineage_readable_and_hides_the_rest() {
-        let sealer = Sealer::new(vec![key("k1")]).unwrap();
-        let sealed = sealer.seal(STATE, &StateHeader::of(STATE)).unwrap();
+        let sealer = sealer(vec![key("k1")]);
+        let sealed = seal(&sealer, HERE);
         assert!(is_sealed(&sealed));
         let text = String::from_utf8(sealed.clone()).unwrap();
         assert!(!text.contains("hunter2"), "{text}");
-        assert_eq!(
-            StateHeader::of(&sealed),
-            StateHeader {
-                serial: Some(7),
-                lineage: Some("abc".into())
-            }
-        );
-        assert_eq!(sealer.open(sealed).unwrap(), STATE);
+        let clear = StateHeader {
+            serial: Some(7),
+            lineage: Some("abc".into()),
+        };
+        assert_eq!(StateHeader::of(&sealed), clear);
+        assert_eq!(sealer.open(HERE, sealed).unwrap(), (STATE.to_vec(), clear));
     }
 
     #[test]
     fn nonces_are_fresh() {
-        let sealer = Sealer::new(vec![key("k1")]).unwrap();
-        assert_ne!(
-            sealer.seal(STATE, &StateHeader::of(STATE)).unwrap(),
-            sealer.seal(STATE, &StateHeader::of(STATE)).unwrap()
-        );
+        let sealer = sealer(vec![key("k1")]);
+        assert_ne!(seal(&sealer, HERE), seal(&sealer, HERE));
     }
 
     #[test]
-    fn plain_states_pass_through() {
-        let sealer = Sealer::new(vec![key("k1")]).unwrap();
-        assert_eq!(sealer.open(STATE.to_vec()).unwrap(), STATE);
+    fn plain_states_are_refused_unless_migrating() {
+        let k = key("k1");
+        let err = sealer(vec![k.clone()])
+            .open(HERE, STATE.to_vec())
+            .unwrap_err();
+        assert!(
+            err.contains("not sealed") && err.contains("accept_plain"),
+            "{err}"
+        );
+        let migrating = Sealer::new(vec![k], true).unwrap();
+        assert_eq!(migrating.open(HERE, STATE.to_vec()).unwrap().0, STATE);
+    }
+
+    #[test]
+    fn an_envelope_opens_only_where_it_was_sealed() {
+        let sealer = sealer(vec![key("k1")]);
+        for elsewhere in [
+            Place {
+                backend: "prod",
+                workspace: "other",
+            },
+            Place {
+                backend: "dev",
+                workspace: "net",
+            },
+        ] {
+            let err = sealer.open(elsewhere, seal(&sealer, HERE)).unwrap_err();
+            assert!(err.contains("for another backend or workspace"), "{err}");
+        }
     }
 
     #[test]
     fn rotation_opens_old_states_with_the_key_they_name() {
         let old = key("old");
-        let sealed = Sealer::new(vec![old.clone()])
-            .unwrap()
-            .seal(STATE, &StateHeader::of(STATE))
-            .unwrap();
-        let rotated = Sealer::new(vec![key("new"), old]).unwrap();
-        assert_eq!(rotated.open(sealed).unwrap(), STATE);
+        let sealed = seal(&sealer(vec![old.clone()]), HERE);
+        let rotated = sealer(vec![key("new"), old]);
+        assert_eq!(rotated.open(HERE, sealed).unwrap().0, STATE);
     }
 
     #[test]
     fn wrong_or_missing_key_is_an_error_not_garbage() {
-        let sealed = Sealer::new(vec![key("k1")])
-            .unwrap()
-            .seal(STATE, &StateHeader::of(STATE))
-            .unwrap();
-        let wrong = Sealer::new(vec![key("k1")])
-            .unwrap()
-            .open(sealed.clone())
+        let sealed = seal(&sealer(vec![key("k1")]), HERE);
+        let wrong = sealer(vec![key("k1")])
+            .open(HERE, sealed.clone())
             .unwrap_err();
-        assert!(
-            wrong.contains("does not decrypt with key \"k1\""),
-            "{wrong}"
-        );
-        let missing = Sealer::new(vec![key("k2")])
-            .unwrap()
-            .open(sealed.clone())
+        assert!(wrong.contains("does not open with key \"k1\""), "{wrong}");
+        let missing = sealer(vec![key("k2")])
+            .open(HERE, sealed.clone())
             .unwrap_err();
         assert!(
             missing.contains("key \"k1\", which is not configured"),
             "{missing}"
         );
-        let none = open_with(&[], sealed).unwrap_err();
+        let none = open_with(&[], HERE, false, sealed).unwrap_err();
         assert!(none.contains("not configured"), "{none}");
     }
 
     #[test]
     fn tampering_with_the_clear_serial_is_detected() {
-        let sealer = Sealer::new(vec![key("k1")]).unwrap();
-        let sealed =
-            String::from_utf8(sealer.seal(STATE, &StateHeader::of(STATE)).unwrap()).unwrap();
+        let sealer = sealer(vec![key("k1")]);
+        let sealed = String::from_utf8(seal(&sealer, HERE)).unwrap();
         let forged = sealed.replace("\"serial\":7", "\"serial\":70");
         assert_ne!(forged, sealed);
-        assert!(sealer.open(forged.into_bytes()).is_err());
+        assert!(sealer.open(HERE, forged.into_bytes()).is_err());
     }
 
     #[test]

@@ -86,6 +86,11 @@ impl History {
         .map_err(io::Error::other)?
     }
 
+    /// The serial of the newest kept version of `workspace`, if any.
+    pub async fn newest_serial(&self, workspace: &str) -> Option<u64> {
+        self.list(workspace).await.ok()?.first()?.serial
+    }
+
     /// The stored bytes of version `id`, `None` when it is not kept (or the
     /// id is not one this history could have made).
     pub async fn read(&self, workspace: &str, id: &str) -> io::Result<Option<Vec<u8>>> {

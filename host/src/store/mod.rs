@@ -10,26 +10,40 @@ pub mod envelope;
 pub mod history;
 
 use crate::backend::{LockInfo, Storage, StorageError, StorageResult, Version};
-use envelope::{EncryptionKey, Sealer, StateHeader};
+use envelope::{EncryptionKey, Place, Sealer, StateHeader};
 use history::History;
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 /// A backend's storage with the host's encryption and history around it.
 pub struct Store<S> {
     inner: S,
-    keys: Vec<EncryptionKey>,
+    backend: String,
     sealer: Option<Sealer>,
     history: Option<History>,
+    /// With encryption on: the newest serial of each workspace this host has
+    /// written or read, so storage handing back an older envelope (a
+    /// rollback, which the seal alone cannot tell) is caught.
+    newest: Mutex<HashMap<String, u64>>,
 }
 
 impl<S: Storage> Store<S> {
-    /// Wrap `inner`. With `keys`, states are sealed with the first; with a
-    /// `history`, every write is kept there too.
-    pub fn new(inner: S, keys: Vec<EncryptionKey>, history: Option<History>) -> Self {
+    /// Wrap `inner`, the storage of `backend`. With `keys`, states are
+    /// sealed with the first (`accept_plain`: also read states stored
+    /// before encryption); with a `history`, every write is kept there too.
+    pub fn new(
+        inner: S,
+        backend: &str,
+        keys: Vec<EncryptionKey>,
+        accept_plain: bool,
+        history: Option<History>,
+    ) -> Self {
         Store {
-            sealer: Sealer::new(keys.clone()),
-            keys,
+            sealer: Sealer::new(keys, accept_plain),
             inner,
+            backend: backend.to_string(),
             history,
+            newest: Mutex::new(HashMap::new()),
         }
     }
 
@@ -38,16 +52,63 @@ impl<S: Storage> Store<S> {
         &self.inner
     }
 
-    fn open(&self, workspace: &str, stored: Vec<u8>) -> StorageResult<Vec<u8>> {
-        envelope::open_with(&self.keys, stored)
-            .map_err(|e| StorageError::Encryption(format!("state of {workspace:?}: {e}")))
+    fn place<'a>(&'a self, workspace: &'a str) -> Place<'a> {
+        Place {
+            backend: &self.backend,
+            workspace,
+        }
+    }
+
+    fn newest(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.newest.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Open what storage returned for `workspace`. Without keys a plain
+    /// state passes and a sealed one says which key it needs, instead of
+    /// reaching Terraform as ciphertext.
+    fn open(&self, workspace: &str, stored: Vec<u8>) -> Result<(Vec<u8>, StateHeader), String> {
+        match &self.sealer {
+            Some(sealer) => sealer.open(self.place(workspace), stored),
+            None => envelope::open_with(&[], self.place(workspace), false, stored),
+        }
+    }
+
+    /// Open what storage returned as the current state of `workspace`,
+    /// refusing an envelope older than one already seen here.
+    async fn open_current(&self, workspace: &str, stored: Vec<u8>) -> StorageResult<Vec<u8>> {
+        let (state, header) = self
+            .open(workspace, stored)
+            .map_err(|e| StorageError::Encryption(format!("state of {workspace:?}: {e}")))?;
+        if self.sealer.is_none() {
+            return Ok(state);
+        }
+        let Some(serial) = header.serial else {
+            return Ok(state);
+        };
+        let known = self.newest().get(workspace).copied();
+        let known = match (known, &self.history) {
+            (Some(known), _) => Some(known),
+            (None, Some(history)) => history.newest_serial(workspace).await,
+            (None, None) => None,
+        };
+        if let Some(known) = known
+            && serial < known
+        {
+            return Err(StorageError::Encryption(format!(
+                "state of {workspace:?}: storage returned serial {serial}, older than serial {known} \
+                 written or read here before; refused as a rollback (restore a version on purpose \
+                 with `wasmstate state restore`)"
+            )));
+        }
+        self.newest().insert(workspace.to_string(), serial);
+        Ok(state)
     }
 }
 
 impl<S: Storage> Storage for Store<S> {
     async fn read(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
         match self.inner.read(workspace).await? {
-            Some(stored) => self.open(workspace, stored).map(Some),
+            Some(stored) => self.open_current(workspace, stored).await.map(Some),
             None => Ok(None),
         }
     }
@@ -66,12 +127,17 @@ impl<S: Storage> Storage for Store<S> {
         };
         let stored = match &self.sealer {
             Some(sealer) => sealer
-                .seal(&state, &header)
+                .seal(self.place(workspace), &state, &header)
                 .map_err(StorageError::Encryption)?,
             None => state,
         };
         let kept = self.history.as_ref().map(|_| stored.clone());
         self.inner.write(workspace, stored, lock_id).await?;
+        if self.sealer.is_some()
+            && let Some(serial) = header.serial
+        {
+            self.newest().insert(workspace.to_string(), serial);
+        }
         if let (Some(history), Some(kept)) = (&self.history, kept)
             && let Err(e) = history.record(workspace, kept, header.serial).await
         {
@@ -83,7 +149,10 @@ impl<S: Storage> Storage for Store<S> {
     }
 
     async fn delete(&self, workspace: &str, lock_id: Option<&str>) -> StorageResult<()> {
-        self.inner.delete(workspace, lock_id).await
+        self.inner.delete(workspace, lock_id).await?;
+        // A new state may start its serials afresh.
+        self.newest().remove(workspace);
+        Ok(())
     }
 
     async fn lock(&self, workspace: &str, info: LockInfo) -> StorageResult<()> {
@@ -132,7 +201,15 @@ impl<S: Storage> Storage for Store<S> {
             }
             (read, _) => read?,
         };
-        stored.map(|s| self.open(workspace, s)).transpose()
+        stored
+            .map(|s| {
+                self.open(workspace, s)
+                    .map(|(state, _)| state)
+                    .map_err(|e| {
+                        StorageError::Encryption(format!("version {id} of {workspace:?}: {e}"))
+                    })
+            })
+            .transpose()
     }
 }
 

@@ -3,11 +3,13 @@
 
 #![allow(dead_code, unused_imports)]
 
+mod canary;
 mod limits;
 mod peers;
 mod process;
 pub mod tools;
 
+pub use canary::{CANARY, Canary};
 pub use limits::{MemoryCgroup, peak_rss_kib, rss_kib};
 pub use peers::{Etcd, FileServer, GitDaemon, GitHttp, Moto, Registry, bare_repo, git};
 
@@ -26,6 +28,29 @@ pub const MISBEHAVE_WASM: &str = env!("WASMSTATE_FIXTURE_MISBEHAVE");
 /// the cached machine code instead of compiling again.
 pub fn shared_cache_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("guest-cache")
+}
+
+/// Give a server's data directory the key that vouches for the shared
+/// cache's entries (as replicas sharing a cache share their data
+/// directory), unless it has one.
+fn share_cache_key(data_dir: &Path) {
+    use std::io::Read;
+    let shared = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("guest-cache.key");
+    if !shared.exists() {
+        let mut key = [0u8; 32];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut key))
+            .unwrap();
+        let temp = shared.with_extension(format!("tmp-{}", unique()));
+        std::fs::write(&temp, key).unwrap();
+        // Another test process may have made it meanwhile: keep theirs.
+        let _ = std::fs::hard_link(&temp, &shared);
+        let _ = std::fs::remove_file(&temp);
+    }
+    let own = data_dir.join("cache.key");
+    if !own.exists() {
+        std::fs::copy(&shared, own).unwrap();
+    }
 }
 
 /// A running `wasmstate serve`, killed on drop.
@@ -62,17 +87,32 @@ impl Server {
         Server::spawn(data_dir, Some(config), env)
     }
 
+    /// Serve `config` with compiled guests cached in `cache_dir` (not the
+    /// tests' shared cache), for tests that tamper with the cache.
+    pub fn with_cache(data_dir: &Path, config: &str, cache_dir: &Path) -> Server {
+        std::fs::create_dir_all(data_dir).unwrap();
+        let path = data_dir.join("wasmstate.toml");
+        std::fs::write(&path, config).unwrap();
+        Server::launch(data_dir, Some(&path), &[], None, cache_dir)
+    }
+
     /// Serve `config` from inside `cgroup` (its memory limit applies to the
     /// server, as a container's would).
     pub fn in_cgroup(data_dir: &Path, config: &str, cgroup: &MemoryCgroup) -> Server {
         std::fs::create_dir_all(data_dir).unwrap();
         let path = data_dir.join("wasmstate.toml");
         std::fs::write(&path, config).unwrap();
-        Server::launch(data_dir, Some(&path), &[], Some(cgroup))
+        Server::launch(
+            data_dir,
+            Some(&path),
+            &[],
+            Some(cgroup),
+            &shared_cache_dir(),
+        )
     }
 
     fn spawn(data_dir: &Path, config: Option<&Path>, env: &[(&str, &str)]) -> Server {
-        Server::launch(data_dir, config, env, None)
+        Server::launch(data_dir, config, env, None, &shared_cache_dir())
     }
 
     fn launch(
@@ -80,8 +120,12 @@ impl Server {
         config: Option<&Path>,
         env: &[(&str, &str)],
         cgroup: Option<&MemoryCgroup>,
+        cache_dir: &Path,
     ) -> Server {
         std::fs::create_dir_all(data_dir).unwrap();
+        if cache_dir == shared_cache_dir() {
+            share_cache_key(data_dir);
+        }
         let log = data_dir.join(format!("server-{}.log", unique()));
         let mut cmd = match cgroup {
             // The shell joins the cgroup, then becomes the server (same pid).
@@ -98,7 +142,7 @@ impl Server {
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             .arg("--cache-dir")
-            .arg(shared_cache_dir())
+            .arg(cache_dir)
             .env("WASMSTATE_LOG", "info")
             .envs(env.iter().copied())
             .stdin(Stdio::null())

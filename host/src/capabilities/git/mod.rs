@@ -103,6 +103,11 @@ pub struct GitGrant {
     pub url: String,
     /// How to authenticate to it.
     pub auth: GitAuth,
+    /// Refs the guest may update or delete there (`*` within a segment,
+    /// `**` across); fetching and reading are not limited.
+    pub refs: Vec<String>,
+    /// Paths its commits may add, change or remove (same patterns).
+    pub paths: Vec<String>,
 }
 
 pub use wasmstate_types::git::{FileChange, FileVersion, RemoteRef};
@@ -139,6 +144,7 @@ pub(super) struct Slot {
 pub struct RepoHandle<'a> {
     host: &'a GitHost,
     auth: &'a GitAuth,
+    grant: &'a GitGrant,
     url: String,
     slot: Arc<parking_lot::Mutex<Slot>>,
     deadline: Option<Instant>,
@@ -189,6 +195,7 @@ impl GitHost {
         Ok(RepoHandle {
             host: self,
             auth: &grant.auth,
+            grant,
             url,
             slot,
             deadline: None,
@@ -461,6 +468,9 @@ impl RepoHandle<'_> {
         message: &str,
     ) -> Result<String, GitError> {
         changes.iter().try_for_each(|c| check_path(&c.path))?;
+        for change in changes {
+            self.check_granted("path", &change.path, &self.grant.paths, "git_paths")?;
+        }
         if message.contains('\0') {
             return Err(GitError::InvalidInput(
                 "the commit message contains a NUL byte; remove it".into(),
@@ -523,8 +533,9 @@ impl RepoHandle<'_> {
 
     /// Point remote ref `name` at local commit `new`, only if it is currently
     /// `expected` (`None`: only if it does not exist). [`GitError::Rejected`]
-    /// otherwise, and then the remote is unchanged. `new` need not descend from
-    /// the old value (lock refs are replaced, not fast-forwarded).
+    /// otherwise, and then the remote is unchanged. An existing ref only moves
+    /// forward: `new` must descend from `expected` (never a forced update), and
+    /// `name` must match one of the backend's `git_refs` patterns.
     ///
     /// Over the network we read the advertised value on the push connection and
     /// push on that same connection: receive-pack then checks the old value we
@@ -535,15 +546,27 @@ impl RepoHandle<'_> {
     /// locked compare-and-swap.
     pub fn push(&self, name: &str, new: &str, expected: Option<&str>) -> Result<(), GitError> {
         check_ref(name)?;
+        self.check_granted("ref", name, &self.grant.refs, "git_refs")?;
         let new = parse_oid(new)?;
         let expected = expected.map(parse_oid).transpose()?;
         let mut slot = self.lock_slot()?;
         let repo = self.open(&mut slot)?;
         self.find_commit(repo, &new.to_string())?;
+        // Never a forced update: a ref moves only forward from the value
+        // it was expected to have (receive-pack checks this over the
+        // network; for local remotes, here).
+        if let Some(old) = expected
+            && old != new
+            && !repo.graph_descendant_of(new, old).unwrap_or(false)
+        {
+            return Err(GitError::Rejected(format!(
+                "{new} does not descend from {name}'s current {old}; a ref only moves forward (no forced updates)"
+            )));
+        }
         if is_local(&self.url) {
             self.update_local(repo, name, Some(new), expected)
         } else {
-            self.push_remote(repo, name, &format!("+{new}:{name}"), expected)
+            self.push_remote(repo, name, &format!("{new}:{name}"), expected)
         }
     }
 
@@ -551,6 +574,7 @@ impl RepoHandle<'_> {
     /// ([`GitError::Rejected`] otherwise, [`GitError::NotFound`] if it does not exist).
     pub fn delete_ref(&self, name: &str, expected: &str) -> Result<(), GitError> {
         check_ref(name)?;
+        self.check_granted("ref", name, &self.grant.refs, "git_refs")?;
         let expected = parse_oid(expected)?;
         let mut slot = self.lock_slot()?;
         let repo = self.open(&mut slot)?;

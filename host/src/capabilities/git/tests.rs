@@ -115,6 +115,8 @@ fn grants(url: &str) -> Vec<GitGrant> {
     vec![GitGrant {
         url: url.into(),
         auth: GitAuth::default(),
+        refs: vec!["**".into()],
+        paths: vec!["**".into()],
     }]
 }
 
@@ -282,13 +284,20 @@ fn push_with_stale_expected_is_rejected_and_changes_nothing() {
         assert_eq!(r.rev(MAIN).as_ref(), Some(&main));
         h.push(MAIN, &next, Some(&main)).unwrap();
         assert_eq!(r.rev(MAIN).as_ref(), Some(&next));
-        // Not a fast-forward: allowed (lock refs get replaced).
+        // Not a fast-forward: refused, even with the right expected value
+        // (a ref only moves forward; no forced updates).
         let unrelated = h
             .commit(None, &[change("other", Some("x"))], "root")
             .unwrap();
-        h.push(MAIN, &unrelated, Some(&next)).unwrap();
-        assert_eq!(r.rev(MAIN), Some(unrelated.clone()));
-        h.push(MAIN, &main, Some(&unrelated)).unwrap(); // restore for the next URL
+        assert!(matches!(
+            h.push(MAIN, &unrelated, Some(&next)),
+            Err(GitError::Rejected(m)) if m.contains("only moves forward")
+        ));
+        assert!(matches!(
+            h.push(MAIN, &main, Some(&next)),
+            Err(GitError::Rejected(_))
+        ));
+        assert_eq!(r.rev(MAIN), Some(next.clone()));
     }
 }
 

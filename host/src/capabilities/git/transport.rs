@@ -159,9 +159,27 @@ impl RepoHandle<'_> {
         }
     }
 
-    /// Credentials and the deadline for one libgit2 call.
+    /// Credentials (for this repository's URL only) and the deadline for
+    /// one libgit2 call.
     pub(super) fn auth(&self) -> Auth<'_> {
-        Auth::new(self.auth, self.deadline)
+        Auth::new(self.auth, self.deadline).for_url(&self.url)
+    }
+
+    /// Refuse a ref or path the operator did not grant this backend.
+    pub(super) fn check_granted(
+        &self,
+        what: &str,
+        name: &str,
+        patterns: &[String],
+        key: &str,
+    ) -> Result<(), GitError> {
+        if patterns.iter().any(|p| matches_pattern(p, name)) {
+            return Ok(());
+        }
+        Err(GitError::Denied(format!(
+            "{what} {name:?} of {} is not granted to this backend; the operator must add a pattern covering it to {key}",
+            redact(&self.url)
+        )))
     }
 
     fn clone_dir(&self) -> std::path::PathBuf {
@@ -323,6 +341,9 @@ pub(super) struct Auth<'g> {
     pub(super) refused: Cell<bool>,
     deadline: Option<Instant>,
     pub(super) expired: Cell<bool>,
+    /// The URL these credentials are for; asked for another (a redirect),
+    /// they are not offered.
+    url: Option<String>,
 }
 
 impl<'g> Auth<'g> {
@@ -333,7 +354,14 @@ impl<'g> Auth<'g> {
             refused: Cell::new(false),
             deadline,
             expired: Cell::new(false),
+            url: None,
         }
+    }
+
+    /// Offer the credentials only when libgit2 asks on behalf of `url`.
+    pub(super) fn for_url(mut self, url: &str) -> Self {
+        self.url = Some(normalize_url(url));
+        self
     }
 
     /// Whether the call may go on (false once the deadline has passed).
@@ -350,9 +378,16 @@ impl<'g> Auth<'g> {
     /// connection's callbacks with their own.
     pub(super) fn callbacks(&self) -> RemoteCallbacks<'_> {
         let mut cb = RemoteCallbacks::new();
-        cb.credentials(move |_url, url_user, allowed| {
+        cb.credentials(move |asking, url_user, allowed| {
             if !self.in_time() {
                 return Err(git2::Error::from_str("the request's deadline passed"));
+            }
+            if let Some(granted) = &self.url
+                && !same_repository(granted, asking)
+            {
+                self.refused.set(true);
+                tracing::warn!(url = %redact(asking), "git credentials withheld: asked for on behalf of another URL");
+                return Err(git2::Error::from_str("credentials are only for the granted URL"));
             }
             self.offer(url_user, allowed)
         });

@@ -22,6 +22,44 @@ pub(super) fn dir_size(dir: &Path) -> u64 {
         .sum()
 }
 
+/// Whether `pattern` covers `name`: `*` matches within one `/`-separated
+/// segment, `**` matches across segments; everything else literally.
+pub(super) fn matches_pattern(pattern: &str, name: &str) -> bool {
+    fn go(p: &[u8], n: &[u8]) -> bool {
+        match p {
+            [] => n.is_empty(),
+            [b'*', b'*', rest @ ..] => (0..=n.len()).any(|i| go(rest, &n[i..])),
+            [b'*', rest @ ..] => (0..=n.len())
+                .take_while(|&i| i == 0 || n[i - 1] != b'/')
+                .any(|i| go(rest, &n[i..])),
+            [c, rest @ ..] => n.first() == Some(c) && go(rest, &n[1..]),
+        }
+    }
+    go(pattern.as_bytes(), name.as_bytes())
+}
+
+/// Whether libgit2's `asking` URL is the granted repository or below it
+/// (ignoring a trailing slash, a `.git` suffix and user info): a redirect
+/// to another host or repository is not.
+pub(super) fn same_repository(granted: &str, asking: &str) -> bool {
+    let plain = |url: &str| {
+        let url = normalize_url(url);
+        let url = url.strip_suffix(".git").unwrap_or(&url).to_owned();
+        match url.split_once("://") {
+            Some((scheme, rest)) => {
+                let rest = rest.split_once('@').map_or(rest, |(_, host)| host);
+                format!("{scheme}://{rest}")
+            }
+            None => url,
+        }
+    };
+    let (granted, asking) = (plain(granted), plain(asking));
+    asking == granted
+        || asking
+            .strip_prefix(&granted)
+            .is_some_and(|rest| rest.starts_with('/') || rest.starts_with(".git"))
+}
+
 pub(super) fn normalize_url(url: &str) -> String {
     url.trim().trim_end_matches('/').to_owned()
 }
@@ -109,5 +147,56 @@ pub(super) fn parse_oid(s: &str) -> Result<Oid, GitError> {
         _ => Err(GitError::InvalidInput(format!(
             "{s:?} is not a full hex object id; pass the 40-character id"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod pattern_tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_within_and_across_segments() {
+        assert!(matches_pattern("refs/heads/main", "refs/heads/main"));
+        assert!(!matches_pattern("refs/heads/main", "refs/heads/main2"));
+        assert!(matches_pattern(
+            "refs/heads/locks/**",
+            "refs/heads/locks/env/prod.tfstate"
+        ));
+        assert!(!matches_pattern("refs/heads/locks/**", "refs/heads/main"));
+        assert!(matches_pattern("states/*.tfstate", "states/prod.tfstate"));
+        assert!(!matches_pattern(
+            "states/*.tfstate",
+            "states/x/prod.tfstate"
+        ));
+        assert!(!matches_pattern(
+            "states/*.tfstate",
+            ".github/workflows/x.yml"
+        ));
+        assert!(matches_pattern("*.tfstate.lock", "prod.tfstate.lock"));
+    }
+
+    #[test]
+    fn credentials_follow_only_the_granted_repository() {
+        let granted = "https://git.example.com/infra/state.git";
+        assert!(same_repository(
+            granted,
+            "https://git.example.com/infra/state.git"
+        ));
+        assert!(same_repository(
+            granted,
+            "https://git.example.com/infra/state.git/info/refs"
+        ));
+        assert!(same_repository(
+            granted,
+            "https://user@git.example.com/infra/state"
+        ));
+        assert!(!same_repository(
+            granted,
+            "https://evil.example/infra/state.git"
+        ));
+        assert!(!same_repository(
+            granted,
+            "https://git.example.com/infra/state-other.git"
+        ));
     }
 }
