@@ -90,9 +90,13 @@ fn fixture() -> Fixture {
     });
     let runtime = Runtime::new(&config, metrics()).unwrap();
     let backend = &config.backends[0];
-    let wasm = wasmstate::guests::load(&backend.guest, &config).unwrap();
     let guest = rt
-        .block_on(runtime.load_backend(backend, &wasm, config.granted_dir(backend)))
+        .block_on(wasmstate::loader::load(
+            &config,
+            backend,
+            &runtime,
+            wasmstate::loader::Ungranted::Refuse,
+        ))
         .unwrap();
     Fixture {
         rt,

@@ -1,8 +1,35 @@
-//! The first-party guests compiled into this binary, and loading a guest's
-//! component bytes from wherever the config says it lives.
+//! Where a guest's component comes from, and the first-party guests
+//! compiled into this binary with what each is granted by default. A leaf:
+//! loading the bytes is the loader's work ([`crate::loader`]).
 
-use crate::config::GuestSource;
 use crate::policy::Origin;
+use std::path::PathBuf;
+
+/// Where a guest's component comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestSource {
+    /// One of the guests compiled into this binary.
+    Embedded(&'static str),
+    /// A component file on disk.
+    File(PathBuf),
+    /// A guest from the store (`wasmstate guest install`), pinned by digest.
+    Installed {
+        /// Name from its manifest.
+        name: String,
+        /// The sha256 it must have.
+        sha256: String,
+    },
+}
+
+impl std::fmt::Display for GuestSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GuestSource::Embedded(name) => write!(f, "{name} (embedded)"),
+            GuestSource::File(path) => write!(f, "{}", path.display()),
+            GuestSource::Installed { name, sha256 } => write!(f, "{name}@sha256:{sha256}"),
+        }
+    }
+}
 
 /// A guest component shipped inside the `wasmstate` binary.
 #[derive(Debug, Clone, Copy)]
@@ -156,28 +183,4 @@ pub fn embedded(name: &str) -> Option<&'static EmbeddedGuest> {
 /// Names of the embedded guests, for error messages.
 pub fn embedded_names() -> Vec<&'static str> {
     EMBEDDED.iter().map(|g| g.name).collect()
-}
-
-/// The component bytes of `source`; installed guests come from the store
-/// of `config`'s data directory, checked against their pin and signature.
-pub fn load(
-    source: &GuestSource,
-    config: &crate::config::Config,
-) -> anyhow::Result<std::borrow::Cow<'static, [u8]>> {
-    use crate::marketplace::{Policy, load_installed, store::GuestStore};
-    match source {
-        GuestSource::Installed { name, sha256 } => {
-            let policy = Policy::new(&config.marketplace).map_err(anyhow::Error::msg)?;
-            let store = GuestStore::new(&config.data_dir);
-            load_installed(&store, &policy, name, sha256)
-                .map(std::borrow::Cow::Owned)
-                .map_err(anyhow::Error::msg)
-        }
-        GuestSource::Embedded(name) => embedded(name)
-            .map(|g| std::borrow::Cow::Borrowed(g.wasm))
-            .ok_or_else(|| anyhow::anyhow!("no embedded guest named {name:?}")),
-        GuestSource::File(path) => std::fs::read(path)
-            .map(std::borrow::Cow::Owned)
-            .map_err(|e| anyhow::anyhow!("cannot read guest {}: {e}", path.display())),
-    }
 }

@@ -170,7 +170,8 @@ pub async fn reload<S: Storage>(
             tracing::warn!(backend = %backend.name, "new backend in the config: restart the server to serve it");
             continue;
         };
-        match crate::server::load_backend(&config, backend, runtime).await {
+        match crate::loader::load(&config, backend, runtime, crate::loader::Ungranted::Refuse).await
+        {
             Ok(guest) => {
                 tracing::info!(backend = %backend.name, guest = %backend.guest, sha256 = guest.sha256(), "backend reloaded");
                 slot.replace(build(&config, &backend.name, guest));

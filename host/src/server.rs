@@ -3,7 +3,6 @@
 
 use crate::auth::Authenticator;
 use crate::config::Config;
-use crate::guests;
 use crate::listen::NetworkLimits;
 use crate::listen::timed_io::Clocks;
 use crate::metrics::Metrics;
@@ -18,92 +17,6 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-/// Compile, link and validate every configured backend's guest.
-pub async fn load_backends(
-    config: &Config,
-    runtime: &Runtime,
-) -> anyhow::Result<BTreeMap<String, GuestBackend>> {
-    let mut backends = BTreeMap::new();
-    for backend in &config.backends {
-        let guest = load_backend(config, backend, runtime).await?;
-        backends.insert(backend.name.clone(), guest);
-    }
-    Ok(backends)
-}
-
-/// Compile, link and validate one backend's guest, with the capabilities
-/// its manifest and the operator's grants allow.
-pub async fn load_backend(
-    config: &Config,
-    backend: &crate::config::BackendConfig,
-    runtime: &Runtime,
-) -> anyhow::Result<GuestBackend> {
-    let wasm = guests::load(&backend.guest, config)?;
-    let (backend, dir) = narrow_to_manifest(config, backend, &wasm)?;
-    let guest = runtime.load_backend(&backend, &wasm, dir.clone()).await?;
-    tracing::info!(
-        backend = %backend.name,
-        guest = %backend.guest,
-        sha256 = guest.sha256(),
-        dir = ?dir,
-        "backend ready"
-    );
-    Ok(guest)
-}
-
-/// A guest that carries a manifest gets only what it asks for and the
-/// operator granted; one that asks for more does not start. Guests without
-/// a manifest (embedded, or a local file) get the operator's grants as
-/// written; installed guests always carry one.
-fn narrow_to_manifest(
-    config: &Config,
-    backend: &crate::config::BackendConfig,
-    wasm: &[u8],
-) -> anyhow::Result<(crate::config::BackendConfig, Option<std::path::PathBuf>)> {
-    use crate::marketplace::{grants, manifest};
-    let dir = config.granted_dir(backend);
-    let info =
-        manifest::inspect(wasm).map_err(|e| anyhow::anyhow!("backend {:?}: {e}", backend.name))?;
-    let Some(manifest) = info.manifest else {
-        anyhow::ensure!(
-            !matches!(backend.guest, crate::config::GuestSource::Installed { .. }),
-            "backend {:?}: installed guest {} carries no manifest",
-            backend.name,
-            backend.guest
-        );
-        return Ok((backend.clone(), dir));
-    };
-    if let crate::config::GuestSource::Installed { name, sha256 } = &backend.guest
-        && manifest.name != *name
-    {
-        anyhow::bail!(
-            "backend {:?}: sha256:{sha256} is the guest {:?}, not {name:?}; check the pin in the config",
-            backend.name,
-            manifest.name
-        );
-    }
-    let narrowed = grants::intersect(&manifest.capabilities, backend, dir.is_some()).map_err(|missing| {
-        anyhow::anyhow!(
-            "backend {:?}: guest {} {} asks for capabilities the operator has not granted; add to [backends.{}]:\n{}",
-            backend.name,
-            manifest.name,
-            manifest.version,
-            backend.name,
-            missing
-                .lines()
-                .map(|l| format!("  {l}"))
-                .collect::<Vec<_>>()
-                .join("\n")
-        )
-    })?;
-    let dir = if manifest.capabilities.directory {
-        dir
-    } else {
-        None
-    };
-    Ok((narrowed, dir))
-}
 
 /// The host's layers around one backend's guest: encryption and history.
 fn store_for(config: &Config, name: &str, guest: GuestBackend) -> Store<GuestBackend> {
@@ -146,7 +59,7 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
         .transpose()?;
     let metrics = Arc::new(Metrics::new(config.backends.iter().map(|b| b.name.clone())));
     let runtime = Runtime::new(&config, metrics.clone())?;
-    let backends = load_backends(&config, &runtime).await?;
+    let backends = crate::loader::load_all(&config, &runtime).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;

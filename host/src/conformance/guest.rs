@@ -5,6 +5,7 @@ use super::{Outcome, Report};
 use crate::capabilities::git::{GitAuth, GitGrant};
 use crate::config::{BackendConfig, Config, GuestSource, Limits, Overrides};
 use crate::guests;
+use crate::loader::{self, Ungranted};
 use crate::policy::Origin;
 use crate::runtime::Runtime;
 use std::path::PathBuf;
@@ -100,15 +101,14 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
     });
     config.backends = vec![backend(subject.config.clone())];
     let runtime = Runtime::new(&config, Arc::new(crate::metrics::Metrics::new([])))?;
-    let wasm = guests::load(&subject.guest, &config)?;
-    let storage = runtime
-        .load_backend(&config.backends[0], &wasm, Some(dir.clone()))
-        .await?;
+    // The same pipeline `serve` runs: verified, narrowed to its manifest
+    // (what it asks for beyond the flags is refused where it is used).
+    let storage = loader::load(&config, &config.backends[0], &runtime, Ungranted::Withhold).await?;
     let mut report = super::run(Arc::new(storage), &super::run_id()).await;
 
     let mut bad = subject.config.clone();
     bad.push((UNKNOWN_KEY.into(), "1".into()));
-    let result = match runtime.load_backend(&backend(bad), &wasm, Some(dir)).await {
+    let result = match loader::load(&config, &backend(bad), &runtime, Ungranted::Withhold).await {
         Ok(_) => Err(format!(
             "the guest accepted the unknown key {UNKNOWN_KEY:?}"
         )),

@@ -74,6 +74,21 @@ pub fn intersect(
     backend: &BackendConfig,
     has_dir: bool,
 ) -> Result<BackendConfig, String> {
+    let (narrowed, missing) = narrow(wants, backend, has_dir)?;
+    if !missing.is_empty() {
+        return Err(missing.join("\n"));
+    }
+    Ok(narrowed)
+}
+
+/// `backend`'s grants narrowed to what `wants` asks for, and what `wants`
+/// asks for beyond them (the lines the operator would add). `Err` only for
+/// a manifest that does not parse.
+pub fn narrow(
+    wants: &Capabilities,
+    backend: &BackendConfig,
+    has_dir: bool,
+) -> Result<(BackendConfig, Vec<String>), String> {
     let mut missing = Vec::new();
     // A named origin must be granted as such; `*` patterns are
     // alternatives: the operator grants at least one host matching any.
@@ -140,9 +155,6 @@ pub fn intersect(
             "timeout_ms = {need}   # it needs {need} ms per request"
         ));
     }
-    if !missing.is_empty() {
-        return Err(missing.join("\n"));
-    }
     let mut narrowed = backend.clone();
     narrowed.allow_http = allow_http;
     narrowed.allow_git = if wants.git {
@@ -151,7 +163,7 @@ pub fn intersect(
         Vec::new()
     };
     narrowed.secrets = secrets;
-    Ok(narrowed)
+    Ok((narrowed, missing))
 }
 
 #[cfg(test)]

@@ -9,7 +9,6 @@
 //! - [`index`]: a JSON catalogue of guests to search and install by name.
 //! - [`oci`]: guests as OCI artifacts in a registry.
 
-pub mod cli;
 pub mod grants;
 pub mod index;
 pub mod manifest;
@@ -18,7 +17,7 @@ pub mod signing;
 pub mod store;
 
 use crate::config::MarketplaceConfig;
-use crate::runtime::sha256_hex;
+use crate::digest::sha256_hex;
 use store::{GuestStore, Installed};
 
 /// Where a guest to install comes from, parsed from the command line:
@@ -214,7 +213,7 @@ pub async fn install(
             source.location, manifest.name
         ));
     }
-    crate::runtime::check_wit_version(&info.exports).map_err(|e| e.to_string())?;
+    crate::contract::check_version(&info.exports).map_err(|e| e.to_string())?;
     let signature_text = match (signature, bundled_signature) {
         (None, Some(bundled)) => Some(bundled),
         (None, None) if source.location.starts_with("oci://") => None,

@@ -12,17 +12,12 @@
 
 use anyhow::Context;
 use hmac::{Hmac, Mac};
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use wasmtime::Engine;
 use wasmtime::component::Component;
-
-/// The component's sha256, hex-encoded.
-pub fn sha256_hex(wasm: &[u8]) -> String {
-    hex::encode(Sha256::digest(wasm))
-}
 
 /// The key that vouches for cache entries this host (or its replicas
 /// sharing the data directory) wrote.
@@ -169,7 +164,7 @@ mod tests {
     }
 
     fn digest() -> String {
-        sha256_hex(local_guest())
+        crate::digest::sha256_hex(local_guest())
     }
 
     fn local_guest() -> &'static [u8] {

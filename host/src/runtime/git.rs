@@ -5,18 +5,8 @@
 
 use super::bindings::wasmstate::backend::git as wit;
 use super::sandbox::Sandbox;
-use crate::capabilities::git::{FileChange, GitError, GitGrant, GitHost, RepoHandle};
+use crate::capabilities::git::{FileChange, GitAccess, GitError, RepoHandle};
 use std::sync::Arc;
-
-/// What one backend's guest may do with git: the host's clones and the
-/// repositories the operator granted it.
-#[derive(Clone)]
-pub struct GitAccess {
-    /// The host's git capability (one clone per repository).
-    pub host: Arc<GitHost>,
-    /// Repositories granted to this backend, with their credentials.
-    pub grants: Arc<[GitGrant]>,
-}
 
 impl From<GitError> for wit::GitError {
     fn from(e: GitError) -> Self {

@@ -7,7 +7,7 @@ use super::limits::{Budget, MemoryLimiter, Refusal};
 use super::quota::DirQuota;
 use super::sandbox::{STDERR_CAPACITY, Sandbox};
 use super::turns::{Core, TurnHook, Turns};
-use super::{GUEST_DATA_DIR, OUTER_GRACE, git, outbound};
+use super::{GUEST_DATA_DIR, OUTER_GRACE, outbound};
 use crate::backend::{Diagnostic, LockInfo, Storage, StorageError, StorageResult};
 use crate::config::Limits;
 use crate::metrics::{Fault, Metrics};
@@ -61,7 +61,7 @@ pub(super) struct Shared {
     pub dir: Option<PathBuf>,
     pub config: Arc<[(String, String)]>,
     pub outbound: Arc<OutboundPolicy>,
-    pub git: Option<git::GitAccess>,
+    pub git: Option<crate::capabilities::git::GitAccess>,
     pub secrets: Arc<[(String, String)]>,
     pub sha256: String,
 }

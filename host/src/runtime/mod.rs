@@ -21,17 +21,10 @@ mod pinned;
 pub mod quota;
 mod sandbox;
 pub mod system;
+mod text;
 pub mod turns;
 
-pub use bindings::WIT_VERSION;
-pub use cache::sha256_hex;
 pub use guest::GuestBackend;
-
-/// Refuse a component whose exports do not implement this host's WIT
-/// version, naming both (see [`WIT_VERSION`]).
-pub fn check_wit_version(exports: &[String]) -> anyhow::Result<()> {
-    bindings::check_version(exports)
-}
 
 use crate::config::{BackendConfig, Config, Limits};
 use crate::metrics::Metrics;
@@ -160,7 +153,7 @@ impl Runtime {
     ) -> anyhow::Result<GuestBackend> {
         let name = &backend.name;
         let context = || format!("backend {name:?} (guest {})", backend.guest);
-        let sha256 = sha256_hex(wasm);
+        let sha256 = crate::digest::sha256_hex(wasm);
         let component = cache::compile(
             &self.engine,
             wasm,
@@ -174,7 +167,7 @@ impl Runtime {
             .exports(&self.engine)
             .map(|(n, _)| n.to_string())
             .collect();
-        bindings::check_version(&exports).with_context(context)?;
+        crate::contract::check_version(&exports).with_context(context)?;
         let pre = self
             .linker
             .instantiate_pre(&component)
@@ -225,7 +218,7 @@ impl Runtime {
                     backend.allow_http.clone(),
                     backend.allow_http_addresses.clone(),
                 )),
-                git: (!backend.allow_git.is_empty()).then(|| git::GitAccess {
+                git: (!backend.allow_git.is_empty()).then(|| crate::capabilities::git::GitAccess {
                     host: self.git.clone(),
                     grants: backend.allow_git.clone().into(),
                 }),

@@ -5,7 +5,9 @@ use super::bindings::wasmstate::backend::{host, types};
 use super::limits::MemoryLimiter;
 use super::outbound::Outbound;
 use super::quota::DirQuota;
+use super::text::{escape_controls, truncate};
 use super::turns::Core;
+use crate::capabilities::git::GitAccess;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
@@ -52,7 +54,7 @@ pub struct Sandbox {
     /// Log lines written so far in this request.
     pub log_lines: usize,
     /// Git repositories this backend may use, if any.
-    pub git: Option<super::git::GitAccess>,
+    pub git: Option<GitAccess>,
     /// Secrets granted to this backend, by name.
     pub secrets: Arc<[(String, String)]>,
 }
@@ -67,35 +69,6 @@ impl Sandbox {
             .find(|l| !l.trim().is_empty() && !l.starts_with("note:"))
             .map(|l| truncate(l.trim(), MAX_LOG_LINE))
     }
-}
-
-/// `s` with control characters (newlines, escapes, NULs) written as
-/// escapes (`\n`, `\u{1b}`).
-pub fn escape_controls(s: &str) -> String {
-    if !s.chars().any(char::is_control) {
-        return s.to_string();
-    }
-    s.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
-
-/// `s`, cut to at most `max` bytes (on a character boundary) with `…`.
-pub fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }
 
 impl WasiView for Sandbox {

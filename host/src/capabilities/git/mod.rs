@@ -131,6 +131,16 @@ pub struct GitHost {
     repos: Mutex<HashMap<String, Arc<parking_lot::Mutex<Slot>>>>,
 }
 
+/// What one backend's guest may do with git: the host's clones and the
+/// repositories the operator granted it.
+#[derive(Clone)]
+pub struct GitAccess {
+    /// The host's git capability (one clone per repository).
+    pub host: Arc<GitHost>,
+    /// Repositories granted to this backend, with their credentials.
+    pub grants: Arc<[GitGrant]>,
+}
+
 /// One repository's clone, opened once and reused across calls.
 #[derive(Default)]
 pub(super) struct Slot {

@@ -1,9 +1,11 @@
-//! Command-line interface.
+//! Command-line interface: the only layer that knows the subcommands.
+
+mod guest;
+
+pub use guest::{GuestAction, StoreArgs};
 
 use crate::client::{Client, ClientTls, Credentials};
-use crate::config::{Config, GuestSource, Limits, Overrides};
-use crate::conformance::{GuestUnderTest, run_guest};
-use crate::policy::Origin;
+use crate::config::{Config, Overrides};
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -161,146 +163,6 @@ pub enum StateAction {
     },
 }
 
-/// Guest operations.
-#[derive(Debug, Subcommand)]
-pub enum GuestAction {
-    /// Install a guest into the data directory's store: from a path, an
-    /// https URL, or an index name; pin it with @sha256:HEX. Checks the
-    /// manifest, the WIT version and the publisher's signature.
-    Install {
-        /// PATH, https://URL or NAME (from --index), optionally @sha256:HEX.
-        source: String,
-        /// The `.minisig` signature (path or URL) [default: SOURCE.minisig].
-        #[arg(long)]
-        signature: Option<String>,
-        /// Where the store is and what it trusts.
-        #[command(flatten)]
-        store: StoreArgs,
-    },
-    /// List installed guests.
-    List {
-        /// Where the store is.
-        #[command(flatten)]
-        store: StoreArgs,
-    },
-    /// Show an installed guest (or a component file): manifest, requested
-    /// capabilities, imports and exports, sha256, size, signer.
-    Inspect {
-        /// Installed guest name, or a path to a `.wasm` file.
-        guest: String,
-        /// Where the store is.
-        #[command(flatten)]
-        store: StoreArgs,
-    },
-    /// Remove an installed guest.
-    Remove {
-        /// Installed guest name.
-        name: String,
-        /// Where the store is.
-        #[command(flatten)]
-        store: StoreArgs,
-    },
-    /// Make a minisign key pair for signing guests: writes the secret key
-    /// (password from WASMSTATE_SIGNING_PASSWORD), prints the public key for
-    /// operators' [marketplace] trusted_keys.
-    Keygen {
-        /// Where to write the secret key.
-        secret_key: PathBuf,
-    },
-    /// Sign a guest component: writes COMPONENT.minisig.
-    Sign {
-        /// The component to sign.
-        component: PathBuf,
-        /// The secret key from `guest keygen` (or the minisign tool).
-        #[arg(long)]
-        key: PathBuf,
-    },
-    /// Publish a component (and COMPONENT.minisig, if present) to an OCI
-    /// registry as an artifact, for `guest install oci://…`.
-    Push {
-        /// The component.
-        component: PathBuf,
-        /// Where to: oci://HOST[:PORT]/REPOSITORY:TAG.
-        reference: String,
-    },
-    /// Search a guest index (JSON at a path or URL) by name, description or
-    /// publisher.
-    Search {
-        /// Text to look for [default: list everything].
-        #[arg(default_value = "")]
-        term: String,
-        /// Where the store is, and the index ([marketplace] index).
-        #[command(flatten)]
-        store: StoreArgs,
-    },
-    /// Run the conformance kit against a guest: a PASS/FAIL line per case,
-    /// exit status 1 if any case fails.
-    Test {
-        /// An embedded guest (`local`) or a path to a `.wasm` component.
-        guest: String,
-        /// Configuration handed to the guest (repeatable).
-        #[arg(long = "config", value_name = "KEY=VALUE")]
-        config: Vec<String>,
-        /// Directory granted to the guest at /data [default: a fresh
-        /// temporary directory].
-        #[arg(long)]
-        dir: Option<PathBuf>,
-        /// Origin the guest may send HTTP requests to, e.g.
-        /// http://127.0.0.1:2379 (repeatable).
-        #[arg(long = "allow-http", value_name = "ORIGIN")]
-        allow_http: Vec<String>,
-        /// Git repository URL the guest may use through the host (repeatable;
-        /// the embedded git guest gets its --config repository=URL).
-        #[arg(long = "allow-git", value_name = "URL")]
-        allow_git: Vec<String>,
-        /// Ref the guest may update in those repositories, `*` within a
-        /// segment, `**` across (repeatable; the embedded git guest: its
-        /// branch and refs/heads/locks/**).
-        #[arg(long = "git-ref", value_name = "PATTERN")]
-        git_refs: Vec<String>,
-        /// Path its commits may touch (repeatable; the embedded git guest:
-        /// its state and lock files).
-        #[arg(long = "git-path", value_name = "PATTERN")]
-        git_paths: Vec<String>,
-        /// Memory cap per call.
-        #[arg(long, default_value_t = 256)]
-        memory_mib: u64,
-        /// Deadline per call.
-        #[arg(long, default_value_t = 30_000)]
-        timeout_ms: u64,
-    },
-}
-
-/// Which data directory's guest store, and the marketplace settings.
-#[derive(Debug, clap::Args)]
-pub struct StoreArgs {
-    /// The server's config file, for data_dir and [marketplace].
-    #[arg(long, short, env = "WASMSTATE_CONFIG")]
-    config: Option<PathBuf>,
-    /// Data directory (overrides the config file) [default: ./wasmstate-data].
-    #[arg(long, env = "WASMSTATE_DATA_DIR")]
-    data_dir: Option<PathBuf>,
-    /// Guest index, path or URL (overrides [marketplace] index).
-    #[arg(long)]
-    index: Option<String>,
-}
-
-impl StoreArgs {
-    pub(crate) fn load(&self) -> anyhow::Result<Config> {
-        let mut config = Config::load(
-            self.config.as_deref(),
-            Overrides {
-                data_dir: self.data_dir.clone(),
-                ..Overrides::default()
-            },
-        )?;
-        if let Some(index) = &self.index {
-            config.marketplace.index = Some(index.clone());
-        }
-        Ok(config)
-    }
-}
-
 /// Workspace operations.
 #[derive(Debug, Subcommand)]
 pub enum WorkspaceAction {
@@ -343,7 +205,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let config = Config::load(Some(&config), Overrides::default())?;
             let metrics = std::sync::Arc::new(crate::metrics::Metrics::new([]));
             let runtime = crate::runtime::Runtime::new(&config, metrics)?;
-            let backends = crate::server::load_backends(&config, &runtime).await?;
+            let backends = crate::loader::load_all(&config, &runtime).await?;
             println!("listen {}", config.listen);
             for b in &config.backends {
                 let dir = config.granted_dir(b);
@@ -360,51 +222,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("configuration OK");
             Ok(())
         }
-        Command::Guest {
-            action:
-                GuestAction::Test {
-                    guest,
-                    config,
-                    dir,
-                    allow_http,
-                    allow_git,
-                    git_refs,
-                    git_paths,
-                    memory_mib,
-                    timeout_ms,
-                },
-        } => {
-            let subject = GuestUnderTest {
-                guest: guest_source(&guest)?,
-                config: config
-                    .iter()
-                    .map(|kv| {
-                        kv.split_once('=')
-                            .map(|(k, v)| (k.to_string(), v.to_string()))
-                            .ok_or_else(|| anyhow::anyhow!("--config {kv:?}: write KEY=VALUE"))
-                    })
-                    .collect::<Result<_, _>>()?,
-                dir,
-                allow_http: allow_http
-                    .iter()
-                    .map(|o| Origin::parse(o).map_err(|e| anyhow::anyhow!("--allow-http {e}")))
-                    .collect::<Result<_, _>>()?,
-                allow_git,
-                git_refs,
-                git_paths,
-                limits: Limits {
-                    memory_bytes: memory_mib << 20,
-                    timeout: std::time::Duration::from_millis(timeout_ms),
-                },
-            };
-            let report = run_guest(subject).await?;
-            print!("{}", report.render());
-            if !report.all_passed() {
-                std::process::exit(1);
-            }
-            Ok(())
-        }
-        Command::Guest { action } => crate::marketplace::cli::run(action).await,
+        Command::Guest { action } => guest::run(action).await,
         Command::HashPassword => {
             let mut password = String::new();
             std::io::stdin().read_line(&mut password)?;
@@ -470,18 +288,4 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
-}
-
-/// `local` (embedded) or a path to a component file.
-fn guest_source(text: &str) -> anyhow::Result<GuestSource> {
-    if let Some(embedded) = crate::guests::embedded(text) {
-        return Ok(GuestSource::Embedded(embedded.name));
-    }
-    let path = PathBuf::from(text);
-    anyhow::ensure!(
-        path.is_file(),
-        "{text:?} is neither an embedded guest ({}) nor a component file",
-        crate::guests::embedded_names().join(", ")
-    );
-    Ok(GuestSource::File(path))
 }

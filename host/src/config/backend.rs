@@ -1,0 +1,226 @@
+//! One `[backends.NAME]` table, raw → validated, with the secrets and keys
+//! it names resolved.
+
+use super::raw::*;
+use super::values::{env_or_file, env_var, flatten_config, in_range, mib};
+use super::*;
+
+pub(super) fn validate_backend(
+    name: String,
+    raw: RawBackend,
+    base: &Path,
+    file: &str,
+) -> Result<BackendConfig, ConfigError> {
+    let key = |k: &str| format!("backends.{name}.{k}");
+    check_name("backend", &name)
+        .map_err(|e| ConfigError(format!("{file}: [backends.{name}]: {e}")))?;
+    let guest = match guests::embedded(&raw.guest) {
+        Some(embedded) => GuestSource::Embedded(embedded.name),
+        None if raw.guest.contains("@sha256:") => {
+            let (name, sha256) = raw.guest.split_once("@sha256:").expect("checked");
+            let sha256 = sha256.to_ascii_lowercase();
+            if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(ConfigError(format!(
+                    "{file}: {} = {:?}: the pin after @sha256: must be 64 hex digits (see `wasmstate guest list`)",
+                    key("guest"),
+                    raw.guest
+                )));
+            }
+            GuestSource::Installed {
+                name: name.to_string(),
+                sha256,
+            }
+        }
+        None if raw.guest.ends_with(".wasm") => {
+            let path = base.join(&raw.guest);
+            if !path.is_file() {
+                return Err(ConfigError(format!(
+                    "{file}: {} = {:?}: no such file ({})",
+                    key("guest"),
+                    raw.guest,
+                    path.display()
+                )));
+            }
+            GuestSource::File(path)
+        }
+        None => {
+            return Err(ConfigError(format!(
+                "{file}: {} = {:?}: not an embedded guest ({}), a path to a .wasm file, nor an installed guest pinned as NAME@sha256:HEX (see `wasmstate guest list`)",
+                key("guest"),
+                raw.guest,
+                guests::embedded_names().join(", ")
+            )));
+        }
+    };
+    let memory_mib = in_range(
+        file,
+        &key("memory_mib"),
+        raw.memory_mib.unwrap_or(DEFAULT_MEMORY_MIB),
+        1,
+        4096,
+    )?;
+    let timeout_ms = in_range(
+        file,
+        &key("timeout_ms"),
+        raw.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+        10,
+        3_600_000,
+    )?;
+    let mut guest_config = Vec::new();
+    flatten_config(&key("config"), "", raw.config, &mut guest_config, file)?;
+    // First-party guests are granted the endpoints and repository their own
+    // configuration names, unless the operator lists grants explicitly.
+    let (default_http, default_git) = guests::default_grants(&guest, &guest_config);
+    let mut allow_http: Vec<Origin> = raw
+        .allow_http
+        .iter()
+        .map(|o| {
+            Origin::parse(o).map_err(|e| ConfigError(format!("{file}: {}: {e}", key("allow_http"))))
+        })
+        .collect::<Result<_, _>>()?;
+    if allow_http.is_empty() {
+        allow_http = default_http;
+    }
+    let allow_http_addresses = raw
+        .allow_http_addresses
+        .iter()
+        .map(|a| {
+            crate::policy::parse_address_grant(a)
+                .map_err(|e| ConfigError(format!("{file}: {}: {e}", key("allow_http_addresses"))))
+        })
+        .collect::<Result<_, _>>()?;
+    let history = in_range(
+        file,
+        &key("history"),
+        raw.history.unwrap_or(DEFAULT_HISTORY),
+        0,
+        10_000,
+    )? as usize;
+    let encryption_accept_plain = raw.encryption.as_ref().is_some_and(|e| e.accept_plain);
+    let encryption_keys = match raw.encryption {
+        None => Vec::new(),
+        Some(enc) => encryption_keys(enc, base, &key("encryption.keys"), file)?,
+    };
+    let auth = match raw.git_auth {
+        None => GitAuth::default(),
+        Some(a) => {
+            let env = |var: Option<String>, what: &str| {
+                var.map(|var| env_var(&var, file, &format!("{}.{what}", key("git_auth"))))
+                    .transpose()
+            };
+            GitAuth {
+                username: env(a.username_env, "username_env")?,
+                password: env(a.password_env, "password_env")?,
+                ssh_key: a.ssh_key.map(|k| base.join(k)),
+            }
+        }
+    };
+    let mut git_urls = raw.allow_git;
+    if git_urls.is_empty() {
+        git_urls = default_git.urls;
+    }
+    // What the guest may change in them: a first-party guest's own layout
+    // unless the operator says otherwise; nothing for other guests.
+    let git_refs = raw.git_refs.unwrap_or(default_git.refs);
+    let git_paths = raw.git_paths.unwrap_or(default_git.paths);
+    for pattern in git_refs.iter().chain(&git_paths) {
+        if pattern.trim().is_empty() || pattern.contains("..") {
+            return Err(ConfigError(format!(
+                "{file}: {}: {pattern:?} is not a pattern; write e.g. \"refs/heads/locks/**\" or \"states/*.tfstate\"",
+                key("git_refs / git_paths")
+            )));
+        }
+    }
+    let allow_git = git_urls
+        .into_iter()
+        .map(|url| {
+            if url.trim().is_empty() {
+                return Err(ConfigError(format!(
+                    "{file}: {}: empty repository URL",
+                    key("allow_git")
+                )));
+            }
+            Ok(GitGrant {
+                url,
+                auth: auth.clone(),
+                refs: git_refs.clone(),
+                paths: git_paths.clone(),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let mut secrets = Vec::new();
+    for (name, secret) in raw.secrets {
+        let at = format!("{}.{name}", key("secrets"));
+        let value = env_or_file(secret.env, secret.file, base, file, &at)?;
+        secrets.push((name, value));
+    }
+    let max_instances = raw
+        .max_instances
+        .map(|n| in_range(file, &key("max_instances"), n.into(), 1, 10_000).map(|n| n as u32))
+        .transpose()?;
+    let memory_budget_bytes = raw
+        .memory_budget_mib
+        .map(|m| in_range(file, &key("memory_budget_mib"), m, 1, 1 << 24).map(mib))
+        .transpose()?;
+    // Embedded guests are the operator's own choice of code; a stranger's
+    // gets a quota unless the operator sets one.
+    let disk_quota_bytes = match (raw.disk_quota_mib, &guest) {
+        (Some(m), _) => Some(mib(in_range(file, &key("disk_quota_mib"), m, 1, 1 << 30)?)),
+        (None, GuestSource::Embedded(_)) => None,
+        (None, _) => Some(mib(DEFAULT_DISK_QUOTA_MIB)),
+    };
+    let max_cores = raw
+        .max_cores
+        .map(|n| in_range(file, &key("max_cores"), n.into(), 1, 1024).map(|n| n as u32))
+        .transpose()?;
+    Ok(BackendConfig {
+        memory_budget_bytes,
+        disk_quota_bytes,
+        max_cores,
+        max_instances,
+        secrets,
+        allow_git,
+        history,
+        encryption_keys,
+        encryption_accept_plain,
+        allow_http,
+        allow_http_addresses,
+        allow_force_push: raw.allow_force_push,
+        dir: raw.dir.map(|d| base.join(d)),
+        name,
+        guest,
+        limits: Limits {
+            memory_bytes: mib(memory_mib),
+            timeout: Duration::from_millis(timeout_ms),
+        },
+        guest_config,
+    })
+}
+
+/// Read each key from the environment variable or file it names.
+pub(super) fn encryption_keys(
+    raw: RawEncryption,
+    base: &Path,
+    key: &str,
+    file: &str,
+) -> Result<Vec<EncryptionKey>, ConfigError> {
+    if raw.keys.is_empty() {
+        return Err(ConfigError(format!(
+            "{file}: {key}: empty; list at least one {{ id = \"…\", env = \"VAR\" }} or remove the encryption table"
+        )));
+    }
+    let mut keys: Vec<EncryptionKey> = Vec::new();
+    for k in raw.keys {
+        let at = format!("{key}[id={:?}]", k.id);
+        check_name("key id", &k.id).map_err(|e| ConfigError(format!("{file}: {at}: {e}")))?;
+        if keys.iter().any(|existing| existing.id == k.id) {
+            return Err(ConfigError(format!("{file}: {at}: the id is used twice")));
+        }
+        let text = env_or_file(k.env, k.file, base, file, &at)?;
+        keys.push(
+            EncryptionKey::parse(&k.id, &text)
+                .map_err(|e| ConfigError(format!("{file}: {at}: {e}")))?,
+        );
+    }
+    Ok(keys)
+}

@@ -1,0 +1,269 @@
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, Path::new("/etc/wasmstate.toml"), Overrides::default())
+}
+
+#[test]
+fn reads_a_full_file() {
+    let config = parse(
+        r#"
+        listen = "0.0.0.0:7000"
+        data_dir = "data"
+        max_body_mib = 8
+        [backends.prod]
+        guest = "local"
+        memory_mib = 32
+        timeout_ms = 500
+        [backends.prod.config]
+        fsync = false
+        "#,
+    )
+    .unwrap();
+    assert_eq!(config.listen.to_string(), "0.0.0.0:7000");
+    assert_eq!(config.data_dir, PathBuf::from("/etc/data"));
+    assert_eq!(config.max_body_bytes, 8 << 20);
+    let prod = &config.backends[0];
+    assert_eq!(prod.guest, GuestSource::Embedded("local"));
+    assert_eq!(prod.limits.memory_bytes, 32 << 20);
+    assert_eq!(prod.limits.timeout, Duration::from_millis(500));
+    assert_eq!(prod.guest_config, vec![("fsync".into(), "false".into())]);
+}
+
+#[test]
+fn unknown_key_names_file_line_and_key() {
+    let err = parse("[backends.a]\nguest = \"local\"\nmemroy_mib = 3\n").unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.starts_with("/etc/wasmstate.toml:3:1: "), "{msg}");
+    assert!(msg.contains("memroy_mib"), "{msg}");
+}
+
+#[test]
+fn invalid_values_name_the_key_and_the_reason() {
+    let msg = parse("[backends.a]\nguest = \"local\"\nmemory_mib = 0\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("backends.a.memory_mib = 0: must be between"),
+        "{msg}"
+    );
+
+    let msg = parse("[backends.a]\nguest = \"nope\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("backends.a.guest = \"nope\""), "{msg}");
+
+    let msg = parse("[backends.a]\nguest = \"missing.wasm\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("no such file"), "{msg}");
+
+    let msg = parse("[backends.\"a/b\"]\nguest = \"local\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("contains '/'"), "{msg}");
+
+    let msg = parse("listen = \"localhost\"\n[backends.a]\nguest = \"local\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("listen = \"localhost\": not an address"),
+        "{msg}"
+    );
+
+    let msg = parse("[backends.a]\nguest = \"local\"\nallow_http = [\"http://h:1/path\"]\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("backends.a.allow_http: \"http://h:1/path\""),
+        "{msg}"
+    );
+
+    let msg = parse("[backends.a]\nguest = \"local\"\nconfig = { x = [1] }\n")
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("backends.a.config.x: array values"), "{msg}");
+}
+
+#[test]
+fn nested_tables_flatten_and_env_values_come_from_the_host() {
+    let config = parse(
+        r#"
+        [backends.a]
+        guest = "local"
+        [backends.a.config]
+        endpoints = { s3 = "http://127.0.0.1:9000" }
+        secret_key = { env = "PATH" }
+        "#,
+    )
+    .unwrap();
+    let pairs = &config.backends[0].guest_config;
+    assert!(pairs.contains(&("endpoints.s3".into(), "http://127.0.0.1:9000".into())));
+    let path = std::env::var("PATH").unwrap();
+    assert!(pairs.contains(&("secret_key".into(), path)));
+    let msg = parse(
+        "[backends.a]\nguest = \"local\"\nconfig = { k = { env = \"WASMSTATE_NO_SUCH_VAR\" } }\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        msg.contains("backends.a.config.k: environment variable WASMSTATE_NO_SUCH_VAR is not set"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn aws_guests_are_granted_their_configured_endpoints() {
+    let config = parse(
+        r#"
+        [backends.s3]
+        guest = "dynamodb"
+        [backends.s3.config]
+        bucket = "b"
+        key = "k"
+        dynamodb_table = "t"
+        endpoints = { s3 = "http://127.0.0.1:5000/", dynamodb = "http://127.0.0.1:5001" }
+        "#,
+    )
+    .unwrap();
+    let grants: Vec<String> = config.backends[0]
+        .allow_http
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(grants, ["http://127.0.0.1:5000", "http://127.0.0.1:5001"]);
+
+    let config = parse("[backends.s3]\nguest = \"s3-lockfile\"\nconfig = { bucket = \"b\", key = \"k\", region = \"eu-west-1\" }\n").unwrap();
+    let grants: Vec<String> = config.backends[0]
+        .allow_http
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(grants, ["https://b.s3.eu-west-1.amazonaws.com:443"]);
+}
+
+#[test]
+fn users_and_tokens_are_checked() {
+    let hash = crate::auth::hash_password("pw");
+    let ok = format!(
+        "[backends.prod]\nguest = \"local\"\n[[users]]\nname = \"a\"\npassword_hash = \"{hash}\"\ngrants = [\"prod:*:write\"]\n"
+    );
+    assert_eq!(parse(&ok).unwrap().users.len(), 1);
+    let typo = ok.replace("prod:*:write", "prd:*:write");
+    assert!(
+        parse(&typo)
+            .unwrap_err()
+            .to_string()
+            .contains("names backend \"prd\", which is not configured")
+    );
+    let plain = ok.replace(&hash, "hunter2");
+    assert!(
+        parse(&plain)
+            .unwrap_err()
+            .to_string()
+            .contains("wasmstate hash-password")
+    );
+    let token = "[backends.prod]\nguest = \"local\"\n[[tokens]]\nname = \"ci\"\nsha256 = \"abc\"\ngrants = [\"*:*:read\"]\n";
+    assert!(
+        parse(token)
+            .unwrap_err()
+            .to_string()
+            .contains("64 hex digits")
+    );
+}
+
+#[test]
+fn strangers_guests_get_a_disk_quota_by_default_embedded_ones_do_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("g.wasm");
+    std::fs::write(&wasm, b"").unwrap();
+    let config = Config::parse(
+        &format!(
+            "[backends.mine]\nguest = \"local\"\n[backends.theirs]\nguest = {:?}\n[backends.set]\nguest = \"local\"\ndisk_quota_mib = 5\nmemory_budget_mib = 100\nmax_cores = 3\n",
+            wasm.display().to_string()
+        ),
+        &dir.path().join("c.toml"),
+        Overrides::default(),
+    )
+    .unwrap();
+    let quota = |name: &str| {
+        config
+            .backends
+            .iter()
+            .find(|b| b.name == name)
+            .unwrap()
+            .disk_quota_bytes
+    };
+    assert_eq!(quota("mine"), None);
+    assert_eq!(quota("theirs"), Some(1024 << 20));
+    assert_eq!(quota("set"), Some(5 << 20));
+    let set = config.backends.iter().find(|b| b.name == "set").unwrap();
+    assert_eq!(
+        (set.memory_budget_bytes, set.max_cores),
+        (Some(100 << 20), Some(3))
+    );
+    assert_eq!(config.max_guest_memory_bytes, None);
+}
+
+#[test]
+fn a_backend_directory_may_not_overlap_the_hosts_or_another_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |backends: &str| {
+        Config::parse(
+            &format!("data_dir = \"data\"\n{backends}"),
+            &dir.path().join("c.toml"),
+            Overrides::default(),
+        )
+    };
+    for (bad, what) in [
+        ("dir = \"data\"", "the data directory"),
+        ("dir = \".\"", "the data directory"),
+        ("dir = \"data/cache\"", "compiled-guest cache"),
+        ("dir = \"data/cache/x\"", "compiled-guest cache"),
+        ("dir = \"data/git\"", "git clones"),
+        ("dir = \"data/./guests/../history\"", "version history"),
+    ] {
+        let err = config(&format!("[backends.a]\nguest = \"local\"\n{bad}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(what), "{bad}: {err}");
+    }
+    let shared = config(
+        "[backends.a]\nguest = \"local\"\ndir = \"s\"\n[backends.b]\nguest = \"local\"\ndir = \"s/x\"\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(shared.contains("backend \"b\"'s directory"), "{shared}");
+    // The default layout (data/backends/NAME) and dirs elsewhere are fine.
+    assert!(config("[backends.a]\nguest = \"local\"\n[backends.b]\nguest = \"local\"\ndir = \"elsewhere\"\n").is_ok());
+}
+
+#[test]
+fn a_file_without_backends_says_what_to_add() {
+    let msg = parse("listen = \"127.0.0.1:1\"\n").unwrap_err().to_string();
+    assert!(msg.contains("[backends.default]"), "{msg}");
+}
+
+#[test]
+fn command_line_wins_over_the_file() {
+    let overrides = Overrides {
+        listen: Some("127.0.0.1:9".parse().unwrap()),
+        data_dir: Some(PathBuf::from("/tmp/x")),
+        cache_dir: None,
+    };
+    let config = Config::parse(
+        "listen = \"0.0.0.0:1\"\n[backends.a]\nguest = \"local\"\n",
+        Path::new("c.toml"),
+        overrides,
+    )
+    .unwrap();
+    assert_eq!(config.listen.to_string(), "127.0.0.1:9");
+    assert_eq!(config.data_dir, PathBuf::from("/tmp/x"));
+}
+
+#[test]
+fn local_guest_gets_its_own_folder_by_default() {
+    let config = Config::default_with(Overrides::default());
+    let dir = config.granted_dir(&config.backends[0]).unwrap();
+    assert_eq!(dir, PathBuf::from("./wasmstate-data/backends/default"));
+}
