@@ -27,6 +27,7 @@ const GUESTS: &[(&str, &str)] = &[
         "wasmstate-fixture-secrets-probe",
         "WASMSTATE_FIXTURE_SECRETS_PROBE",
     ),
+    ("wasmstate-fixture-aws-probe", "WASMSTATE_FIXTURE_AWS_PROBE"),
 ];
 const TARGET: &str = "wasm32-wasip2";
 

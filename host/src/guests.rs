@@ -43,6 +43,9 @@ pub struct EmbeddedGuest {
     /// Outbound HTTP granted when the operator grants none explicitly,
     /// derived from the guest's configuration.
     pub default_http: fn(&[(String, String)]) -> Vec<Origin>,
+    /// Whether the host signs its requests with the backend's AWS
+    /// credentials (the AWS guests: every endpoint they are granted).
+    pub signs_aws: bool,
     /// Git repositories granted when the operator grants none explicitly,
     /// and the refs and paths it may change there, derived from the
     /// guest's configuration.
@@ -99,6 +102,7 @@ pub const EMBEDDED: &[EmbeddedGuest] = &[
         summary: "state files in a directory on this machine (the default)",
         wasm: include_bytes!(env!("WASMSTATE_GUEST_LOCAL")),
         default_http: |_| Vec::new(),
+        signs_aws: false,
         default_git: |_| GitDefaults::default(),
     },
     EmbeddedGuest {
@@ -106,6 +110,7 @@ pub const EMBEDDED: &[EmbeddedGuest] = &[
         summary: "S3, locked with .tflock objects (Terraform's use_lockfile layout)",
         wasm: include_bytes!(env!("WASMSTATE_GUEST_S3_LOCKFILE")),
         default_http: aws_grants,
+        signs_aws: true,
         default_git: |_| GitDefaults::default(),
     },
     EmbeddedGuest {
@@ -113,6 +118,7 @@ pub const EMBEDDED: &[EmbeddedGuest] = &[
         summary: "S3, locked with a DynamoDB table (Terraform's dynamodb_table layout)",
         wasm: include_bytes!(env!("WASMSTATE_GUEST_DYNAMODB")),
         default_http: aws_grants,
+        signs_aws: true,
         default_git: |_| GitDefaults::default(),
     },
     EmbeddedGuest {
@@ -122,6 +128,7 @@ pub const EMBEDDED: &[EmbeddedGuest] = &[
         // No HTTP: it reaches its repository through the host's git
         // capability, granted from its `repository` setting.
         default_http: |_| Vec::new(),
+        signs_aws: false,
         default_git: git_guest_grants,
     },
 ];
@@ -173,6 +180,11 @@ pub fn default_grants(
             .unwrap_or_default(),
         _ => Default::default(),
     }
+}
+
+/// Whether `source` is an embedded guest whose AWS requests the host signs.
+pub fn signs_aws(source: &GuestSource) -> bool {
+    matches!(source, GuestSource::Embedded(name) if embedded(name).is_some_and(|g| g.signs_aws))
 }
 
 /// The embedded guest called `name`, if there is one.

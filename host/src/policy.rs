@@ -32,6 +32,13 @@ pub struct Origin {
 }
 
 impl Origin {
+    /// Whether `uri` is on this origin (scheme, host and port equal).
+    pub fn matches(&self, uri: &http::Uri) -> bool {
+        parts(uri).is_some_and(|(scheme, host, port)| {
+            scheme == self.scheme && host == self.host && port == self.port
+        })
+    }
+
     /// Parse `scheme://host[:port]`, with nothing after the authority but
     /// an optional `/`.
     pub fn parse(text: &str) -> Result<Origin, String> {
@@ -181,10 +188,7 @@ impl OutboundPolicy {
     pub fn check(&self, uri: &http::Uri) -> Result<(), String> {
         let (scheme, host, port) = parts(uri)
             .ok_or_else(|| format!("{uri} is not an absolute http(s) URL with a host"))?;
-        let granted = self
-            .granted
-            .iter()
-            .find(|o| o.scheme == scheme && o.host == host && o.port == port);
+        let granted = self.granted.iter().find(|o| o.matches(uri));
         match granted {
             Some(_) => Ok(()),
             None if is_metadata_or_link_local(&host) => {

@@ -4,6 +4,7 @@
 
 mod auth;
 mod aws;
+mod aws_credentials;
 mod common;
 mod concurrency;
 mod conformance;

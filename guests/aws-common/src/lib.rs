@@ -1,6 +1,7 @@
 //! What wasmstate's AWS guests (`s3-lockfile`, `dynamodb`) share: their
 //! configuration, named as in Terraform's `backend "s3"`; AWS clients that
-//! run inside the sandbox (requests through `wasi:http`); and the S3 state
+//! run inside the sandbox (requests through `wasi:http`, sent unsigned:
+//! the host holds the credentials and signs them); and the S3 state
 //! layout, byte-compatible with Terraform's:
 //!
 //! ```text
@@ -14,7 +15,7 @@ pub use aws_smithy_wasm::wasi::WasiSleep;
 pub use s3::S3State;
 
 use aws_sdk_s3::config::http::HttpResponse;
-use aws_sdk_s3::config::{Credentials, Region, SharedHttpClient};
+use aws_sdk_s3::config::{Region, SharedHttpClient};
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use wasmstate_guest::{Config, Diagnostic, Error};
 
@@ -29,9 +30,6 @@ pub const COMMON_KEYS: &[&str] = &[
     "workspace_key_prefix",
     "encrypt",
     "kms_key_id",
-    "access_key",
-    "secret_key",
-    "token",
 ];
 
 /// Validated settings.
@@ -53,7 +51,6 @@ pub struct AwsSettings {
     pub encrypt: bool,
     /// KMS key for server-side encryption (implies `encrypt`).
     pub kms_key_id: Option<String>,
-    credentials: Option<(String, String, Option<String>)>,
 }
 
 fn invalid(key: &str, message: impl Into<String>) -> Error {
@@ -73,20 +70,6 @@ impl AwsSettings {
                 "must be an object key such as \"app/terraform.tfstate\" (no leading or trailing '/')",
             ));
         }
-        let credentials = match (config.get("access_key"), config.get("secret_key")) {
-            (Some(a), Some(s)) => Some((
-                a.to_string(),
-                s.to_string(),
-                config.get("token").map(str::to_string),
-            )),
-            (None, None) => None,
-            _ => {
-                return Err(invalid(
-                    "secret_key",
-                    "set both access_key and secret_key, or neither",
-                ));
-            }
-        };
         let endpoint = config.get("endpoints.s3").or(config.get("endpoint"));
         if let Some(e) = endpoint
             && !(e.starts_with("http://") || e.starts_with("https://"))
@@ -109,7 +92,6 @@ impl AwsSettings {
                 .to_string(),
             encrypt: config.parse_or("encrypt", false)? || kms_key_id.is_some(),
             kms_key_id,
-            credentials,
         })
     }
 
@@ -125,16 +107,6 @@ impl AwsSettings {
     /// `<bucket>/<state key>`: Terraform's lock `Path` and DynamoDB `LockID`.
     pub fn lock_path(&self, workspace: &str) -> String {
         format!("{}/{}", self.bucket, self.state_key(workspace))
-    }
-
-    /// Static credentials, when configured (the host supplies them, usually
-    /// from environment variables the operator names).
-    pub fn credentials(&self) -> Credentials {
-        match &self.credentials {
-            Some((a, s, t)) => Credentials::new(a, s, t.clone(), None, "wasmstate-config"),
-            // Unsigned-equivalent: the guest has no other credential source.
-            None => Credentials::new("", "", None, None, "wasmstate-none"),
-        }
     }
 
     /// The region.

@@ -1,4 +1,5 @@
 //! Capabilities the host lends guests beyond WASI, each granted per backend
 //! by the operator. Plain Rust: the runtime adapts them to WIT.
 
+pub mod aws;
 pub mod git;

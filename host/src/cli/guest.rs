@@ -100,6 +100,11 @@ pub enum GuestAction {
         /// http://127.0.0.1:2379 (repeatable).
         #[arg(long = "allow-http", value_name = "ORIGIN")]
         allow_http: Vec<String>,
+        /// Origin whose requests the host signs with AWS credentials from
+        /// the --config credential settings (repeatable; the embedded AWS
+        /// guests: all of theirs).
+        #[arg(long = "aws-sign", value_name = "ORIGIN")]
+        aws_sign: Vec<String>,
         /// Git repository URL the guest may use through the host (repeatable;
         /// the embedded git guest gets its --config repository=URL).
         #[arg(long = "allow-git", value_name = "URL")]
@@ -160,6 +165,7 @@ pub async fn run(action: GuestAction) -> anyhow::Result<()> {
             config,
             dir,
             allow_http,
+            aws_sign,
             allow_git,
             git_refs,
             git_paths,
@@ -180,6 +186,10 @@ pub async fn run(action: GuestAction) -> anyhow::Result<()> {
                 allow_http: allow_http
                     .iter()
                     .map(|o| Origin::parse(o).map_err(|e| anyhow::anyhow!("--allow-http {e}")))
+                    .collect::<Result<_, _>>()?,
+                aws_sign: aws_sign
+                    .iter()
+                    .map(|o| Origin::parse(o).map_err(|e| anyhow::anyhow!("--aws-sign {e}")))
                     .collect::<Result<_, _>>()?,
                 allow_git,
                 git_refs,
@@ -405,6 +415,14 @@ fn describe(wasm: &[u8], installed: Option<&Installed>) -> Result<String, String
                     "none".into()
                 } else {
                     c.http.join(", ")
+                },
+            );
+            line(
+                "aws signed",
+                if c.aws_sign.is_empty() {
+                    "none".into()
+                } else {
+                    c.aws_sign.join(", ")
                 },
             );
             line("directory", c.directory.to_string());

@@ -81,6 +81,36 @@ pub(super) fn validate_backend(
     if allow_http.is_empty() {
         allow_http = default_http;
     }
+    // Requests the host signs with the backend's AWS credentials: the
+    // operator's list, or every endpoint of an AWS guest. Their credential
+    // settings leave the guest's config here: a guest never holds one.
+    let aws_origins: Vec<Origin> = match &raw.aws_sign {
+        Some(list) => list
+            .iter()
+            .map(|o| {
+                Origin::parse(o)
+                    .map_err(|e| ConfigError(format!("{file}: {}: {e}", key("aws_sign"))))
+            })
+            .collect::<Result<_, _>>()?,
+        None if guests::signs_aws(&guest) => allow_http.clone(),
+        None => Vec::new(),
+    };
+    let aws = if aws_origins.is_empty() {
+        None
+    } else {
+        let settings =
+            crate::capabilities::aws::settings::take_from_config(&mut guest_config, base)
+                .map_err(|e| ConfigError(format!("{file}: {}.{e}", key("config"))))?;
+        for origin in &aws_origins {
+            if !allow_http.contains(origin) {
+                allow_http.push(origin.clone());
+            }
+        }
+        Some(AwsGrant {
+            origins: aws_origins,
+            settings,
+        })
+    };
     let allow_http_addresses = raw
         .allow_http_addresses
         .iter()
@@ -185,6 +215,7 @@ pub(super) fn validate_backend(
         encryption_accept_plain,
         allow_http,
         allow_http_addresses,
+        aws,
         allow_force_push: raw.allow_force_push,
         dir: raw.dir.map(|d| base.join(d)),
         name,

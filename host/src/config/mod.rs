@@ -40,6 +40,7 @@
 //! ```
 
 use crate::auth::{Grant, Token, User, check_hash};
+use crate::capabilities::aws::AwsGrant;
 use crate::capabilities::git::{GitAuth, GitGrant};
 use crate::guests;
 pub use crate::guests::GuestSource;
@@ -202,6 +203,9 @@ pub struct BackendConfig {
     pub allow_http: Vec<Origin>,
     /// Internal addresses and ranges those origins may resolve to.
     pub allow_http_addresses: Vec<ipnet::IpNet>,
+    /// AWS requests the host signs for the guest, and where the
+    /// credentials come from.
+    pub aws: Option<AwsGrant>,
     /// Accept states older than, or unrelated to, the stored one.
     pub allow_force_push: bool,
     /// Versions the host keeps per workspace (0: none).
@@ -323,6 +327,7 @@ impl Config {
                 guest_config: Vec::new(),
                 allow_http: Vec::new(),
                 allow_http_addresses: Vec::new(),
+                aws: None,
                 allow_force_push: false,
                 history: DEFAULT_HISTORY as usize,
                 encryption_keys: Vec::new(),

@@ -105,6 +105,7 @@ pub(super) struct RawBackend {
     pub(super) timeout_ms: Option<u64>,
     #[serde(default)]
     pub(super) allow_http: Vec<String>,
+    pub(super) aws_sign: Option<Vec<String>>,
     #[serde(default)]
     pub(super) allow_http_addresses: Vec<String>,
     #[serde(default)]

@@ -79,10 +79,13 @@ fn invalid_values_name_the_key_and_the_reason() {
         "{msg}"
     );
 
-    let msg = parse("[backends.a]\nguest = \"local\"\nconfig = { x = [1] }\n")
+    let msg = parse("[backends.a]\nguest = \"local\"\nconfig = { x = 1979-05-27 }\n")
         .unwrap_err()
         .to_string();
-    assert!(msg.contains("backends.a.config.x: array values"), "{msg}");
+    assert!(
+        msg.contains("backends.a.config.x: datetime values"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -266,4 +269,53 @@ fn local_guest_gets_its_own_folder_by_default() {
     let config = Config::default_with(Overrides::default());
     let dir = config.granted_dir(&config.backends[0]).unwrap();
     assert_eq!(dir, PathBuf::from("./wasmstate-data/backends/default"));
+}
+
+#[test]
+fn an_aws_guests_credential_settings_stay_with_the_host() {
+    let config = parse(
+        r#"
+        [backends.a]
+        guest = "s3-lockfile"
+        [backends.a.config]
+        bucket = "b"
+        key = "k"
+        region = "eu-west-1"
+        shared_config_files = ["aws/config"]
+        access_key = { env = "PATH" }
+        secret_key = "s"
+        assume_role = { role_arn = "arn:aws:iam::1:role/r", duration = "15m", tags = { team = "x" } }
+        [backends.other]
+        guest = "local"
+        [backends.other.config]
+        token = "a setting of this guest's own"
+        list = ["a", "b"]
+        "#,
+    )
+    .unwrap();
+    let a = &config.backends[0];
+    let keys: Vec<&str> = a.guest_config.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["bucket", "key", "region"]);
+    let aws = a.aws.as_ref().expect("AWS guests are signed for");
+    assert_eq!(aws.origins, a.allow_http);
+    assert_eq!(
+        aws.origins[0].to_string(),
+        "https://b.s3.eu-west-1.amazonaws.com:443"
+    );
+    assert_eq!(
+        aws.settings.shared_config_files,
+        vec![PathBuf::from("/etc/aws/config")]
+    );
+    let role = aws.settings.assume_role.as_ref().unwrap();
+    assert_eq!(role.duration, Some(Duration::from_secs(900)));
+    // Other guests keep their own keys, whatever they are called; lists
+    // become numbered keys.
+    let other = &config.backends[1];
+    assert!(other.aws.is_none());
+    assert!(
+        other
+            .guest_config
+            .contains(&("token".into(), "a setting of this guest's own".into()))
+    );
+    assert!(other.guest_config.contains(&("list.1".into(), "b".into())));
 }

@@ -49,6 +49,16 @@ pub(super) fn flatten_config(
                 flatten_config(path, &name, t, out, file)?;
                 continue;
             }
+            // Lists (`shared_config_files = ["…"]`) become `name.0`, `name.1`…
+            toml::Value::Array(items) => {
+                let table = items
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, v)| (i.to_string(), v))
+                    .collect();
+                flatten_config(path, &name, table, out, file)?;
+                continue;
+            }
             other => {
                 return Err(ConfigError(format!(
                     "{file}: {path}.{name}: {} values are not supported; use a string, number or boolean",

@@ -2,6 +2,8 @@
 //! `wasmstate guest test` does.
 
 use super::{Outcome, Report};
+use crate::capabilities::aws::AwsGrant;
+use crate::capabilities::aws::settings::take_from_config;
 use crate::capabilities::git::{GitAuth, GitGrant};
 use crate::config::{BackendConfig, Config, GuestSource, Limits, Overrides};
 use crate::guests;
@@ -22,6 +24,9 @@ pub struct GuestUnderTest {
     pub dir: Option<PathBuf>,
     /// Origins it may call.
     pub allow_http: Vec<Origin>,
+    /// Origins whose requests the host signs with AWS credentials (the
+    /// embedded AWS guests: all of theirs when empty).
+    pub aws_sign: Vec<Origin>,
     /// Git repositories it may use (the embedded git guest: its
     /// configured `repository` when empty).
     pub allow_git: Vec<String>,
@@ -50,6 +55,32 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
     if allow_http.is_empty() {
         allow_http = default_http;
     }
+    // AWS requests are signed by the host, as under `serve`: the
+    // credential settings leave the guest's config.
+    let mut guest_config = subject.config.clone();
+    let aws_origins = if !subject.aws_sign.is_empty() {
+        subject.aws_sign.clone()
+    } else if guests::signs_aws(&subject.guest) {
+        allow_http.clone()
+    } else {
+        Vec::new()
+    };
+    let aws = if aws_origins.is_empty() {
+        None
+    } else {
+        let base = std::env::current_dir()?;
+        let settings = take_from_config(&mut guest_config, &base)
+            .map_err(|e| anyhow::anyhow!("--config {e}"))?;
+        for origin in &aws_origins {
+            if !allow_http.contains(origin) {
+                allow_http.push(origin.clone());
+            }
+        }
+        Some(AwsGrant {
+            origins: aws_origins,
+            settings,
+        })
+    };
     let mut git_urls = subject.allow_git.clone();
     if git_urls.is_empty() {
         git_urls = default_git.urls;
@@ -84,6 +115,7 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
         guest_config: config,
         allow_http: allow_http.clone(),
         allow_http_addresses: Vec::new(),
+        aws: aws.clone(),
         allow_force_push: false,
         history: 0,
         encryption_keys: Vec::new(),
@@ -99,14 +131,14 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
         data_dir: Some(scratch.path().to_path_buf()),
         ..Overrides::default()
     });
-    config.backends = vec![backend(subject.config.clone())];
+    config.backends = vec![backend(guest_config.clone())];
     let runtime = Runtime::new(&config, Arc::new(crate::metrics::Metrics::new([])))?;
     // The same pipeline `serve` runs: verified, narrowed to its manifest
     // (what it asks for beyond the flags is refused where it is used).
     let storage = loader::load(&config, &config.backends[0], &runtime, Ungranted::Withhold).await?;
     let mut report = super::run(Arc::new(storage), &super::run_id()).await;
 
-    let mut bad = subject.config.clone();
+    let mut bad = guest_config;
     bad.push((UNKNOWN_KEY.into(), "1".into()));
     let result = match loader::load(&config, &backend(bad), &runtime, Ungranted::Withhold).await {
         Ok(_) => Err(format!(

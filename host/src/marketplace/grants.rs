@@ -4,6 +4,7 @@
 //! lines to add to the config; a grant the guest did not ask for is dropped.
 
 use super::manifest::Capabilities;
+use crate::capabilities::aws::AwsGrant;
 use crate::config::BackendConfig;
 use crate::policy::Origin;
 
@@ -128,6 +129,43 @@ pub fn narrow(
         .filter(|o| patterns.iter().any(|(_, p)| p.matches(o)))
         .cloned()
         .collect();
+    // AWS signing: the operator's signed origins that the manifest's
+    // patterns cover; requests to them are reachable as well.
+    let aws_patterns: Vec<OriginPattern> = wants
+        .aws_sign
+        .iter()
+        .map(|t| OriginPattern::parse(t))
+        .collect::<Result<_, _>>()?;
+    let aws = match &backend.aws {
+        Some(grant) if !aws_patterns.is_empty() => {
+            let origins: Vec<Origin> = grant
+                .origins
+                .iter()
+                .filter(|o| aws_patterns.iter().any(|p| p.matches(o)))
+                .cloned()
+                .collect();
+            (!origins.is_empty()).then(|| AwsGrant {
+                origins,
+                settings: grant.settings.clone(),
+            })
+        }
+        _ => None,
+    };
+    if let Some(pattern) = aws_patterns.first()
+        && aws.is_none()
+    {
+        missing.push(format!(
+            "aws_sign = [\"{}\"]   # AWS endpoints the host signs for it ({})",
+            pattern.example(),
+            wants.aws_sign.join(" or ")
+        ));
+    }
+    let mut allow_http = allow_http;
+    for origin in aws.iter().flat_map(|g| &g.origins) {
+        if !allow_http.contains(origin) {
+            allow_http.push(origin.clone());
+        }
+    }
     if wants.directory && !has_dir {
         missing.push("dir = \"/path/for/this/backend\"".to_string());
     }
@@ -163,6 +201,7 @@ pub fn narrow(
         Vec::new()
     };
     narrowed.secrets = secrets;
+    narrowed.aws = aws;
     Ok((narrowed, missing))
 }
 
@@ -229,6 +268,7 @@ mod tests {
     fn ungranted_requests_list_what_to_add() {
         let wants = Capabilities {
             http: vec!["https://api.example.com".into(), "http://*:2379".into()],
+            aws_sign: vec!["https://*:443".into()],
             directory: true,
             git: true,
             secrets: vec!["TOKEN".into(), "OTHER".into()],
@@ -243,6 +283,7 @@ mod tests {
             "allow_git = ",
             "secrets.OTHER = { env = ",
             "memory_mib = 4096",
+            "aws_sign = [\"https://",
         ] {
             assert!(err.contains(line), "{line} missing from:\n{err}");
         }

@@ -39,6 +39,10 @@ pub struct Capabilities {
     /// "the hosts the operator grants" (e.g. `https://*:443`).
     #[serde(default)]
     pub http: Vec<String>,
+    /// AWS endpoints whose requests the host signs with the operator's
+    /// credentials (same patterns as `http`); the guest never holds them.
+    #[serde(default)]
+    pub aws_sign: Vec<String>,
     /// A preopened directory at `/data`.
     #[serde(default)]
     pub directory: bool,

@@ -61,6 +61,8 @@ pub(super) struct Shared {
     pub dir: Option<PathBuf>,
     pub config: Arc<[(String, String)]>,
     pub outbound: Arc<OutboundPolicy>,
+    /// Signs the guest's AWS requests, if the backend is granted any.
+    pub aws: Option<Arc<crate::capabilities::aws::AwsSigner>>,
     pub git: Option<crate::capabilities::git::GitAccess>,
     pub secrets: Arc<[(String, String)]>,
     pub sha256: String,
@@ -238,6 +240,8 @@ impl Shared {
             outbound: outbound::Outbound {
                 policy: self.outbound.clone(),
                 backend: self.name.clone(),
+                aws: self.aws.clone(),
+                max_body_bytes: self.max_lift_bytes,
             },
             limiter: MemoryLimiter::new(
                 self.limits.memory_bytes,

@@ -26,6 +26,7 @@ pub mod turns;
 
 pub use guest::GuestBackend;
 
+use crate::capabilities::aws::AwsSigner;
 use crate::config::{BackendConfig, Config, Limits};
 use crate::metrics::Metrics;
 use crate::policy::OutboundPolicy;
@@ -64,6 +65,8 @@ pub struct Runtime {
     cache_dir: PathBuf,
     cache_key: cache::CacheKey,
     git: Arc<crate::capabilities::git::GitHost>,
+    /// The client of the host's own AWS calls (STS, ECS, instance metadata).
+    aws_http: aws_smithy_runtime_api::client::http::SharedHttpClient,
     tasks: tokio_util::task::TaskTracker,
     /// The longest `timeout_ms` of any backend: what draining waits for.
     longest_call: std::time::Duration,
@@ -116,6 +119,7 @@ impl Runtime {
                 .max()
                 .unwrap_or_default()
                 + OUTER_GRACE,
+            aws_http: crate::capabilities::aws::http_client(),
             git: Arc::new(
                 crate::capabilities::git::GitHost::new(config.data_dir.join("git")).with_limits(
                     config.git_clone_max_bytes,
@@ -214,6 +218,12 @@ impl Runtime {
                 max_lift_bytes: self.max_lift_bytes,
                 dir,
                 config: backend.guest_config.clone().into(),
+                aws: match &backend.aws {
+                    Some(grant) => Some(Arc::new(
+                        AwsSigner::new(name, grant, self.aws_http.clone()).await,
+                    )),
+                    None => None,
+                },
                 outbound: Arc::new(OutboundPolicy::new(
                     backend.allow_http.clone(),
                     backend.allow_http_addresses.clone(),

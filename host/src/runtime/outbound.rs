@@ -4,6 +4,7 @@
 //! name once and connects only to an address it checked (no second
 //! lookup for DNS to answer differently), with TLS verified for the name.
 
+use crate::capabilities::aws::AwsSigner;
 use crate::policy::OutboundPolicy;
 use std::future::Future;
 use std::sync::Arc;
@@ -17,6 +18,10 @@ pub struct Outbound {
     pub policy: Arc<OutboundPolicy>,
     /// Backend name, for the log line of a refusal.
     pub backend: Arc<str>,
+    /// Signs requests to the backend's AWS endpoints with its credentials.
+    pub aws: Option<Arc<AwsSigner>>,
+    /// Largest body the host reads whole to sign.
+    pub max_body_bytes: usize,
 }
 
 type ResponseFuture = Box<
@@ -62,6 +67,19 @@ impl WasiHttpHooks for Outbound {
         }
         drop(fut);
         let (policy, backend) = (self.policy.clone(), self.backend.clone());
+        if let Some(aws) = self.aws.clone().filter(|aws| aws.signs(request.uri())) {
+            let limit = self.max_body_bytes;
+            return Box::new(async move {
+                use http_body_util::BodyExt;
+                let request = signed(&aws, request, limit, &backend).await?;
+                let (response, io) =
+                    super::pinned::send(request, options, &policy, &backend).await?;
+                Ok((
+                    response.map(BodyExt::boxed_unsync),
+                    Box::new(io) as Box<dyn Future<Output = Result<(), Error>> + Send>,
+                ))
+            });
+        }
         Box::new(async move {
             use http_body_util::BodyExt;
             let (response, io) = super::pinned::send(request, options, &policy, &backend).await?;
@@ -71,4 +89,32 @@ impl WasiHttpHooks for Outbound {
             ))
         })
     }
+}
+
+/// `request` with its whole body read (SigV4 signs the payload's hash; at
+/// most `limit` bytes) and the host's signature on it. The guest's own
+/// signature headers, if any, are replaced.
+async fn signed(
+    aws: &AwsSigner,
+    request: http::Request<WasiBody>,
+    limit: usize,
+    backend: &str,
+) -> Result<http::Request<WasiBody>, Error> {
+    use http_body_util::BodyExt;
+    let (parts, body) = request.into_parts();
+    let body = http_body_util::Limited::new(body, limit)
+        .collect()
+        .await
+        .map_err(|_| Error::HttpRequestBodySize(Some(limit as u64)))?
+        .to_bytes();
+    let mut request = http::Request::from_parts(parts, body);
+    if let Err(reason) = aws.sign(&mut request).await {
+        tracing::warn!(backend, "cannot sign an AWS request: {reason}");
+        return Err(Error::InternalError(Some(reason)));
+    }
+    Ok(request.map(|bytes| {
+        http_body_util::Full::new(bytes)
+            .map_err(|never| match never {})
+            .boxed_unsync()
+    }))
 }

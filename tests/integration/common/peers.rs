@@ -102,6 +102,41 @@ impl Moto {
         answer.json()
     }
 
+    /// Call a query-API action (IAM, STS) on moto, before it checks
+    /// signatures; its XML answer, which must be a 200.
+    pub fn query(&self, service: &str, action: &str, params: &[(&str, &str)]) -> String {
+        let version = if service == "iam" {
+            "2010-05-08"
+        } else {
+            "2011-06-15"
+        };
+        let mut form = vec![("Action", action), ("Version", version)];
+        form.extend_from_slice(params);
+        let answer = reqwest::blocking::Client::new()
+            .post(format!("{}/", self.url))
+            .header("Authorization", moto_auth(service))
+            .form(&form)
+            .send()
+            .unwrap_or_else(|e| panic!("{service} {action}: {e}"));
+        let status = answer.status();
+        let text = answer.text().unwrap();
+        assert!(status.is_success(), "{service} {action}: {status} {text}");
+        text
+    }
+
+    /// From now on moto checks every request's signature against the
+    /// access keys and roles it knows (IAM users' keys, assumed roles'
+    /// session keys), and their policies.
+    pub fn check_signatures(&self) {
+        let answer = send_with(
+            "POST",
+            &format!("{}/moto-api/reset-auth", self.url),
+            Some(b"0"),
+            &[("Content-Type", "text/plain")],
+        );
+        assert_eq!(answer.status, 200, "reset-auth: {}", answer.text());
+    }
+
     /// An object's bytes, read straight from moto.
     pub fn object(&self, bucket: &str, key: &str) -> Option<Vec<u8>> {
         // Objects are private: moto wants a (syntactically) signed request.

@@ -1,0 +1,191 @@
+//! AWS credentials, held by the host and never by a guest.
+//!
+//! The host resolves each backend's credentials with AWS's standard chain
+//! plus Terraform's s3 backend settings ([`settings`], [`chain`]), caches
+//! them and refreshes them before they expire ([`AwsSigner`]), and signs
+//! (SigV4) the guest's outgoing requests to the AWS endpoints the backend
+//! is granted (`aws_sign`). A guest sends unsigned requests and never sees
+//! a key, not even a session key.
+
+pub mod chain;
+pub mod settings;
+mod sign;
+mod sts;
+
+pub use settings::AwsSettings;
+
+use crate::policy::Origin;
+use aws_credential_types::Credentials;
+use aws_smithy_runtime_api::client::http::SharedHttpClient;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// What a backend is granted: requests to `origins` are signed with
+/// credentials from `settings`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AwsGrant {
+    /// Origins whose requests the host signs.
+    pub origins: Vec<Origin>,
+    /// Where the credentials come from.
+    pub settings: AwsSettings,
+}
+
+/// The HTTP client of the host's own AWS calls (STS, ECS, instance
+/// metadata): hyper with rustls and ring, the system's roots.
+pub fn http_client() -> SharedHttpClient {
+    use aws_smithy_http_client::{Builder, tls};
+    Builder::new()
+        .tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https()
+}
+
+/// The most that is kept of credentials' remaining life before they are
+/// fetched again.
+const REFRESH_MARGIN: Duration = Duration::from_secs(5 * 60);
+
+/// One backend's signer: its grant, its credential chain, and the
+/// credentials last fetched, shared by every request of the backend.
+pub struct AwsSigner {
+    origins: Vec<Origin>,
+    region: String,
+    chain: chain::Chain,
+    backend: Arc<str>,
+    current: tokio::sync::Mutex<Option<Fetched>>,
+}
+
+struct Fetched {
+    credentials: Credentials,
+    at: SystemTime,
+}
+
+impl Fetched {
+    /// Still good for a while: more than the margin (five minutes, or half
+    /// the credentials' life when that is shorter) left before expiry.
+    fn fresh(&self, now: SystemTime) -> bool {
+        let Some(expiry) = self.credentials.expiry() else {
+            return true;
+        };
+        let life = expiry.duration_since(self.at).unwrap_or_default();
+        let margin = REFRESH_MARGIN.min(life / 2);
+        now + margin < expiry
+    }
+}
+
+impl AwsSigner {
+    /// The signer of `backend` for `grant`; nothing is fetched yet.
+    pub async fn new(backend: &str, grant: &AwsGrant, http: SharedHttpClient) -> AwsSigner {
+        AwsSigner {
+            origins: grant.origins.clone(),
+            region: grant.settings.region.clone(),
+            chain: chain::build(&grant.settings, http).await,
+            backend: Arc::from(backend),
+            current: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Whether requests to `uri` are signed.
+    pub fn signs(&self, uri: &http::Uri) -> bool {
+        self.origins.iter().any(|o| o.matches(uri))
+    }
+
+    /// Sign `request` (its whole body in hand) with this backend's current
+    /// credentials, replacing any signature the guest put on it. `Err`:
+    /// one line naming the credential source and what to fix.
+    pub async fn sign(&self, request: &mut http::Request<bytes::Bytes>) -> Result<(), String> {
+        let credentials = self.credentials().await?;
+        sign::sign(request, &credentials, &self.region)
+    }
+
+    /// The cached credentials, fetched again when they near expiry. One
+    /// fetch at a time: concurrent requests wait for it.
+    async fn credentials(&self) -> Result<Credentials, String> {
+        use aws_credential_types::provider::ProvideCredentials;
+        let mut current = self.current.lock().await;
+        let now = SystemTime::now();
+        if let Some(fetched) = current.as_ref()
+            && fetched.fresh(now)
+        {
+            return Ok(fetched.credentials.clone());
+        }
+        let credentials = self
+            .chain
+            .provider
+            .provide_credentials()
+            .await
+            .map_err(|e| {
+                format!(
+                    "no AWS credentials for backend {:?} from {}: {}",
+                    self.backend,
+                    self.chain.description,
+                    one_line(&e)
+                )
+            })?;
+        let expires_in = credentials
+            .expiry()
+            .and_then(|e| e.duration_since(now).ok())
+            .map(|d| d.as_secs());
+        tracing::info!(
+            backend = %self.backend,
+            source = %self.chain.description,
+            expires_in_secs = ?expires_in,
+            "AWS credentials fetched"
+        );
+        *current = Some(Fetched {
+            credentials: credentials.clone(),
+            at: now,
+        });
+        Ok(credentials)
+    }
+}
+
+/// An error and its causes on one line.
+pub(crate) fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let next = e.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        cause = e.source();
+    }
+    text.replace(['\n', '\r'], " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fetched(life_secs: Option<u64>) -> Fetched {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        Fetched {
+            credentials: Credentials::new(
+                "a",
+                "s",
+                None,
+                life_secs.map(|s| at + Duration::from_secs(s)),
+                "test",
+            ),
+            at,
+        }
+    }
+
+    #[test]
+    fn credentials_are_fetched_again_before_they_expire() {
+        let after = |f: &Fetched, secs: u64| f.at + Duration::from_secs(secs);
+        // An hour: kept until five minutes before the end.
+        let hour = fetched(Some(3600));
+        assert!(hour.fresh(after(&hour, 3000)));
+        assert!(!hour.fresh(after(&hour, 3301)));
+        // Twenty seconds: kept for the first half.
+        let short = fetched(Some(20));
+        assert!(short.fresh(after(&short, 9)));
+        assert!(!short.fresh(after(&short, 11)));
+        // Static keys never expire.
+        let forever = fetched(None);
+        assert!(forever.fresh(after(&forever, 10_000_000)));
+    }
+}
