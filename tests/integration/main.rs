@@ -12,6 +12,7 @@ mod etcd;
 mod git;
 mod hostile;
 mod isolation;
+mod languages;
 mod marketplace;
 mod metrics;
 mod network;

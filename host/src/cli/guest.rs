@@ -84,6 +84,31 @@ pub enum GuestAction {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// Write a new guest to start from: a store in the granted directory
+    /// (exclusive-create locks, atomic replace, chunked reads, workspaces,
+    /// config checks) that passes `guest test` as it is.
+    New {
+        /// Its name (lower-case letters, digits, `-`).
+        name: String,
+        /// Its language.
+        #[arg(long, value_enum, default_value = "rust")]
+        lang: super::new::Lang,
+        /// Where to write it [default: ./NAME].
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Rust only: the `sdk` folder of a wasmstate checkout.
+        #[arg(long)]
+        sdk: Option<PathBuf>,
+    },
+    /// Embed a manifest (guest.toml) in a component built by a toolchain
+    /// that cannot (componentize-py, componentize-js): needed to install it.
+    EmbedManifest {
+        /// The component, changed in place.
+        component: PathBuf,
+        /// The manifest.
+        #[arg(default_value = "guest.toml")]
+        manifest: PathBuf,
+    },
     /// Run the conformance kit against a guest: a PASS/FAIL line per case,
     /// exit status 1 if any case fails.
     Test {
@@ -160,6 +185,30 @@ impl StoreArgs {
 /// Run one `guest` command.
 pub async fn run(action: GuestAction) -> anyhow::Result<()> {
     match action {
+        GuestAction::New {
+            name,
+            lang,
+            dir,
+            sdk,
+        } => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+            let next = super::new::write_template(&name, lang, &dir, sdk.as_deref())?;
+            println!("wrote {} ({lang:?}); next:\n{next}", dir.display());
+            Ok(())
+        }
+        GuestAction::EmbedManifest {
+            component,
+            manifest,
+        } => {
+            let m = super::new::embed_manifest(&component, &manifest)?;
+            println!(
+                "{}: manifest of {} {} embedded",
+                component.display(),
+                m.name,
+                m.version
+            );
+            Ok(())
+        }
         GuestAction::Test {
             guest,
             config,

@@ -1,6 +1,7 @@
 //! Command-line interface: the only layer that knows the subcommands.
 
 mod guest;
+mod new;
 
 pub use guest::{GuestAction, StoreArgs};
 

@@ -102,6 +102,13 @@ async fn expect_round_trip<S: Storage>(s: &S, ws: &str, bytes: Vec<u8>) -> Resul
     match got {
         None => Err("read returned no state after a write".into()),
         Some(got) if got == bytes => Ok(()),
+        // The usual bug in a new language: one read call, which may return
+        // fewer bytes than the file holds.
+        Some(got) if got.len() < bytes.len() && bytes.starts_with(&got) => Err(format!(
+            "read stopped after {} of the {} bytes written (the rest is missing; read until end of file, a single read may return fewer bytes)",
+            got.len(),
+            bytes.len()
+        )),
         Some(got) => Err(format!(
             "read returned {} bytes differing from the {} written (first difference at byte {})",
             got.len(),

@@ -192,3 +192,17 @@ async fn each_bug_is_caught_by_the_case_about_it() {
     .await;
     assert!(failed(&report).contains(&"parallel lockers: exactly one wins each round"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_read_names_where_it_stopped() {
+    let report = report(Bugs {
+        truncates_large_states: true,
+        ..Bugs::default()
+    })
+    .await;
+    let text = report.render();
+    assert!(
+        text.contains("read stopped after 1048576 of the 10485760 bytes written"),
+        "{text}"
+    );
+}

@@ -299,6 +299,91 @@ fn check_pins(env: &PythonEnv) -> Result<(), String> {
     Ok(())
 }
 
+/// The JavaScript guest template's npm packages, pinned by its lockfile.
+const JS_PACKAGE: &str = include_str!("../../../host/templates/js/package.json");
+const JS_LOCK: &str = include_str!("../../../host/templates/js/package-lock.json");
+/// The componentize-js version the template pins (and the harness checks).
+pub const COMPONENTIZE_JS: &str = "0.23.0";
+
+/// The JavaScript template's `node_modules` (componentize-js and what it
+/// needs), installed once per version of its lockfile, under
+/// the same lock as the Python environment, and version-checked.
+pub fn node_modules() -> &'static Path {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(make_node_modules)
+        .as_ref()
+        .unwrap_or_else(|cause| panic!("{cause}"))
+}
+
+fn make_node_modules() -> Result<PathBuf, String> {
+    use sha2::Digest;
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tools");
+    std::fs::create_dir_all(&root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+    let digest = hex::encode(sha2::Sha256::digest(JS_LOCK));
+    let dir = root.join(format!("node-{}", &digest[..12]));
+    let ready = dir.join(".ready");
+    let lock = std::fs::File::create(root.join(".lock"))
+        .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+    lock.lock()
+        .map_err(|e| format!("cannot lock {}: {e}", root.display()))?;
+    if !ready.exists() {
+        let node = Command::new("node").arg("--version").output();
+        let version = node
+            .ok()
+            .and_then(|o| first_version(&String::from_utf8_lossy(&o.stdout)))
+            .ok_or(
+                "node is not on the PATH; the JavaScript guest tests need Node.js >= 18 and npm",
+            )?;
+        if !at_least(&version, "18") {
+            return Err(format!(
+                "node {version} is older than the 18 componentize-js needs"
+            ));
+        }
+        eprintln!(
+            "installing the JavaScript template's packages into {}",
+            dir.display()
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        for (name, text) in [("package.json", JS_PACKAGE), ("package-lock.json", JS_LOCK)] {
+            std::fs::write(
+                dir.join(name),
+                text.replace("NAME", "wasmstate-template-tools"),
+            )
+            .map_err(|e| format!("cannot write {name}: {e}"))?;
+        }
+        // `npm install`, not `npm ci`: jco-node-fs 0.3.2 names optional
+        // platform packages that were never published, which `npm ci`
+        // refuses as a lockfile out of sync; install keeps the lock's pins.
+        step(
+            "npm install (host/templates/js/package-lock.json)",
+            Command::new("npm")
+                .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
+                .current_dir(&dir),
+        )?;
+    }
+    let installed = dir.join("node_modules/@bytecodealliance/componentize-js/package.json");
+    let text = std::fs::read_to_string(&installed).map_err(|e| {
+        format!(
+            "{}: {e}; delete {} and run the tests again",
+            installed.display(),
+            dir.display()
+        )
+    })?;
+    let have: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    if have["version"] != COMPONENTIZE_JS {
+        return Err(format!(
+            "componentize-js {} is installed in {}, but the template pins {COMPONENTIZE_JS}; delete that folder and run the tests again",
+            have["version"],
+            dir.display()
+        ));
+    }
+    std::fs::write(&ready, &digest)
+        .map_err(|e| format!("cannot write {}: {e}", ready.display()))?;
+    Ok(dir.join("node_modules"))
+}
+
 /// Run one step of making an environment; its last output line on failure.
 fn step(what: &str, command: &mut Command) -> Result<(), String> {
     let out = run_quietly(command);
