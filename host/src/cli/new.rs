@@ -77,16 +77,25 @@ const RUST: &[File] = &[
         false,
     ),
     (
-        "src/lib.rs",
-        include_str!("../../templates/rust/src/lib.rs"),
-        false,
-    ),
-    (
         "guest.toml",
         include_str!("../../templates/rust/guest.toml"),
         false,
     ),
 ];
+
+/// The Rust template's code is the `local` guest's own, so the template is
+/// exactly what ships (and is tested) as the default guest, plus its
+/// manifest.
+const LOCAL_GUEST: &str = include_str!("../../../guests/local/src/lib.rs");
+
+fn rust_lib() -> String {
+    let body = LOCAL_GUEST.replacen(
+        "//! wasmstate's default storage guest:",
+        "//! A wasmstate storage guest (a copy of wasmstate's `local` guest):",
+        1,
+    );
+    format!("{body}wasmstate_guest::manifest!(include_str!(\"../guest.toml\"));\n")
+}
 
 const PYTHON: &[File] = &[
     (
@@ -179,6 +188,12 @@ pub fn write_template(
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))?;
         }
+    }
+    if lang == Lang::Rust {
+        let target = dir.join("src/lib.rs");
+        std::fs::create_dir_all(target.parent().expect("in dir"))?;
+        std::fs::write(&target, rust_lib())
+            .with_context(|| format!("writing {}", target.display()))?;
     }
     let shown = dir.display();
     Ok(match lang {

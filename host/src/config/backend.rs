@@ -95,22 +95,8 @@ pub(super) fn validate_backend(
         None if guests::signs_aws(&guest) => allow_http.clone(),
         None => Vec::new(),
     };
-    let aws = if aws_origins.is_empty() {
-        None
-    } else {
-        let settings =
-            crate::capabilities::aws::settings::take_from_config(&mut guest_config, base)
-                .map_err(|e| ConfigError(format!("{file}: {}.{e}", key("config"))))?;
-        for origin in &aws_origins {
-            if !allow_http.contains(origin) {
-                allow_http.push(origin.clone());
-            }
-        }
-        Some(AwsGrant {
-            origins: aws_origins,
-            settings,
-        })
-    };
+    let aws = AwsGrant::take(aws_origins, &mut guest_config, &mut allow_http, base)
+        .map_err(|e| ConfigError(format!("{file}: {}.{e}", key("config"))))?;
     let allow_http_addresses = raw
         .allow_http_addresses
         .iter()

@@ -3,7 +3,6 @@
 
 use super::{Outcome, Report};
 use crate::capabilities::aws::AwsGrant;
-use crate::capabilities::aws::settings::take_from_config;
 use crate::capabilities::git::{GitAuth, GitGrant};
 use crate::config::{BackendConfig, Config, GuestSource, Limits, Overrides};
 use crate::guests;
@@ -65,22 +64,9 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
     } else {
         Vec::new()
     };
-    let aws = if aws_origins.is_empty() {
-        None
-    } else {
-        let base = std::env::current_dir()?;
-        let settings = take_from_config(&mut guest_config, &base)
-            .map_err(|e| anyhow::anyhow!("--config {e}"))?;
-        for origin in &aws_origins {
-            if !allow_http.contains(origin) {
-                allow_http.push(origin.clone());
-            }
-        }
-        Some(AwsGrant {
-            origins: aws_origins,
-            settings,
-        })
-    };
+    let base = std::env::current_dir()?;
+    let aws = AwsGrant::take(aws_origins, &mut guest_config, &mut allow_http, &base)
+        .map_err(|e| anyhow::anyhow!("--config {e}"))?;
     let mut git_urls = subject.allow_git.clone();
     if git_urls.is_empty() {
         git_urls = default_git.urls;

@@ -209,55 +209,77 @@ pub fn python_env() -> &'static PythonEnv {
 }
 
 fn make_python_env() -> Result<PythonEnv, String> {
+    let dir = tool_dir(
+        "python",
+        REQUIREMENTS,
+        |dir| {
+            eprintln!(
+                "making the tests' Python environment {} from tests/tools/requirements.txt",
+                dir.display()
+            );
+            let python = Command::new("python3").arg("--version").output();
+            let version = python
+                .ok()
+                .and_then(|o| first_version(&String::from_utf8_lossy(&o.stdout)))
+                .ok_or("python3 is not on the PATH; the tests need Python >= 3.9 for moto")?;
+            if !at_least(&version, "3.9") {
+                return Err(format!(
+                    "python3 {version} is older than the 3.9 the tests' moto needs; install a newer Python"
+                ));
+            }
+            step(
+                "python3 -m venv",
+                Command::new("python3").arg("-m").arg("venv").arg(dir),
+            )?;
+            let requirements = dir.join("requirements.txt");
+            std::fs::write(&requirements, REQUIREMENTS)
+                .map_err(|e| format!("cannot write {}: {e}", requirements.display()))?;
+            step(
+                "pip install -r tests/tools/requirements.txt",
+                Command::new(dir.join("bin").join("python"))
+                    .args(["-m", "pip", "install", "--disable-pip-version-check"])
+                    .args(["--no-input", "--quiet", "-r"])
+                    .arg(&requirements),
+            )
+        },
+        |dir| {
+            check_pins(&PythonEnv {
+                dir: dir.to_path_buf(),
+            })
+        },
+    )?;
+    Ok(PythonEnv { dir })
+}
+
+/// A folder of test tools under `target/tmp/tools`, named for the digest
+/// of `pins` (the file that pins them), made by `make` once per version of
+/// that file and checked by `check` every time. Test binaries and
+/// benchmarks may start at once: one makes it under a lock, the others
+/// wait; a folder half-made by an interrupted run is made again.
+fn tool_dir(
+    prefix: &str,
+    pins: &str,
+    make: impl FnOnce(&Path) -> Result<(), String>,
+    check: impl FnOnce(&Path) -> Result<(), String>,
+) -> Result<PathBuf, String> {
     use sha2::Digest;
     let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tools");
     std::fs::create_dir_all(&root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
-    let digest = hex::encode(sha2::Sha256::digest(REQUIREMENTS));
-    let dir = root.join(format!("python-{}", &digest[..12]));
+    let digest = hex::encode(sha2::Sha256::digest(pins));
+    let dir = root.join(format!("{prefix}-{}", &digest[..12]));
     let ready = dir.join(".ready");
-    // Test binaries and benchmarks may start at once: one makes the
-    // environment, the others wait for it.
     let lock = std::fs::File::create(root.join(".lock"))
         .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
     lock.lock()
         .map_err(|e| format!("cannot lock {}: {e}", root.display()))?;
     if !ready.exists() {
-        eprintln!(
-            "making the tests' Python environment {} from tests/tools/requirements.txt",
-            dir.display()
-        );
-        // Half-made by an interrupted run: start over.
         let _ = std::fs::remove_dir_all(&dir);
-        let python = Command::new("python3").arg("--version").output();
-        let version = python
-            .ok()
-            .and_then(|o| first_version(&String::from_utf8_lossy(&o.stdout)))
-            .ok_or("python3 is not on the PATH; the tests need Python >= 3.9 for moto")?;
-        if !at_least(&version, "3.9") {
-            return Err(format!(
-                "python3 {version} is older than the 3.9 the tests' moto needs; install a newer Python"
-            ));
-        }
-        step(
-            "python3 -m venv",
-            Command::new("python3").arg("-m").arg("venv").arg(&dir),
-        )?;
-        let requirements = dir.join("requirements.txt");
-        std::fs::write(&requirements, REQUIREMENTS)
-            .map_err(|e| format!("cannot write {}: {e}", requirements.display()))?;
-        step(
-            "pip install -r tests/tools/requirements.txt",
-            Command::new(dir.join("bin").join("python"))
-                .args(["-m", "pip", "install", "--disable-pip-version-check"])
-                .args(["--no-input", "--quiet", "-r"])
-                .arg(&requirements),
-        )?;
+        make(&dir)?;
     }
-    let env = PythonEnv { dir };
-    check_pins(&env)?;
+    check(&dir)?;
     std::fs::write(&ready, &digest)
         .map_err(|e| format!("cannot write {}: {e}", ready.display()))?;
-    Ok(env)
+    Ok(dir)
 }
 
 /// Every `name==version` of the requirements is what the environment holds.
@@ -316,71 +338,63 @@ pub fn node_modules() -> &'static Path {
 }
 
 fn make_node_modules() -> Result<PathBuf, String> {
-    use sha2::Digest;
-    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tools");
-    std::fs::create_dir_all(&root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
-    let digest = hex::encode(sha2::Sha256::digest(JS_LOCK));
-    let dir = root.join(format!("node-{}", &digest[..12]));
-    let ready = dir.join(".ready");
-    let lock = std::fs::File::create(root.join(".lock"))
-        .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
-    lock.lock()
-        .map_err(|e| format!("cannot lock {}: {e}", root.display()))?;
-    if !ready.exists() {
-        let node = Command::new("node").arg("--version").output();
-        let version = node
-            .ok()
-            .and_then(|o| first_version(&String::from_utf8_lossy(&o.stdout)))
-            .ok_or(
-                "node is not on the PATH; the JavaScript guest tests need Node.js >= 18 and npm",
-            )?;
-        if !at_least(&version, "18") {
-            return Err(format!(
-                "node {version} is older than the 18 componentize-js needs"
-            ));
-        }
-        eprintln!(
-            "installing the JavaScript template's packages into {}",
-            dir.display()
-        );
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        for (name, text) in [("package.json", JS_PACKAGE), ("package-lock.json", JS_LOCK)] {
-            std::fs::write(
-                dir.join(name),
-                text.replace("NAME", "wasmstate-template-tools"),
+    let dir = tool_dir(
+        "node",
+        JS_LOCK,
+        |dir| {
+            let node = Command::new("node").arg("--version").output();
+            let version = node
+                .ok()
+                .and_then(|o| first_version(&String::from_utf8_lossy(&o.stdout)))
+                .ok_or("node is not on the PATH; the JavaScript guest tests need Node.js >= 18 and npm")?;
+            if !at_least(&version, "18") {
+                return Err(format!(
+                    "node {version} is older than the 18 componentize-js needs"
+                ));
+            }
+            eprintln!(
+                "installing the JavaScript template's packages into {}",
+                dir.display()
+            );
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            for (name, text) in [("package.json", JS_PACKAGE), ("package-lock.json", JS_LOCK)] {
+                std::fs::write(
+                    dir.join(name),
+                    text.replace("NAME", "wasmstate-template-tools"),
+                )
+                .map_err(|e| format!("cannot write {name}: {e}"))?;
+            }
+            // `npm install`, not `npm ci`: jco-node-fs 0.3.2 names optional
+            // platform packages that were never published, which `npm ci`
+            // refuses as a lockfile out of sync; install keeps the lock's pins.
+            step(
+                "npm install (host/templates/js/package-lock.json)",
+                Command::new("npm")
+                    .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
+                    .current_dir(dir),
             )
-            .map_err(|e| format!("cannot write {name}: {e}"))?;
-        }
-        // `npm install`, not `npm ci`: jco-node-fs 0.3.2 names optional
-        // platform packages that were never published, which `npm ci`
-        // refuses as a lockfile out of sync; install keeps the lock's pins.
-        step(
-            "npm install (host/templates/js/package-lock.json)",
-            Command::new("npm")
-                .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
-                .current_dir(&dir),
-        )?;
-    }
-    let installed = dir.join("node_modules/@bytecodealliance/componentize-js/package.json");
-    let text = std::fs::read_to_string(&installed).map_err(|e| {
-        format!(
-            "{}: {e}; delete {} and run the tests again",
-            installed.display(),
-            dir.display()
-        )
-    })?;
-    let have: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-    if have["version"] != COMPONENTIZE_JS {
-        return Err(format!(
-            "componentize-js {} is installed in {}, but the template pins {COMPONENTIZE_JS}; delete that folder and run the tests again",
-            have["version"],
-            dir.display()
-        ));
-    }
-    std::fs::write(&ready, &digest)
-        .map_err(|e| format!("cannot write {}: {e}", ready.display()))?;
+        },
+        |dir| {
+            let installed = dir.join("node_modules/@bytecodealliance/componentize-js/package.json");
+            let text = std::fs::read_to_string(&installed).map_err(|e| {
+                format!(
+                    "{}: {e}; delete {} and run the tests again",
+                    installed.display(),
+                    dir.display()
+                )
+            })?;
+            let have: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+            if have["version"] == COMPONENTIZE_JS {
+                return Ok(());
+            }
+            Err(format!(
+                "componentize-js {} is installed in {}, but the template pins {COMPONENTIZE_JS}; delete that folder and run the tests again",
+                have["version"],
+                dir.display()
+            ))
+        },
+    )?;
     Ok(dir.join("node_modules"))
 }
 

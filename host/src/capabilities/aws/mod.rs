@@ -30,6 +30,30 @@ pub struct AwsGrant {
     pub settings: AwsSettings,
 }
 
+impl AwsGrant {
+    /// The grant of a backend whose requests to `origins` are signed: its
+    /// credential settings are taken out of `guest_config` (relative paths
+    /// from `base`), and `origins` become reachable in `allow_http`. `None`
+    /// (and nothing taken) without origins.
+    pub fn take(
+        origins: Vec<Origin>,
+        guest_config: &mut Vec<(String, String)>,
+        allow_http: &mut Vec<Origin>,
+        base: &std::path::Path,
+    ) -> Result<Option<AwsGrant>, String> {
+        if origins.is_empty() {
+            return Ok(None);
+        }
+        let settings = settings::take_from_config(guest_config, base)?;
+        for origin in &origins {
+            if !allow_http.contains(origin) {
+                allow_http.push(origin.clone());
+            }
+        }
+        Ok(Some(AwsGrant { origins, settings }))
+    }
+}
+
 /// The HTTP client of the host's own AWS calls (STS, ECS, instance
 /// metadata): hyper with rustls and ring, the system's roots.
 pub fn http_client() -> SharedHttpClient {
