@@ -27,16 +27,6 @@ fn copy_guest(from: &str, dir: &Path, name: &str) -> PathBuf {
     to
 }
 
-fn sha256_of(path: &Path) -> String {
-    let out = cli(&["guest", "inspect", path.to_str().unwrap()]);
-    text(&out)
-        .lines()
-        .find_map(|l| l.strip_prefix("sha256"))
-        .expect("inspect prints sha256")
-        .trim()
-        .to_string()
-}
-
 /// A publisher key pair: (secret key path, public key).
 fn keygen(dir: &Path, name: &str) -> (PathBuf, String) {
     let secret = dir.join(format!("{name}.key"));

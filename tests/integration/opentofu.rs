@@ -318,12 +318,11 @@ fn an_envelope_without_serial_and_lineage_cannot_replace_a_state_that_has_them()
 
 #[test]
 fn host_side_encryption_wraps_an_opentofu_envelope_and_serves_it_unchanged() {
-    let (_, key) = wasmstate(&["generate-key"]);
     let keyfile = tempdir();
-    std::fs::write(keyfile.path().join("k1.key"), key.trim()).unwrap();
+    let key = key_file(keyfile.path());
     let tofu = Tofu::start(&format!(
         "encryption = {{ keys = [{{ id = \"k1\", file = \"{}\" }}] }}",
-        keyfile.path().join("k1.key").display()
+        key.display()
     ));
     let envelope = encrypt(&tofu_state(1, "hunter2"));
     let ciphertext =

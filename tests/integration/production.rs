@@ -262,9 +262,7 @@ fn contains(haystack: &[u8], needle: &str) -> bool {
 fn encryption_at_rest_the_guest_and_the_history_hold_only_ciphertext() {
     let data = tempdir();
     let store = data.path().join("store");
-    let key_file = data.path().join("k1.key");
-    let (_, key) = wasmstate(&["generate-key"]);
-    std::fs::write(&key_file, key.trim()).unwrap();
+    let key_file = key_file(data.path());
 
     // A state written before encryption was enabled.
     let plain = Server::with_config(data.path(), &encrypted_config(&store, ""));

@@ -8,15 +8,6 @@ use crate::common::*;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-/// A key file for `encryption.keys`, from `wasmstate generate-key`.
-fn key_file(dir: &Path) -> PathBuf {
-    let path = dir.join("k1.key");
-    let (ok, key) = wasmstate(&["generate-key"]);
-    assert!(ok, "{key}");
-    std::fs::write(&path, key.trim()).unwrap();
-    path
-}
-
 /// Where the `local` guest keeps a workspace's state under `dir`.
 fn state_file(dir: &Path, workspace: &str) -> PathBuf {
     dir.join(workspace).join("terraform.tfstate")
@@ -85,17 +76,6 @@ fn under_encryption_storage_cannot_substitute_what_it_hands_back() {
         "{}",
         answer.text()
     );
-}
-
-/// The `sha256` line of `wasmstate guest inspect PATH`.
-fn sha256_of(wasm: &str) -> String {
-    let (ok, out) = wasmstate(&["guest", "inspect", wasm]);
-    assert!(ok, "{out}");
-    out.lines()
-        .find_map(|l| l.strip_prefix("sha256"))
-        .expect("inspect prints sha256")
-        .trim()
-        .to_string()
 }
 
 /// The cached compilation of the guest with digest `sha256` in `cache`.

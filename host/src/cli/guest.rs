@@ -232,14 +232,8 @@ pub async fn run(action: GuestAction) -> anyhow::Result<()> {
                     })
                     .collect::<Result<_, _>>()?,
                 dir,
-                allow_http: allow_http
-                    .iter()
-                    .map(|o| Origin::parse(o).map_err(|e| anyhow::anyhow!("--allow-http {e}")))
-                    .collect::<Result<_, _>>()?,
-                aws_sign: aws_sign
-                    .iter()
-                    .map(|o| Origin::parse(o).map_err(|e| anyhow::anyhow!("--aws-sign {e}")))
-                    .collect::<Result<_, _>>()?,
+                allow_http: origins(&allow_http, "--allow-http")?,
+                aws_sign: origins(&aws_sign, "--aws-sign")?,
                 allow_git,
                 git_refs,
                 git_paths,
@@ -398,6 +392,14 @@ pub async fn run(action: GuestAction) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Origins given with `flag`, each parsed.
+fn origins(given: &[String], flag: &str) -> anyhow::Result<Vec<Origin>> {
+    given
+        .iter()
+        .map(|o| Origin::parse(o).map_err(|e| anyhow::anyhow!("{flag} {e}")))
+        .collect()
 }
 
 /// A source on the command line: a path or URL as given, or a bare name

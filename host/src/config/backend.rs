@@ -71,13 +71,14 @@ pub(super) fn validate_backend(
     // First-party guests are granted the endpoints and repository their own
     // configuration names, unless the operator lists grants explicitly.
     let (default_http, default_git) = guests::default_grants(&guest, &guest_config);
-    let mut allow_http: Vec<Origin> = raw
-        .allow_http
-        .iter()
-        .map(|o| {
-            Origin::parse(o).map_err(|e| ConfigError(format!("{file}: {}: {e}", key("allow_http"))))
-        })
-        .collect::<Result<_, _>>()?;
+    let origins = |list: &[String], name: &str| -> Result<Vec<Origin>, ConfigError> {
+        list.iter()
+            .map(|o| {
+                Origin::parse(o).map_err(|e| ConfigError(format!("{file}: {}: {e}", key(name))))
+            })
+            .collect()
+    };
+    let mut allow_http = origins(&raw.allow_http, "allow_http")?;
     if allow_http.is_empty() {
         allow_http = default_http;
     }
@@ -85,13 +86,7 @@ pub(super) fn validate_backend(
     // operator's list, or every endpoint of an AWS guest. Their credential
     // settings leave the guest's config here: a guest never holds one.
     let aws_origins: Vec<Origin> = match &raw.aws_sign {
-        Some(list) => list
-            .iter()
-            .map(|o| {
-                Origin::parse(o)
-                    .map_err(|e| ConfigError(format!("{file}: {}: {e}", key("aws_sign"))))
-            })
-            .collect::<Result<_, _>>()?,
+        Some(list) => origins(list, "aws_sign")?,
         None if guests::signs_aws(&guest) => allow_http.clone(),
         None => Vec::new(),
     };

@@ -67,21 +67,15 @@ impl WasiHttpHooks for Outbound {
         }
         drop(fut);
         let (policy, backend) = (self.policy.clone(), self.backend.clone());
-        if let Some(aws) = self.aws.clone().filter(|aws| aws.signs(request.uri())) {
-            let limit = self.max_body_bytes;
-            return Box::new(async move {
-                use http_body_util::BodyExt;
-                let request = signed(&aws, request, limit, &backend).await?;
-                let (response, io) =
-                    super::pinned::send(request, options, &policy, &backend).await?;
-                Ok((
-                    response.map(BodyExt::boxed_unsync),
-                    Box::new(io) as Box<dyn Future<Output = Result<(), Error>> + Send>,
-                ))
-            });
-        }
+        // Requests to the backend's AWS endpoints leave signed by the host.
+        let aws = self.aws.clone().filter(|aws| aws.signs(request.uri()));
+        let limit = self.max_body_bytes;
         Box::new(async move {
             use http_body_util::BodyExt;
+            let request = match aws {
+                Some(aws) => signed(&aws, request, limit, &backend).await?,
+                None => request,
+            };
             let (response, io) = super::pinned::send(request, options, &policy, &backend).await?;
             Ok((
                 response.map(BodyExt::boxed_unsync),

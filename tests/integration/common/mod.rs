@@ -389,6 +389,27 @@ pub fn wasmstate(args: &[&str]) -> (bool, String) {
     )
 }
 
+/// The digest `wasmstate guest inspect` prints for a component file.
+pub fn sha256_of(wasm: impl AsRef<Path>) -> String {
+    let (ok, out) = wasmstate(&["guest", "inspect", wasm.as_ref().to_str().unwrap()]);
+    assert!(ok, "{out}");
+    out.lines()
+        .find_map(|l| l.strip_prefix("sha256"))
+        .expect("inspect prints sha256")
+        .trim()
+        .to_string()
+}
+
+/// A fresh key file `k1.key` in `dir`, for `encryption.keys`, from
+/// `wasmstate generate-key`.
+pub fn key_file(dir: &Path) -> PathBuf {
+    let path = dir.join("k1.key");
+    let (ok, key) = wasmstate(&["generate-key"]);
+    assert!(ok, "{key}");
+    std::fs::write(&path, key.trim()).unwrap();
+    path
+}
+
 /// `wasmstate generate-token`: (token, sha256)
 pub fn generate_token() -> (String, String) {
     let (ok, out) = wasmstate(&["generate-token"]);
