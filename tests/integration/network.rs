@@ -167,6 +167,11 @@ fn a_wrong_password_flood_slows_no_token_client_and_is_throttled() {
             started.elapsed()
         })
         .collect();
+    // The token client is fast; the flood's first refusals wait for argon2
+    // on a loaded machine. Keep flooding until it is throttled.
+    wait_until("the flood to be throttled", Duration::from_secs(30), || {
+        throttled.load(Ordering::SeqCst) > 0
+    });
     flooding.store(false, Ordering::SeqCst);
     for f in flooders {
         f.join().unwrap();
