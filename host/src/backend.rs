@@ -3,6 +3,7 @@
 //! the runtime implements it with wasmtime; the benchmark implements it
 //! natively. Neither side sees the other's types.
 
+use bytes::Bytes;
 use std::future::Future;
 use std::time::Duration;
 
@@ -104,11 +105,37 @@ pub type StorageResult<T> = Result<T, StorageError>;
 pub trait Storage: Send + Sync + 'static {
     /// The latest state, `None` when there is none.
     fn read(&self, workspace: &str) -> impl Future<Output = StorageResult<Option<Vec<u8>>>> + Send;
-    /// Replace the state atomically, honouring the lock.
+    /// The first `max` bytes of the latest state (all of it when shorter),
+    /// `None` when there is none: what the stale-write guard reads, without
+    /// moving a whole state.
+    fn read_prefix(
+        &self,
+        workspace: &str,
+        max: usize,
+    ) -> impl Future<Output = StorageResult<Option<Vec<u8>>>> + Send {
+        async move {
+            let mut state = self.read(workspace).await?;
+            if let Some(bytes) = &mut state {
+                bytes.truncate(max);
+            }
+            Ok(state)
+        }
+    }
+    /// Whether the latest state is exactly `state`: compared as it is
+    /// read, without holding a second copy.
+    fn holds(
+        &self,
+        workspace: &str,
+        state: &Bytes,
+    ) -> impl Future<Output = StorageResult<bool>> + Send {
+        async move { Ok(self.read(workspace).await?.as_deref() == Some(&state[..])) }
+    }
+    /// Replace the state atomically, honouring the lock. `state` is shared,
+    /// not copied, on its way to storage and the history.
     fn write(
         &self,
         workspace: &str,
-        state: Vec<u8>,
+        state: Bytes,
         lock_id: Option<&str>,
     ) -> impl Future<Output = StorageResult<()>> + Send;
     /// Delete the state, honouring the lock.
@@ -166,10 +193,24 @@ impl<S: Storage> Storage for std::sync::Arc<S> {
     fn read(&self, workspace: &str) -> impl Future<Output = StorageResult<Option<Vec<u8>>>> + Send {
         (**self).read(workspace)
     }
+    fn read_prefix(
+        &self,
+        workspace: &str,
+        max: usize,
+    ) -> impl Future<Output = StorageResult<Option<Vec<u8>>>> + Send {
+        (**self).read_prefix(workspace, max)
+    }
+    fn holds(
+        &self,
+        workspace: &str,
+        state: &Bytes,
+    ) -> impl Future<Output = StorageResult<bool>> + Send {
+        (**self).holds(workspace, state)
+    }
     fn write(
         &self,
         workspace: &str,
-        state: Vec<u8>,
+        state: Bytes,
         lock_id: Option<&str>,
     ) -> impl Future<Output = StorageResult<()>> + Send {
         (**self).write(workspace, state, lock_id)

@@ -1,38 +1,82 @@
-//! The contract between host and guests: which WIT package and version a
-//! component must export to be served here. Plain names, no wasmtime: the
+//! The contract between host and guests: which WIT package versions a
+//! component may export to be served here. Plain names, no wasmtime: the
 //! marketplace checks it at install time, the runtime before linking.
 
-/// The WIT package version this host implements.
-pub const WIT_VERSION: &str = "0.1.0";
+/// The WIT package version this host implements natively (`wit/`).
+pub const WIT_VERSION: &str = "0.2.0";
 /// The WIT package guests export.
 pub const PACKAGE: &str = "wasmstate:backend";
 
-/// Refuse, before instantiation, a component that was not built for this
-/// host's contract, naming both versions.
-pub fn check_version(names: &[String]) -> anyhow::Result<()> {
-    let wanted = format!("{PACKAGE}/storage@{WIT_VERSION}");
-    if names.contains(&wanted) {
+/// A contract version this host runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContractVersion {
+    /// The current one: states move in chunks.
+    V0_2_0,
+    /// The first release, frozen in `wit/since_v0.1.0`: states move whole.
+    V0_1_0,
+}
+
+impl ContractVersion {
+    /// Every supported version, newest first.
+    pub const ALL: [ContractVersion; 2] = [ContractVersion::V0_2_0, ContractVersion::V0_1_0];
+
+    /// The WIT package version, e.g. `0.2.0`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContractVersion::V0_2_0 => "0.2.0",
+            ContractVersion::V0_1_0 => "0.1.0",
+        }
+    }
+
+    /// How `guest inspect` describes it.
+    pub fn describe(self) -> String {
+        match self {
+            ContractVersion::V0_2_0 => format!("{} (current)", self.as_str()),
+            v => format!(
+                "{} (supported; states pass whole, so the guest holds each one in its memory)",
+                v.as_str()
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for ContractVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The contract version a component's `names` (its exports) implement;
+/// refuses, before instantiation, one built for no version this host runs,
+/// naming the versions.
+pub fn check_version(names: &[String]) -> anyhow::Result<ContractVersion> {
+    for version in ContractVersion::ALL {
+        let storage = format!("{PACKAGE}/storage@{version}");
+        if !names.contains(&storage) {
+            continue;
+        }
         // `history` joined the contract before the first release; a guest
         // built earlier lacks it.
         for interface in ["workspaces", "history", "config"] {
-            let export = format!("{PACKAGE}/{interface}@{WIT_VERSION}");
+            let export = format!("{PACKAGE}/{interface}@{version}");
             if !names.contains(&export) {
                 anyhow::bail!(
                     "guest does not export {export}; rebuild it against the current wasmstate-guest SDK"
                 );
             }
         }
-        return Ok(());
+        return Ok(version);
     }
+    let supported = ContractVersion::ALL.map(ContractVersion::as_str).join(" and ");
     let prefix = format!("{PACKAGE}/storage@");
     if let Some(found) = names.iter().find_map(|n| n.strip_prefix(&prefix)) {
         anyhow::bail!(
-            "guest is built for {PACKAGE}@{found}, but this host supports {PACKAGE}@{WIT_VERSION}; \
+            "guest is built for {PACKAGE}@{found}, but this host supports {PACKAGE}@{supported}; \
              rebuild it against a matching wasmstate-guest SDK"
         );
     }
     anyhow::bail!(
-        "not a wasmstate guest: it does not export {wanted} (it exports: {})",
+        "not a wasmstate guest: it does not export {PACKAGE}/storage@{WIT_VERSION} (it exports: {})",
         if names.is_empty() {
             "nothing".to_string()
         } else {
@@ -43,28 +87,32 @@ pub fn check_version(names: &[String]) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::check_version;
+    use super::{ContractVersion, check_version};
+
+    fn exports(version: &str) -> Vec<String> {
+        ["storage", "workspaces", "history", "config"]
+            .iter()
+            .map(|i| format!("wasmstate:backend/{i}@{version}"))
+            .collect()
+    }
 
     #[test]
-    fn accepts_the_supported_version() {
-        let names: Vec<String> = ["storage", "workspaces", "history", "config"]
-            .iter()
-            .map(|i| format!("wasmstate:backend/{i}@0.1.0"))
-            .collect();
-        assert!(check_version(&names).is_ok());
-        let msg = check_version(&names[..2]).unwrap_err().to_string();
+    fn accepts_every_supported_version() {
+        assert_eq!(check_version(&exports("0.2.0")).unwrap(), ContractVersion::V0_2_0);
+        assert_eq!(check_version(&exports("0.1.0")).unwrap(), ContractVersion::V0_1_0);
+        let msg = check_version(&exports("0.2.0")[..2]).unwrap_err().to_string();
         assert!(
-            msg.contains("history@0.1.0") && msg.contains("rebuild"),
+            msg.contains("history@0.2.0") && msg.contains("rebuild"),
             "{msg}"
         );
     }
 
     #[test]
-    fn names_both_versions_when_they_differ() {
-        let names = vec!["wasmstate:backend/storage@0.9.0".to_string()];
+    fn names_the_versions_when_they_differ() {
+        let names = vec!["wasmstate:backend/storage@9.0.0".to_string()];
         let msg = check_version(&names).unwrap_err().to_string();
-        assert!(msg.contains("wasmstate:backend@0.9.0"), "{msg}");
-        assert!(msg.contains("wasmstate:backend@0.1.0"), "{msg}");
+        assert!(msg.contains("wasmstate:backend@9.0.0"), "{msg}");
+        assert!(msg.contains("wasmstate:backend@0.2.0 and 0.1.0"), "{msg}");
     }
 
     #[test]

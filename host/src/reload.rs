@@ -96,10 +96,16 @@ impl<S: Storage> Storage for Swappable<S> {
     async fn read(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
         self.current()?.read(workspace).await
     }
+    async fn read_prefix(&self, workspace: &str, max: usize) -> StorageResult<Option<Vec<u8>>> {
+        self.current()?.read_prefix(workspace, max).await
+    }
+    async fn holds(&self, workspace: &str, state: &bytes::Bytes) -> StorageResult<bool> {
+        self.current()?.holds(workspace, state).await
+    }
     async fn write(
         &self,
         workspace: &str,
-        state: Vec<u8>,
+        state: bytes::Bytes,
         lock_id: Option<&str>,
     ) -> StorageResult<()> {
         self.current()?.write(workspace, state, lock_id).await

@@ -55,6 +55,55 @@ struct Raw {
     lineage: Option<String>,
 }
 
+/// Bytes of a stored state the stale-write guard reads first: Terraform
+/// and OpenTofu write `serial` and `lineage` within the first few hundred
+/// (Terraform's `version`, `terraform_version`, `serial`, `lineage`;
+/// OpenTofu's encrypted states start with them).
+pub const PREFIX_BYTES: usize = 64 << 10;
+
+/// `lineage` and `serial` from the beginning of a state, which may be cut
+/// anywhere after them: the top-level keys are read in order until both
+/// were seen, and nothing after them is looked at. `None` when the prefix
+/// does not hold both (a state that has neither, or writes them late).
+pub fn version_in_prefix(prefix: &[u8]) -> Option<(String, u64)> {
+    use serde::de::{IgnoredAny, MapAccess, Visitor};
+
+    /// Walks the top-level object, leaving what it found in `.0`.
+    struct Seek<'a>(&'a mut (Option<String>, Option<u64>));
+
+    impl<'de> Visitor<'de> for Seek<'_> {
+        type Value = ();
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<String>()? {
+                match key.as_str() {
+                    "lineage" => self.0.0 = map.next_value()?,
+                    "serial" => self.0.1 = map.next_value()?,
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                if self.0.0.is_some() && self.0.1.is_some() {
+                    // Stop here: the rest may be cut off.
+                    return Ok(());
+                }
+            }
+            Ok(())
+        }
+    }
+
+    let mut found = (None, None);
+    let mut json = serde_json::Deserializer::from_slice(prefix);
+    // Stopping early (or a prefix cut mid-value) is an error to serde_json
+    // once the visitor returns; what was found before that still counts.
+    let _ = serde::Deserializer::deserialize_map(&mut json, Seek(&mut found));
+    Some((found.0.filter(|l| !l.is_empty())?, found.1?))
+}
+
 /// Read a state body; `Err` says, in one line, why it is neither kind.
 pub fn read(body: &[u8]) -> Result<Header, String> {
     let raw: Raw = serde_json::from_slice(body).map_err(|e| {
@@ -113,5 +162,25 @@ mod tests {
         assert_eq!(h.version(), None);
         // An empty encryption_version is not the marker (OpenTofu's rule).
         assert!(read(br#"{"serial":1,"lineage":"l","encryption_version":""}"#).is_err());
+    }
+}
+
+#[cfg(test)]
+mod prefix_tests {
+    use super::version_in_prefix;
+
+    #[test]
+    fn finds_serial_and_lineage_in_a_cut_state() {
+        let state = br#"{"version":4,"terraform_version":"1.11.4","serial":7,"lineage":"abc","outputs":{"x":{"value":"cut he"#;
+        assert_eq!(version_in_prefix(state), Some(("abc".into(), 7)));
+        let tofu = br#"{"serial":3,"lineage":"l","meta":{"key_provider":"#;
+        assert_eq!(version_in_prefix(tofu), Some(("l".into(), 3)));
+    }
+
+    #[test]
+    fn says_none_when_the_prefix_lacks_them() {
+        assert_eq!(version_in_prefix(br#"{"version":4,"serial":7,"outputs":{"#), None);
+        assert_eq!(version_in_prefix(br#"{"version":4,"serial":7,"lineage":""}"#), None);
+        assert_eq!(version_in_prefix(b"not json"), None);
     }
 }

@@ -3,7 +3,7 @@
 //! never see wit-bindgen types.
 #![allow(unsafe_code, missing_docs)]
 
-use crate::{Backend, Config, Diagnostic, Error, LockInfo};
+use crate::{Backend, Config, Diagnostic, Error, LockInfo, StateReader, StateWriter};
 
 pub(crate) mod wit {
     wit_bindgen::generate!({
@@ -17,6 +17,7 @@ pub(crate) mod wit {
 }
 
 use wit::exports::wasmstate::backend::{config, history, storage, workspaces};
+use wit::wasmstate::backend::body::{StateSink, StateSource};
 use wit::wasmstate::backend::types as t;
 
 /// What `register_backend!` hands the SDK: how to build the author's backend.
@@ -96,13 +97,32 @@ fn to_wit_error(e: Error) -> t::Error {
 /// The one type that implements every exported interface.
 struct Component;
 
+/// Run a streaming read into `into`. When the host stopped it (it needed
+/// only the beginning), the guest's own outcome does not matter: success.
+fn read_to_host(
+    into: &StateSink,
+    read: impl FnOnce(&dyn Backend, &mut StateWriter<'_>) -> Result<bool, Error>,
+) -> Result<bool, t::Error> {
+    let mut out = StateWriter::host(into);
+    let result = with_backend(|b| read(b, &mut out));
+    if out.is_stopped() {
+        return Ok(true);
+    }
+    result
+}
+
 impl storage::Guest for Component {
-    fn read(workspace: String) -> Result<Option<Vec<u8>>, t::Error> {
-        with_backend(|b| b.read(&workspace))
+    fn read(workspace: String, into: &StateSink) -> Result<bool, t::Error> {
+        read_to_host(into, |b, out| b.read_into(&workspace, out))
     }
 
-    fn write(workspace: String, state: Vec<u8>, lock_id: Option<String>) -> Result<(), t::Error> {
-        with_backend(|b| b.write(&workspace, &state, lock_id.as_deref()))
+    fn write(
+        workspace: String,
+        state: &StateSource,
+        lock_id: Option<String>,
+    ) -> Result<(), t::Error> {
+        let mut state = StateReader::host(state);
+        with_backend(|b| b.write_from(&workspace, &mut state, lock_id.as_deref()))
     }
 
     fn delete(workspace: String, lock_id: Option<String>) -> Result<(), t::Error> {
@@ -156,8 +176,8 @@ impl history::Guest for Component {
         }))
     }
 
-    fn read_version(workspace: String, id: String) -> Result<Option<Vec<u8>>, t::Error> {
-        with_backend(|b| b.read_version(&workspace, &id))
+    fn read_version(workspace: String, id: String, into: &StateSink) -> Result<bool, t::Error> {
+        read_to_host(into, |b, out| b.read_version_into(&workspace, &id, out))
     }
 }
 

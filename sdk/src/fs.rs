@@ -73,46 +73,103 @@ impl Dir {
             .map_err(|e| io_error(e, "opening", path))
     }
 
-    /// The whole file, or `None` when it does not exist.
-    pub fn read(&self, path: &str) -> Result<Option<Vec<u8>>> {
-        let file = match self.open(path, OpenFlags::empty(), DescriptorFlags::READ) {
-            Ok(file) => file,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let size = file.stat().map(|s| s.size).unwrap_or(0);
-        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+    /// Open `path` for reading with its size; `None` when it does not exist.
+    fn open_read(&self, path: &str) -> Result<Option<(Descriptor, u64)>> {
+        match self.open(path, OpenFlags::empty(), DescriptorFlags::READ) {
+            Ok(file) => {
+                let size = file.stat().map(|s| s.size).unwrap_or(0);
+                Ok(Some((file, size)))
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Hand every chunk of `file` to `each`, in order, to its end.
+    fn read_chunks(
+        file: &Descriptor,
+        path: &str,
+        mut each: impl FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let mut offset = 0u64;
         loop {
             let (chunk, eof) = file
-                .read(READ_CHUNK, bytes.len() as u64)
+                .read(READ_CHUNK, offset)
                 .map_err(|e| io_error(e, "reading", path))?;
-            bytes.extend_from_slice(&chunk);
+            each(&chunk)?;
+            offset += chunk.len() as u64;
             if eof || chunk.is_empty() {
-                return Ok(Some(bytes));
+                return Ok(());
             }
         }
+    }
+
+    /// The whole file, or `None` when it does not exist.
+    pub fn read(&self, path: &str) -> Result<Option<Vec<u8>>> {
+        let Some((file, size)) = self.open_read(path)? else {
+            return Ok(None);
+        };
+        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        Self::read_chunks(&file, path, |chunk| {
+            bytes.extend_from_slice(chunk);
+            Ok(())
+        })?;
+        Ok(Some(bytes))
+    }
+
+    /// Copy the file into `out` chunk by chunk, never holding it whole;
+    /// `false` when it does not exist.
+    pub fn read_to(&self, path: &str, out: &mut dyn std::io::Write) -> Result<bool> {
+        let Some((file, _)) = self.open_read(path)? else {
+            return Ok(false);
+        };
+        Self::read_chunks(&file, path, |chunk| out.write_all(chunk))?;
+        Ok(true)
     }
 
     /// Create `path`, which must not exist, holding `bytes`; with `sync`,
     /// flushed to stable storage before returning.
     pub fn create_new(&self, path: &str, bytes: &[u8], sync: bool) -> Result<()> {
+        self.create_new_from(path, &mut &bytes[..], sync)
+    }
+
+    /// Create `path`, which must not exist, holding what `source` yields to
+    /// its end, copied in chunks; with `sync`, flushed to stable storage
+    /// before returning.
+    pub fn create_new_from(
+        &self,
+        path: &str,
+        source: &mut dyn std::io::Read,
+        sync: bool,
+    ) -> Result<()> {
         let file = self.open(
             path,
             OpenFlags::CREATE | OpenFlags::EXCLUSIVE,
             DescriptorFlags::WRITE,
         )?;
-        let mut written = 0usize;
-        while written < bytes.len() {
-            let n = file
-                .write(&bytes[written..], written as u64)
-                .map_err(|e| io_error(e, "writing", path))?;
-            if n == 0 {
-                return Err(IoError::new(
-                    ErrorKind::WriteZero,
-                    format!("writing {path:?}"),
-                ));
+        let mut buffer = vec![0u8; READ_CHUNK as usize];
+        let mut offset = 0u64;
+        loop {
+            let filled = match source.read(&mut buffer) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            let mut written = 0usize;
+            while written < filled {
+                let n = file
+                    .write(&buffer[written..filled], offset)
+                    .map_err(|e| io_error(e, "writing", path))?;
+                if n == 0 {
+                    return Err(IoError::new(
+                        ErrorKind::WriteZero,
+                        format!("writing {path:?}"),
+                    ));
+                }
+                written += n as usize;
+                offset += n;
             }
-            written += n as usize;
         }
         if sync {
             file.sync().map_err(|e| io_error(e, "syncing", path))?;

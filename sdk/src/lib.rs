@@ -50,6 +50,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod body;
 mod config;
 mod error;
 mod export;
@@ -59,6 +60,7 @@ pub mod http;
 pub mod log;
 mod types;
 
+pub use body::{StateReader, StateWriter};
 pub use config::Config;
 pub use error::Error;
 pub use types::{Diagnostic, LockInfo, Version};
@@ -80,12 +82,20 @@ pub fn secret(name: &str) -> Option<String> {
 
 /// The WIT package version this SDK implements; the host refuses guests
 /// built for a version it does not know.
-pub const WIT_VERSION: &str = "0.1.0";
+pub const WIT_VERSION: &str = "0.2.0";
 
 /// A storage driver. One value is created per request by [`Backend::new`].
 ///
 /// Every method must be safe to repeat: Terraform retries failed requests.
 /// Workspace names are validated by the host before they reach you.
+///
+/// States come in two shapes; implement one of each pair. The simple one,
+/// [`Backend::read`] and [`Backend::write`], holds a state whole in the
+/// guest's memory: fine for small states. The streaming one,
+/// [`Backend::read_into`] and [`Backend::write_from`], moves it in chunks
+/// (`std::io::copy` between a file or an HTTP body and the host), so a
+/// guest needs memory for a chunk, not a state. Each pair's default calls
+/// the other.
 pub trait Backend {
     /// Build the backend from the operator's configuration. Return
     /// [`Error::InvalidConfig`] for configuration problems.
@@ -106,13 +116,52 @@ pub trait Backend {
         }
     }
 
-    /// The latest state, or `None` when the workspace has none.
-    fn read(&self, workspace: &str) -> Result<Option<Vec<u8>>, Error>;
+    /// The latest state, or `None` when the workspace has none (the simple
+    /// path; the default gathers what [`Backend::read_into`] writes).
+    fn read(&self, workspace: &str) -> Result<Option<Vec<u8>>, Error> {
+        let _guard = body_guard::enter("read", "read_into")?;
+        let mut out = StateWriter::memory();
+        Ok(self
+            .read_into(workspace, &mut out)?
+            .then(|| out.into_bytes()))
+    }
 
     /// Replace the state atomically. When the workspace is locked and
     /// `lock_id` is not the holder's, return [`Error::Locked`]; when `lock_id`
     /// is given but nothing is locked, return `Error::LockMismatch(None)`.
-    fn write(&self, workspace: &str, state: &[u8], lock_id: Option<&str>) -> Result<(), Error>;
+    /// (The simple path; the default hands the bytes to
+    /// [`Backend::write_from`].)
+    fn write(&self, workspace: &str, state: &[u8], lock_id: Option<&str>) -> Result<(), Error> {
+        let _guard = body_guard::enter("write", "write_from")?;
+        self.write_from(workspace, &mut StateReader::from_slice(state), lock_id)
+    }
+
+    /// Write the latest state into `out`, in order; `false` when the
+    /// workspace has none. A write to `out` fails once the host has all it
+    /// needs: return then (any result; the SDK tells the host success).
+    fn read_into(&self, workspace: &str, out: &mut StateWriter<'_>) -> Result<bool, Error> {
+        let _guard = body_guard::enter("read_into", "read")?;
+        match self.read(workspace)? {
+            Some(state) => {
+                std::io::Write::write_all(out, &state)
+                    .map_err(|e| Error::io("handing the state to the host", e))?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Replace the state with what `state` yields, atomically (store it
+    /// aside as it arrives, then switch); lock rules as [`Backend::write`].
+    fn write_from(
+        &self,
+        workspace: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+    ) -> Result<(), Error> {
+        let _guard = body_guard::enter("write_from", "write")?;
+        self.write(workspace, &state.read_all(), lock_id)
+    }
 
     /// Delete the state; same lock rules as [`Backend::write`]. Deleting a
     /// missing state succeeds.
@@ -156,6 +205,66 @@ pub trait Backend {
     fn read_version(&self, workspace: &str, id: &str) -> Result<Option<Vec<u8>>, Error> {
         let _ = (workspace, id);
         Ok(None)
+    }
+
+    /// [`Backend::read_version`], streamed into `out`; `false` when there is
+    /// no such version. The default writes what `read_version` returns.
+    fn read_version_into(
+        &self,
+        workspace: &str,
+        id: &str,
+        out: &mut StateWriter<'_>,
+    ) -> Result<bool, Error> {
+        match self.read_version(workspace, id)? {
+            Some(state) => {
+                std::io::Write::write_all(out, &state)
+                    .map_err(|e| Error::io("handing the version to the host", e))?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+/// Each pair of [`Backend`] methods defaults to the other; a guest that
+/// implements neither gets this one-line error instead of a stack overflow.
+mod body_guard {
+    use crate::Error;
+    use std::cell::Cell;
+
+    thread_local! {
+        static INSIDE: Cell<u8> = const { Cell::new(0) };
+    }
+
+    /// Marks a default method as running until dropped.
+    pub struct Entered(u8);
+
+    impl Drop for Entered {
+        fn drop(&mut self) {
+            INSIDE.with(|inside| inside.set(inside.get() & !self.0));
+        }
+    }
+
+    fn bit(method: &str) -> u8 {
+        match method {
+            "read" | "read_into" => 1,
+            _ => 2,
+        }
+    }
+
+    /// Enter the default `method`, which calls `other`; refused when the
+    /// default of `other` is what called it.
+    pub fn enter(method: &str, other: &str) -> Result<Entered, Error> {
+        let bit = bit(method);
+        INSIDE.with(|inside| {
+            if inside.get() & bit != 0 {
+                return Err(Error::Internal(format!(
+                    "this guest implements neither Backend::{method} nor Backend::{other}; implement one of them"
+                )));
+            }
+            inside.set(inside.get() | bit);
+            Ok(Entered(bit))
+        })
     }
 }
 

@@ -270,7 +270,7 @@ fn dynamodb_digest_guards_reads_and_goes_with_the_state() {
         serde_json::json!({"TableName": TABLE, "Item": {"LockID": {"S": digest_id}, "Digest": {"S": "0123456789abcdef0123456789abcdef"}}}),
     );
     let answer = send("GET", &url, None);
-    assert_eq!(answer.status, 500, "{}", answer.text());
+    assert_eq!(answer.status, 503, "{}", answer.text());
     assert!(
         answer.text().contains("does not have the expected content"),
         "{}",

@@ -11,7 +11,7 @@ fn the_local_guest_passes_the_kit() {
     let last = summary(&out);
     assert!(last.ends_with("passed, 0 failed"), "{out}");
     let passed: usize = last.split(' ').next().unwrap().parse().unwrap();
-    assert!(passed >= 19, "{out}");
+    assert!(passed >= 20, "{out}");
 }
 
 #[test]
@@ -45,9 +45,27 @@ fn a_guest_for_another_wit_version_is_refused_at_load() {
     ]);
     assert!(!ok, "{out}");
     assert!(
-        out.contains("guest is built for wasmstate:backend@0.2.0, but this host supports wasmstate:backend@0.1.0"),
+        out.contains("guest is built for wasmstate:backend@9.0.0, but this host supports wasmstate:backend@0.2.0 and 0.1.0"),
         "{out}"
     );
     let (ok, out) = wasmstate(&["guest", "test", FUTURE_VERSION_WASM]);
     assert!(!ok && out.contains("wasmstate:backend@0.2.0"), "{out}");
+}
+
+/// The `local` guest as the 0.1.0 SDK built it (states passed whole), from
+/// the sources at the last 0.1.0 commit: see `tests/fixtures/v0.1.0/`.
+const V0_1_0_LOCAL_WASM: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../tests/fixtures/v0.1.0/local.wasm"
+);
+
+#[test]
+fn a_guest_built_for_0_1_0_passes_the_kit_and_says_so() {
+    let (ok, out) = wasmstate(&["guest", "test", V0_1_0_LOCAL_WASM]);
+    assert!(ok, "{out}");
+    assert_eq!(summary(&out), "20 passed, 0 failed", "{out}");
+    let (ok, out) = wasmstate(&["guest", "inspect", V0_1_0_LOCAL_WASM]);
+    assert!(ok, "{out}");
+    assert!(out.contains("wit           0.1.0 (supported;"), "{out}");
+    assert!(out.contains("wasmstate:backend/storage@0.1.0"), "{out}");
 }

@@ -2,7 +2,7 @@
 //! rust|python|js` writes a template; the real toolchains build it
 //! (cargo for wasm32-wasip2, componentize-py 0.25.1 from PyPI,
 //! componentize-js 0.23.0 from npm, each installed and version-checked by
-//! the harness); the conformance kit passes unchanged (19/19); the embedded
+//! the harness); the conformance kit passes unchanged (20/20); the embedded
 //! manifest is read back; and a real `terraform apply` is served through it.
 
 use crate::common::*;
@@ -52,7 +52,7 @@ fn template(lang: &str, name: &str, dir: &Path, extra: &[&str]) {
 fn passes_the_kit(wasm: &Path) -> String {
     let (ok, out) = wasmstate(&["guest", "test", wasm.to_str().unwrap()]);
     assert!(ok, "{out}");
-    assert_eq!(summary(&out), "19 passed, 0 failed", "{out}");
+    assert_eq!(summary(&out), "20 passed, 0 failed", "{out}");
     out
 }
 

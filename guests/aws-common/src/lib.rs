@@ -161,9 +161,3 @@ where
 pub fn status_of<E>(error: &SdkError<E, HttpResponse>) -> Option<u16> {
     error.raw_response().map(|r| r.status().as_u16())
 }
-
-/// MD5 of `bytes`, hex: the digest DynamoDB locking keeps beside a state.
-pub fn md5_hex(bytes: &[u8]) -> String {
-    use md5::{Digest, Md5};
-    hex::encode(Md5::digest(bytes))
-}

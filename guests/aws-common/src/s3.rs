@@ -6,8 +6,15 @@ use aws_sdk_s3::config::retry::RetryConfig;
 use aws_sdk_s3::config::{BehaviorVersion, RequestChecksumCalculation, ResponseChecksumValidation};
 use aws_sdk_s3::operation::get_object::GetObjectError;
 use aws_sdk_s3::primitives::ByteStream;
-use aws_sdk_s3::types::ServerSideEncryption;
-use wasmstate_guest::Error;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart, ServerSideEncryption};
+use wasmstate_guest::{Error, StateReader};
+
+/// Bytes fetched by a read's first ranged GET: enough for the host's look
+/// at the serial, small enough that the look stays cheap.
+const FIRST_RANGE: u64 = 1 << 20;
+/// Bytes fetched by each later ranged GET, and the size of each part of
+/// an upload: what the guest holds of a state at once.
+pub const PART_BYTES: u64 = 8 << 20;
 
 /// An S3 client bound to the configured bucket and layout.
 pub struct S3State {
@@ -74,6 +81,192 @@ impl S3State {
         })
     }
 
+    /// Copy the object at `key` into `out` by ranged GETs, each pinned to
+    /// the first one's ETag (a state replaced mid-read fails, to be
+    /// retried, instead of mixing two states); its size, `None` when there
+    /// is no object.
+    pub fn get_to(&self, key: &str, out: &mut dyn std::io::Write) -> Result<Option<u64>, Error> {
+        block_on(async {
+            let (mut start, mut want, mut etag) = (0u64, FIRST_RANGE, None::<String>);
+            loop {
+                let mut request = self
+                    .client
+                    .get_object()
+                    .bucket(&self.settings.bucket)
+                    .key(key)
+                    .range(format!("bytes={start}-{}", start + want - 1));
+                if let Some(tag) = &etag {
+                    request = request.if_match(tag);
+                }
+                let answer = match request.send().await {
+                    Ok(answer) => answer,
+                    Err(e)
+                        if start == 0
+                            && (matches!(e.as_service_error(), Some(GetObjectError::NoSuchKey(_)))
+                                || status_of(&e) == Some(404)) =>
+                    {
+                        return Ok(None);
+                    }
+                    // An empty object has no byte to range over.
+                    Err(e) if start == 0 && status_of(&e) == Some(416) => return Ok(Some(0)),
+                    Err(e) if status_of(&e) == Some(412) => {
+                        return Err(Error::Unavailable(format!(
+                            "{} was replaced while it was read; retry",
+                            self.url(key)
+                        )));
+                    }
+                    Err(e) => return Err(sdk_error(&format!("reading {}", self.url(key)), e)),
+                };
+                // `Content-Range: bytes 0-1048575/12345678`; without one, the
+                // store sent the whole object.
+                let total = answer
+                    .content_range()
+                    .and_then(|r| r.rsplit('/').next())
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .or(answer.content_length().and_then(|l| u64::try_from(l).ok()))
+                    .unwrap_or(0);
+                etag = answer.e_tag().map(str::to_string);
+                let bytes = answer
+                    .body
+                    .collect()
+                    .await
+                    .map_err(|e| Error::Unavailable(format!("reading {}: {e}", self.url(key))))?
+                    .into_bytes();
+                out.write_all(&bytes)
+                    .map_err(|e| Error::io("handing the state to the host", e))?;
+                start += bytes.len() as u64;
+                if bytes.is_empty() || start >= total {
+                    return Ok(Some(total));
+                }
+                want = PART_BYTES;
+            }
+        })
+    }
+
+    /// Whether an object exists at `key` (a HEAD: nothing is downloaded).
+    pub fn exists(&self, key: &str) -> Result<bool, Error> {
+        block_on(async {
+            match self
+                .client
+                .head_object()
+                .bucket(&self.settings.bucket)
+                .key(key)
+                .send()
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(e) if status_of(&e) == Some(404) => Ok(false),
+                Err(e) => Err(sdk_error(&format!("looking for {}", self.url(key)), e)),
+            }
+        })
+    }
+
+    /// Write what `state` yields at `key`, handing every chunk to `each`
+    /// on its way (for a digest). Up to [`PART_BYTES`] it is one PUT;
+    /// larger states go up as a multipart upload of parts that size, which
+    /// S3 makes visible all at once when it completes (and discards when
+    /// it is aborted).
+    pub fn put_from(
+        &self,
+        key: &str,
+        state: &mut StateReader<'_>,
+        mut each: impl FnMut(&[u8]),
+    ) -> Result<(), Error> {
+        if state.size() <= PART_BYTES {
+            let bytes = state.read_all();
+            each(&bytes);
+            return self.put(key, &bytes, false).map(|_| ());
+        }
+        let s = &self.settings;
+        let mut create = self
+            .client
+            .create_multipart_upload()
+            .bucket(&s.bucket)
+            .key(key)
+            .content_type("application/json");
+        if let Some(kms) = &s.kms_key_id {
+            create = create
+                .server_side_encryption(ServerSideEncryption::AwsKms)
+                .ssekms_key_id(kms);
+        } else if s.encrypt {
+            create = create.server_side_encryption(ServerSideEncryption::Aes256);
+        }
+        let what = || format!("writing {}", self.url(key));
+        let upload = block_on(create.send()).map_err(|e| sdk_error(&what(), e))?;
+        let id = upload.upload_id().unwrap_or_default().to_string();
+        let uploaded = self.upload_parts(key, &id, state, &mut each);
+        if uploaded.is_err() {
+            // Best effort: an upload left open is removed by the bucket's
+            // lifecycle rules, and never becomes the state.
+            let _ = block_on(
+                self.client
+                    .abort_multipart_upload()
+                    .bucket(&s.bucket)
+                    .key(key)
+                    .upload_id(&id)
+                    .send(),
+            );
+        }
+        uploaded
+    }
+
+    fn upload_parts(
+        &self,
+        key: &str,
+        id: &str,
+        state: &mut StateReader<'_>,
+        each: &mut impl FnMut(&[u8]),
+    ) -> Result<(), Error> {
+        let what = || format!("writing {}", self.url(key));
+        let mut parts = Vec::new();
+        for number in 1.. {
+            let mut part = Vec::with_capacity(PART_BYTES as usize);
+            while (part.len() as u64) < PART_BYTES {
+                let chunk = state.next_chunk(PART_BYTES as usize - part.len());
+                if chunk.is_empty() {
+                    break;
+                }
+                part.extend_from_slice(&chunk);
+            }
+            if part.is_empty() {
+                break;
+            }
+            each(&part);
+            let sent = block_on(
+                self.client
+                    .upload_part()
+                    .bucket(&self.settings.bucket)
+                    .key(key)
+                    .upload_id(id)
+                    .part_number(number)
+                    .body(ByteStream::from(part))
+                    .send(),
+            )
+            .map_err(|e| sdk_error(&what(), e))?;
+            parts.push(
+                CompletedPart::builder()
+                    .part_number(number)
+                    .set_e_tag(sent.e_tag().map(str::to_string))
+                    .build(),
+            );
+        }
+        block_on(
+            self.client
+                .complete_multipart_upload()
+                .bucket(&self.settings.bucket)
+                .key(key)
+                .upload_id(id)
+                .multipart_upload(
+                    CompletedMultipartUpload::builder()
+                        .set_parts(Some(parts))
+                        .build(),
+                )
+                .send(),
+        )
+        .map_err(|e| sdk_error(&what(), e))?;
+        Ok(())
+    }
+
     /// Write `bytes` at `key`. With `if_absent`, only if no object exists
     /// there (`If-None-Match: *`): `Ok(false)` when one does.
     pub fn put(&self, key: &str, bytes: &[u8], if_absent: bool) -> Result<bool, Error> {
@@ -128,18 +321,23 @@ impl S3State {
         })
     }
 
-    /// The state of `workspace`; an empty object (a created, never written
-    /// workspace) counts as none.
-    pub fn read_state(&self, workspace: &str) -> Result<Option<Vec<u8>>, Error> {
-        Ok(self
-            .get(&self.settings.state_key(workspace))?
-            .filter(|bytes| !bytes.is_empty()))
+    /// Copy the state of `workspace` into `out`; `false` when there is
+    /// none. An empty object (a created, never written workspace) counts
+    /// as none.
+    pub fn read_state_to(&self, workspace: &str, out: &mut dyn std::io::Write) -> Result<bool, Error> {
+        let size = self.get_to(&self.settings.state_key(workspace), out)?;
+        Ok(size.is_some_and(|size| size > 0))
     }
 
-    /// Replace the state of `workspace`.
-    pub fn write_state(&self, workspace: &str, bytes: &[u8]) -> Result<(), Error> {
-        self.put(&self.settings.state_key(workspace), bytes, false)
-            .map(|_| ())
+    /// Replace the state of `workspace` with what `state` yields, handing
+    /// every chunk to `each` on its way.
+    pub fn write_state_from(
+        &self,
+        workspace: &str,
+        state: &mut StateReader<'_>,
+        each: impl FnMut(&[u8]),
+    ) -> Result<(), Error> {
+        self.put_from(&self.settings.state_key(workspace), state, each)
     }
 
     /// Delete the state of `workspace`.
@@ -149,7 +347,7 @@ impl S3State {
 
     /// Whether `workspace` exists (has a state object, maybe empty).
     pub fn workspace_exists(&self, workspace: &str) -> Result<bool, Error> {
-        Ok(self.get(&self.settings.state_key(workspace))?.is_some())
+        self.exists(&self.settings.state_key(workspace))
     }
 
     /// Create `workspace` as an empty state object; `false` if it existed.

@@ -5,17 +5,17 @@
 //! - lock item `{LockID: "<bucket>/<state key>", Info: <LockInfo JSON>}`,
 //!   put with `attribute_not_exists(LockID)`;
 //! - after each write, digest item `{LockID: "<bucket>/<state key>-md5",
-//!   Digest: hex(md5(state))}`; a read whose state does not match a stored
-//!   digest is retried briefly (S3 was eventually consistent once), then
-//!   refused with the same advice Terraform gives.
+//!   Digest: hex(md5(state))}`, computed as the state streams up; a read
+//!   whose state does not match a stored digest fails as unavailable (503,
+//!   which Terraform retries) with the advice Terraform gives.
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::BehaviorVersion;
 use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::types::AttributeValue;
-use std::time::Duration;
-use wasmstate_aws_common::{AwsSettings, S3State, block_on, md5_hex, sdk_error};
-use wasmstate_guest::{
+use md5::{Digest, Md5};
+use wasmstate_aws_common::{AwsSettings, S3State, block_on, sdk_error};
+use wasmstate_guest::{StateReader, StateWriter, 
     Backend, Config, Diagnostic, Error, LockInfo, check_lock, log, register_backend,
 };
 
@@ -26,10 +26,6 @@ struct Dynamo {
 }
 
 const RACE_RETRIES: usize = 20;
-/// How long a digest mismatch is retried before it is reported.
-const DIGEST_RETRIES: usize = 4;
-const DIGEST_RETRY_WAIT: Duration = Duration::from_secs(1);
-
 fn s(value: &str) -> AttributeValue {
     AttributeValue::S(value.to_string())
 }
@@ -90,13 +86,13 @@ impl Dynamo {
 
     /// Record the digest of a written state. A failure here is a warning,
     /// as in Terraform: the state itself is written.
-    fn put_digest(&self, ws: &str, state: &[u8]) {
+    fn put_digest(&self, ws: &str, digest: &str) {
         let result = block_on(async {
             self.ddb
                 .put_item()
                 .table_name(&self.table)
                 .item("LockID", s(&self.digest_id(ws)))
-                .item("Digest", s(&md5_hex(state)))
+                .item("Digest", s(digest))
                 .send()
                 .await
         });
@@ -144,37 +140,46 @@ impl Backend for Dynamo {
         })
     }
 
-    fn read(&self, ws: &str) -> Result<Option<Vec<u8>>, Error> {
-        let mut attempt = 0;
-        loop {
-            let state = self.s3.read_state(ws)?;
-            let Some(bytes) = state else { return Ok(None) };
-            let expected = self
-                .get_attribute(&self.digest_id(ws), "Digest")?
-                .unwrap_or_default();
-            let actual = md5_hex(&bytes);
-            if expected.is_empty() || expected == actual {
-                return Ok(Some(bytes));
-            }
-            attempt += 1;
-            if attempt > DIGEST_RETRIES {
-                return Err(Error::Internal(format!(
-                    "state data in S3 does not have the expected content: its checksum is {actual} but \
-                     the DynamoDB table {} expects {expected}. S3 may not have caught up yet (try again), \
-                     or the state was written without updating the digest: then update the Digest of \
-                     item {:?} to {actual}",
-                    self.table,
-                    self.digest_id(ws)
-                )));
-            }
-            std::thread::sleep(DIGEST_RETRY_WAIT);
+    /// Streamed to the host as S3 sends it, with its MD5 computed on the
+    /// way: a state that does not match the recorded digest is reported
+    /// at the end (the host then discards what it received, and Terraform
+    /// retries the 5xx), since its bytes have left by then.
+    fn read_into(&self, ws: &str, out: &mut StateWriter<'_>) -> Result<bool, Error> {
+        let mut hashing = Hashing {
+            out,
+            md5: Md5::new(),
+        };
+        if !self.s3.read_state_to(ws, &mut hashing)? {
+            return Ok(false);
         }
+        let actual = hex::encode(hashing.md5.finalize());
+        let expected = self
+            .get_attribute(&self.digest_id(ws), "Digest")?
+            .unwrap_or_default();
+        if expected.is_empty() || expected == actual {
+            return Ok(true);
+        }
+        Err(Error::Unavailable(format!(
+            "state data in S3 does not have the expected content: its checksum is {actual} but \
+             the DynamoDB table {} expects {expected}. S3 may not have caught up yet (try again), \
+             or the state was written without updating the digest: then update the Digest of \
+             item {:?} to {actual}",
+            self.table,
+            self.digest_id(ws)
+        )))
     }
 
-    fn write(&self, ws: &str, state: &[u8], lock_id: Option<&str>) -> Result<(), Error> {
+    fn write_from(
+        &self,
+        ws: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+    ) -> Result<(), Error> {
         check_lock(self.holder(ws)?, lock_id)?;
-        self.s3.write_state(ws, state)?;
-        self.put_digest(ws, state);
+        let mut md5 = Md5::new();
+        self.s3
+            .write_state_from(ws, state, |chunk| md5.update(chunk))?;
+        self.put_digest(ws, &hex::encode(md5.finalize()));
         Ok(())
     }
 
@@ -258,3 +263,21 @@ impl Backend for Dynamo {
 }
 
 register_backend!(Dynamo);
+
+/// Passes bytes on to the host while computing their MD5.
+struct Hashing<'a, 'b> {
+    out: &'a mut StateWriter<'b>,
+    md5: Md5,
+}
+
+impl std::io::Write for Hashing<'_, '_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.md5.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

@@ -12,9 +12,11 @@
 //! it exists — so a lock is never granted twice and never seen half-written).
 
 use std::hash::{BuildHasher, Hasher};
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read};
 use wasmstate_guest::fs::Dir;
-use wasmstate_guest::{Backend, Config, Error, LockInfo, register_backend};
+use wasmstate_guest::{
+    Backend, Config, Error, LockInfo, StateReader, StateWriter, register_backend,
+};
 
 const STATE_FILE: &str = "terraform.tfstate";
 const LOCK_FILE: &str = "terraform.tfstate.lock";
@@ -56,13 +58,14 @@ impl Local {
         }
     }
 
-    /// Write `bytes` to a fresh, uniquely named file beside the target and
-    /// return its path; the caller renames or links it into place.
-    fn write_temp(&self, workspace: &str, bytes: &[u8]) -> Result<String, Error> {
+    /// Write what `source` yields to a fresh, uniquely named file beside
+    /// the target and return its path; the caller renames or links it into
+    /// place.
+    fn write_temp(&self, workspace: &str, source: &mut dyn Read) -> Result<String, Error> {
         self.ensure_workspace(workspace)?;
         loop {
             let path = format!("{workspace}/.tmp-{:016x}", random_u64());
-            match self.root.create_new(&path, bytes, self.fsync) {
+            match self.root.create_new_from(&path, source, self.fsync) {
                 Ok(()) => return Ok(path),
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
                 Err(e) => {
@@ -124,13 +127,18 @@ impl Backend for Local {
         Ok(Local { root, fsync })
     }
 
-    fn read(&self, workspace: &str) -> Result<Option<Vec<u8>>, Error> {
+    fn read_into(&self, workspace: &str, out: &mut StateWriter<'_>) -> Result<bool, Error> {
         self.root
-            .read(&state_path(workspace))
+            .read_to(&state_path(workspace), out)
             .map_err(|e| Error::io("reading state", e))
     }
 
-    fn write(&self, workspace: &str, state: &[u8], lock_id: Option<&str>) -> Result<(), Error> {
+    fn write_from(
+        &self,
+        workspace: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+    ) -> Result<(), Error> {
         self.check_lock(workspace, lock_id)?;
         let temp = self.write_temp(workspace, state)?;
         self.root
@@ -150,7 +158,7 @@ impl Backend for Local {
     }
 
     fn lock(&self, workspace: &str, info: &LockInfo) -> Result<(), Error> {
-        let temp = self.write_temp(workspace, &info.to_json())?;
+        let temp = self.write_temp(workspace, &mut &info.to_json()[..])?;
         let result = self.link_lock(workspace, &temp, info);
         let _ = self.root.remove_file(&temp);
         result

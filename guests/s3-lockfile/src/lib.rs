@@ -9,7 +9,9 @@
 //! and either reads the state the other wrote.
 
 use wasmstate_aws_common::{AwsSettings, S3State};
-use wasmstate_guest::{Backend, Config, Error, LockInfo, check_lock, register_backend};
+use wasmstate_guest::{
+    Backend, Config, Error, LockInfo, StateReader, StateWriter, check_lock, register_backend,
+};
 
 struct S3Lockfile {
     s3: S3State,
@@ -44,13 +46,18 @@ impl Backend for S3Lockfile {
         })
     }
 
-    fn read(&self, ws: &str) -> Result<Option<Vec<u8>>, Error> {
-        self.s3.read_state(ws)
+    fn read_into(&self, ws: &str, out: &mut StateWriter<'_>) -> Result<bool, Error> {
+        self.s3.read_state_to(ws, out)
     }
 
-    fn write(&self, ws: &str, state: &[u8], lock_id: Option<&str>) -> Result<(), Error> {
+    fn write_from(
+        &self,
+        ws: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+    ) -> Result<(), Error> {
         check_lock(self.holder(ws)?, lock_id)?;
-        self.s3.write_state(ws, state)
+        self.s3.write_state_from(ws, state, |_| {})
     }
 
     fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {

@@ -502,12 +502,11 @@ fn describe(wasm: &[u8], installed: Option<&Installed>) -> Result<String, String
             "none (runs only from a local path, with the operator's grants as written)".into(),
         ),
     }
-    let wit = info
-        .exports
-        .iter()
-        .find_map(|e| e.strip_prefix("wasmstate:backend/storage@"))
-        .unwrap_or("not a wasmstate guest");
-    line("wit", wit.to_string());
+    let wit = match crate::contract::check_version(&info.exports) {
+        Ok(version) => version.describe(),
+        Err(e) => format!("{e:#}"),
+    };
+    line("wit", wit);
     line("imports", info.imports.join(", "));
     line("exports", info.exports.join(", "));
     line("sha256", sha256_hex(wasm));

@@ -5,7 +5,7 @@
 //! listen = "127.0.0.1:6061"
 //! data_dir = "./wasmstate-data"
 //! # cache_dir = "/var/cache/wasmstate"   # compiled guests; default <data_dir>/cache
-//! max_body_mib = 64
+//! max_body_mib = 512
 //!
 //! [tls]                    # HTTPS (optional)
 //! cert = "server.pem"      # PEM certificate chain
@@ -56,7 +56,9 @@ use std::time::Duration;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:6061";
 /// Data directory used when neither the config file nor `--data-dir` names one.
 pub const DEFAULT_DATA_DIR: &str = "./wasmstate-data";
-const DEFAULT_MAX_BODY_MIB: u64 = 64;
+/// Large organisations keep states of hundreds of MiB, and the contract
+/// streams them, so a write in flight holds its body once, in the host.
+const DEFAULT_MAX_BODY_MIB: u64 = 512;
 const DEFAULT_MEMORY_MIB: u64 = 256;
 const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 const DEFAULT_MAX_INSTANCES: u32 = 64;

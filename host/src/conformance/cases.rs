@@ -30,6 +30,7 @@ cases! {
     "write then read returns the same bytes" => round_trip,
     "binary, non-UTF-8 state round-trips byte for byte" => binary_round_trip,
     "a 10 MiB state round-trips" => large_round_trip,
+    "a read the host stops early ends cleanly" => stopped_read,
     "overwrite replaces the state" => overwrite,
     "delete removes the state; deleting again succeeds" => delete,
     "a second lock is refused and names the holder" => lock_exclusive,
@@ -61,8 +62,8 @@ fn lock(id: &str) -> LockInfo {
     }
 }
 
-fn state(text: &str) -> Vec<u8> {
-    format!(r#"{{"version":4,"serial":1,"lineage":"ck","note":"{text}"}}"#).into_bytes()
+fn state(text: &str) -> bytes::Bytes {
+    format!(r#"{{"version":4,"serial":1,"lineage":"ck","note":"{text}"}}"#).into()
 }
 
 /// Run `op`, describing a failure as `what: error`.
@@ -96,8 +97,8 @@ async fn read_missing<S: Storage>(s: Arc<S>, ws: String) -> Result<(), String> {
     })
 }
 
-async fn expect_round_trip<S: Storage>(s: &S, ws: &str, bytes: Vec<u8>) -> Result<(), String> {
-    step("write", s.write(ws, bytes.clone(), None)).await?;
+async fn expect_round_trip<S: Storage>(s: &S, ws: &str, bytes: bytes::Bytes) -> Result<(), String> {
+    step("write", s.write(ws, bytes.clone().into(), None)).await?;
     let got = step("read", s.read(ws)).await?;
     match got {
         None => Err("read returned no state after a write".into()),
@@ -131,21 +132,48 @@ async fn binary_round_trip<S: Storage>(s: Arc<S>, ws: String) -> Result<(), Stri
         .take(70_000)
         .chain([0xff, 0xfe, 0x00, 0xc3])
         .collect();
-    expect_round_trip(&*s, &ws, bytes).await
+    expect_round_trip(&*s, &ws, bytes.into()).await
 }
 
-async fn large_round_trip<S: Storage>(s: Arc<S>, ws: String) -> Result<(), String> {
-    // A pattern that is not periodic at any chunk size a guest might use.
+/// `len` bytes of a pattern that is not periodic at any chunk size a
+/// guest might use.
+fn unperiodic(len: usize) -> bytes::Bytes {
     let mut x: u32 = 0x9e37_79b9;
-    let bytes: Vec<u8> = (0..10 << 20)
+    (0..len)
         .map(|_| {
             x ^= x << 13;
             x ^= x >> 17;
             x ^= x << 5;
             x as u8
         })
-        .collect();
-    expect_round_trip(&*s, &ws, bytes).await
+        .collect()
+}
+
+async fn large_round_trip<S: Storage>(s: Arc<S>, ws: String) -> Result<(), String> {
+    expect_round_trip(&*s, &ws, unperiodic(10 << 20)).await
+}
+
+/// The host reads only the beginning of a state to check its serial, and
+/// compares a retried write with the stored state as it streams: a guest
+/// must stop writing when the host says so, and still succeed.
+async fn stopped_read<S: Storage>(s: Arc<S>, ws: String) -> Result<(), String> {
+    let bytes = unperiodic(3 << 20);
+    step("write", s.write(&ws, bytes.clone(), None)).await?;
+    let prefix = step("read of the first 1000 bytes", s.read_prefix(&ws, 1000)).await?;
+    ensure(prefix.as_deref() == Some(&bytes[..1000]), || {
+        format!(
+            "a read stopped after 1000 bytes returned {} bytes, not the state's first 1000",
+            prefix.as_ref().map_or(0, Vec::len)
+        )
+    })?;
+    let same = step("comparing with the same bytes", s.holds(&ws, &bytes)).await?;
+    ensure(same, || "the stored state did not compare equal to the bytes written".into())?;
+    let mut other = bytes.to_vec();
+    other[2 << 20] ^= 1;
+    let differs = step("comparing with other bytes", s.holds(&ws, &other.into())).await?;
+    ensure(!differs, || {
+        "the stored state compared equal to bytes differing at one byte".into()
+    })
 }
 
 async fn overwrite<S: Storage>(s: Arc<S>, ws: String) -> Result<(), String> {
@@ -218,7 +246,7 @@ async fn holder_keeps_lock<S: Storage>(s: Arc<S>, ws: String) -> Result<(), Stri
     )
     .await?;
     let got = step("read", s.read(&ws)).await?;
-    ensure(got == Some(state("mine")), || {
+    ensure(got.as_deref() == Some(&state("mine")[..]), || {
         "read did not return the holder's write".into()
     })?;
     step(
@@ -248,7 +276,7 @@ async fn foreign_writes_refused<S: Storage>(s: Arc<S>, ws: String) -> Result<(),
     )?;
     holder_of(s.delete(&ws, None).await, "holder", "delete without an ID")?;
     let got = step("read", s.read(&ws)).await?;
-    ensure(got == Some(state("original")), || {
+    ensure(got.as_deref() == Some(&state("original")[..]), || {
         "a refused write changed the state".into()
     })
 }
@@ -265,7 +293,7 @@ async fn write_after_lock_lost<S: Storage>(s: Arc<S>, ws: String) -> Result<(), 
         }
     }
     let got = step("read", s.read(&ws)).await?;
-    ensure(got == Some(state("original")), || {
+    ensure(got.as_deref() == Some(&state("original")[..]), || {
         "the refused write changed the state".into()
     })
 }
@@ -314,7 +342,7 @@ async fn locked_workspace_delete<S: Storage>(s: Arc<S>, ws: String) -> Result<()
         }
     }
     let got = step("read", s.read(&ws)).await?;
-    ensure(got == Some(state("keep")), || {
+    ensure(got.as_deref() == Some(&state("keep")[..]), || {
         "the refused delete lost the state".into()
     })
 }
@@ -375,7 +403,7 @@ async fn increment<S: Storage>(s: &S, ws: &str, id: &str) -> Result<(), String> 
     };
     step(
         "write",
-        s.write(ws, (current + 1).to_string().into_bytes(), Some(id)),
+        s.write(ws, (current + 1).to_string().into(), Some(id)),
     )
     .await?;
     step("unlock", s.unlock(ws, id)).await

@@ -45,8 +45,9 @@ impl Storage for Fake {
     async fn read(&self, ws: &str) -> StorageResult<Option<Vec<u8>>> {
         Ok(self.states.lock().unwrap().get(ws).cloned())
     }
-    async fn write(&self, ws: &str, mut state: Vec<u8>, id: Option<&str>) -> StorageResult<()> {
+    async fn write(&self, ws: &str, state: bytes::Bytes, id: Option<&str>) -> StorageResult<()> {
         self.check(ws, id)?;
+        let mut state = state.to_vec();
         if self.bugs.truncates_large_states {
             state.truncate(1 << 20);
         }

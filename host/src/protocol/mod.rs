@@ -89,9 +89,8 @@ impl<S> App<S> {
     /// Read a request body: at most `max_body_bytes` (413), within
     /// `body_timeout` (408).
     pub async fn read_body(&self, body: Body) -> Result<Bytes, ApiError> {
-        use http_body_util::BodyExt;
         let limited = http_body_util::Limited::new(body, self.max_body_bytes);
-        match tokio::time::timeout(self.body_timeout, limited.collect()).await {
+        match tokio::time::timeout(self.body_timeout, collect(limited, self.max_body_bytes)).await {
             Err(_) => Err(ApiError::Message(
                 StatusCode::REQUEST_TIMEOUT,
                 format!(
@@ -99,7 +98,7 @@ impl<S> App<S> {
                     self.body_timeout.as_secs()
                 ),
             )),
-            Ok(Ok(collected)) => Ok(collected.to_bytes()),
+            Ok(Ok(collected)) => Ok(collected),
             Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::Message(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "the body is larger than this server accepts (raise max_body_mib in its config); nothing was written"
@@ -124,6 +123,24 @@ impl<S> App<S> {
         }
         Ok(())
     }
+}
+
+/// Gather a body into one buffer, sized up front from its length
+/// (`Content-Length`, which Terraform sends) so a big state is held once:
+/// collecting frames and joining them afterwards would hold it twice.
+async fn collect(
+    mut body: http_body_util::Limited<Body>,
+    max: usize,
+) -> Result<Bytes, axum::BoxError> {
+    use http_body_util::BodyExt;
+    let hint = usize::try_from(http_body::Body::size_hint(&body).lower()).unwrap_or(max);
+    let mut buffer = bytes::BytesMut::with_capacity(hint.min(max));
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            buffer.extend_from_slice(&data);
+        }
+    }
+    Ok(buffer.freeze())
 }
 
 impl<S: Storage> App<S> {

@@ -133,7 +133,7 @@ async fn write<S: Storage>(
     }
     target
         .storage
-        .write(target.workspace, body.to_vec(), lock_id)
+        .write(target.workspace, body, lock_id)
         .await
         .map_err(|e| target.error(e))?;
     Ok(StatusCode::OK.into_response())
@@ -153,20 +153,31 @@ async fn write<S: Storage>(
 async fn guard_stale_write<S: Storage>(
     target: &Target<'_, S>,
     incoming: &statefile::Header,
-    body: &[u8],
+    body: &Bytes,
 ) -> Result<bool, ApiError> {
-    let Some(stored) = target
+    // Only the beginning is read back: Terraform and OpenTofu write serial
+    // and lineage first. Storage is asked every time (no serial remembered
+    // here), so a second host writing the same storage is seen.
+    let prefix = target
         .storage
-        .read(target.workspace)
+        .read_prefix(target.workspace, statefile::PREFIX_BYTES)
         .await
-        .map_err(|e| target.error(e))?
-    else {
+        .map_err(|e| target.error(e))?;
+    let Some(prefix) = prefix else {
         return Ok(false);
     };
-    let Some((stored_lineage, stored_serial)) = statefile::read(&stored)
-        .ok()
-        .and_then(|h| h.version().map(|(l, s)| (l.to_string(), s)))
-    else {
+    let mut stored_version = statefile::version_in_prefix(&prefix);
+    if stored_version.is_none() && prefix.len() == statefile::PREFIX_BYTES {
+        // A state that keeps them further in: read it whole, once.
+        stored_version = target
+            .storage
+            .read(target.workspace)
+            .await
+            .map_err(|e| target.error(e))?
+            .and_then(|stored| statefile::read(&stored).ok())
+            .and_then(|h| h.version().map(|(l, s)| (l.to_string(), s)));
+    }
+    let Some((stored_lineage, stored_serial)) = stored_version else {
         return Ok(false);
     };
     let refuse = |why: String| {
@@ -194,7 +205,14 @@ async fn guard_stale_write<S: Storage>(
         ));
     }
     if serial == stored_serial {
-        if stored == body {
+        // A retried POST sends the same bytes again: compared as storage
+        // streams them, never held twice.
+        if target
+            .storage
+            .holds(target.workspace, body)
+            .await
+            .map_err(|e| target.error(e))?
+        {
             return Ok(true);
         }
         return refuse(format!(

@@ -8,8 +8,14 @@ wasmtime::component::bindgen!({
     world: "backend",
     // Async imports: the git capability does network I/O on a blocking
     // thread and must not stall the executor; log/get-config are trivial.
-    imports: { default: async },
+    // The body's chunk calls only touch the request's own buffers: plain
+    // calls, trapping on a handle the guest made up.
+    imports: { "wasmstate:backend/body": trappable, default: async },
     exports: { default: async },
+    with: {
+        "wasmstate:backend/body.state-source": super::body::StateSource,
+        "wasmstate:backend/body.state-sink": super::body::StateSink,
+    },
 });
 
 use self::wasmstate::backend::types as t;

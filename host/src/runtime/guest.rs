@@ -2,11 +2,12 @@
 //! on the guest threads, within the backend's limits, with every way it can
 //! end turned into a [`StorageResult`].
 
-use super::bindings::{self, Backend as GuestWorld, BackendPre as GuestWorldPre};
+use super::body::{StateSink, StateSource};
 use super::limits::{Budget, MemoryLimiter, Refusal};
 use super::quota::DirQuota;
 use super::sandbox::{STDERR_CAPACITY, Sandbox};
 use super::turns::{Core, TurnHook, Turns};
+use super::versions::{Answer, Guest, GuestPre};
 use super::{GUEST_DATA_DIR, OUTER_GRACE, outbound};
 use crate::backend::{Diagnostic, LockInfo, Storage, StorageError, StorageResult};
 use crate::config::Limits;
@@ -31,19 +32,13 @@ use wasmtime_wasi_http::WasiHttpCtx;
 const MAX_LIST_BYTES: usize = 16 << 20;
 
 /// A future returned by one guest call, borrowing the instance and store.
-pub type GuestCall<'a, T> = Pin<
-    Box<
-        dyn Future<Output = wasmtime::Result<Result<T, bindings::wasmstate::backend::types::Error>>>
-            + Send
-            + 'a,
-    >,
->;
+pub type GuestCall<'a, T> = Pin<Box<dyn Future<Output = Answer<T>> + Send + 'a>>;
 
 /// Everything one backend's guest calls share.
 pub(super) struct Shared {
     pub metrics: Arc<Metrics>,
     pub name: Arc<str>,
-    pub pre: GuestWorldPre<Sandbox>,
+    pub pre: GuestPre,
     pub engine: Engine,
     /// Every guest call's task, so the server can wait for them when it stops.
     pub tasks: tokio_util::task::TaskTracker,
@@ -108,7 +103,7 @@ impl GuestBackend {
     async fn run<T: Send + 'static>(
         &self,
         max_lift: usize,
-        call: impl for<'a> FnOnce(&'a GuestWorld, &'a mut Store<Sandbox>) -> GuestCall<'a, T>
+        call: impl for<'a> FnOnce(&'a Guest, &'a mut Store<Sandbox>) -> GuestCall<'a, T>
         + Send
         + 'static,
     ) -> StorageResult<T> {
@@ -161,7 +156,7 @@ impl GuestBackend {
         let lift = self.shared.max_lift_bytes;
         self.run(lift, |g, s| {
             Box::pin(async move {
-                let diagnostics = g.wasmstate_backend_config().call_validate(s).await?;
+                let diagnostics = g.validate(s).await?;
                 Ok(Ok(diagnostics.into_iter().map(Into::into).collect()))
             })
         })
@@ -174,14 +169,14 @@ impl Shared {
     async fn call<T>(
         &self,
         max_lift: usize,
-        call: impl for<'a> FnOnce(&'a GuestWorld, &'a mut Store<Sandbox>) -> GuestCall<'a, T>,
+        call: impl for<'a> FnOnce(&'a Guest, &'a mut Store<Sandbox>) -> GuestCall<'a, T>,
     ) -> StorageResult<T> {
         let deadline = Instant::now() + self.limits.timeout;
         let mut store = self.new_store(deadline)?;
         store.set_hostcall_fuel(max_lift);
         let outcome = async {
             let started = Instant::now();
-            let guest = self.pre.instantiate_async(&mut store).await?;
+            let guest = self.pre.instantiate(&mut store).await?;
             self.metrics.instantiated(&self.name, started.elapsed());
             let called = Instant::now();
             let result = call(&guest, &mut store).await;
@@ -350,28 +345,78 @@ impl Shared {
     }
 }
 
-impl Storage for GuestBackend {
-    async fn read(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
+impl GuestBackend {
+    /// Read the state (or version `id` of it) into `sink` in a fresh
+    /// instance; `None` when there is none.
+    async fn read_into(
+        &self,
+        workspace: &str,
+        version: Option<&str>,
+        sink: StateSink,
+    ) -> StorageResult<Option<StateSink>> {
         let ws = workspace.to_owned();
+        let id = version.map(str::to_owned);
         self.run(self.shared.max_lift_bytes, move |g, s| {
-            Box::pin(async move { g.wasmstate_backend_storage().call_read(s, &ws).await })
+            Box::pin(async move {
+                let lent = s.data_mut().table.push(sink)?;
+                let found = match &id {
+                    Some(id) => g.read_version(s, &ws, id, &lent).await?,
+                    None => g.read(s, &ws, &lent).await?,
+                };
+                let sink = s.data_mut().table.delete(lent)?;
+                Ok(found.map(|found| found.then_some(sink)))
+            })
         })
         .await
+    }
+
+    /// Read everything into memory, refusing more than the host accepts.
+    async fn read_whole(&self, workspace: &str, version: Option<&str>) -> StorageResult<Option<Vec<u8>>> {
+        let limit = self.shared.max_lift_bytes;
+        let Some(sink) = self.read_into(workspace, version, StateSink::collect(limit)).await? else {
+            return Ok(None);
+        };
+        match sink.into_bytes() {
+            (_, true) => Err(StorageError::Internal(format!(
+                "the guest returned more than the {} MiB the host accepts from one call",
+                limit >> 20
+            ))),
+            (bytes, false) => Ok(Some(bytes)),
+        }
+    }
+}
+
+impl Storage for GuestBackend {
+    async fn read(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
+        self.read_whole(workspace, None).await
+    }
+
+    async fn read_prefix(&self, workspace: &str, max: usize) -> StorageResult<Option<Vec<u8>>> {
+        let sink = self.read_into(workspace, None, StateSink::prefix(max)).await?;
+        Ok(sink.map(|s| s.into_bytes().0))
+    }
+
+    async fn holds(&self, workspace: &str, state: &bytes::Bytes) -> StorageResult<bool> {
+        let sink = self
+            .read_into(workspace, None, StateSink::compare(state.clone()))
+            .await?;
+        Ok(sink.is_some_and(|s| s.matched()))
     }
 
     async fn write(
         &self,
         workspace: &str,
-        state: Vec<u8>,
+        state: bytes::Bytes,
         lock_id: Option<&str>,
     ) -> StorageResult<()> {
         let ws = workspace.to_owned();
         let id = lock_id.map(str::to_owned);
         self.run(self.shared.max_lift_bytes, move |g, s| {
             Box::pin(async move {
-                g.wasmstate_backend_storage()
-                    .call_write(s, &ws, &state, id.as_deref())
-                    .await
+                let lent = s.data_mut().table.push(StateSource::new(state))?;
+                let written = g.write(s, &ws, &lent, id.as_deref()).await;
+                s.data_mut().table.delete(lent)?;
+                written
             })
         })
         .await
@@ -381,11 +426,7 @@ impl Storage for GuestBackend {
         let ws = workspace.to_owned();
         let id = lock_id.map(str::to_owned);
         self.run(self.shared.max_lift_bytes, move |g, s| {
-            Box::pin(async move {
-                g.wasmstate_backend_storage()
-                    .call_delete(s, &ws, id.as_deref())
-                    .await
-            })
+            Box::pin(async move { g.delete(s, &ws, id.as_deref()).await })
         })
         .await
     }
@@ -394,7 +435,7 @@ impl Storage for GuestBackend {
         let ws = workspace.to_owned();
         let info = info.into();
         self.run(self.shared.max_lift_bytes, move |g, s| {
-            Box::pin(async move { g.wasmstate_backend_storage().call_lock(s, &ws, &info).await })
+            Box::pin(async move { g.lock(s, &ws, &info).await })
         })
         .await
     }
@@ -403,7 +444,7 @@ impl Storage for GuestBackend {
         let ws = workspace.to_owned();
         let id = id.to_owned();
         self.run(self.shared.max_lift_bytes, move |g, s| {
-            Box::pin(async move { g.wasmstate_backend_storage().call_unlock(s, &ws, &id).await })
+            Box::pin(async move { g.unlock(s, &ws, &id).await })
         })
         .await
     }
@@ -412,11 +453,7 @@ impl Storage for GuestBackend {
         let ws = workspace.to_owned();
         let holder = self
             .run(self.shared.max_lift_bytes, move |g, s| {
-                Box::pin(async move {
-                    g.wasmstate_backend_storage()
-                        .call_current_lock(s, &ws)
-                        .await
-                })
+                Box::pin(async move { g.current_lock(s, &ws).await })
             })
             .await?;
         Ok(holder.map(Into::into))
@@ -426,11 +463,7 @@ impl Storage for GuestBackend {
         let ws = workspace.to_owned();
         let holder = self
             .run(self.shared.max_lift_bytes, move |g, s| {
-                Box::pin(async move {
-                    g.wasmstate_backend_storage()
-                        .call_force_unlock(s, &ws)
-                        .await
-                })
+                Box::pin(async move { g.force_unlock(s, &ws).await })
             })
             .await?;
         Ok(holder.map(Into::into))
@@ -438,11 +471,7 @@ impl Storage for GuestBackend {
 
     async fn list_workspaces(&self) -> StorageResult<Vec<String>> {
         self.run(MAX_LIST_BYTES, |g, s| {
-            Box::pin(async move {
-                g.wasmstate_backend_workspaces()
-                    .call_list_workspaces(s)
-                    .await
-            })
+            Box::pin(async move { g.list_workspaces(s).await })
         })
         .await
     }
@@ -450,11 +479,7 @@ impl Storage for GuestBackend {
     async fn create_workspace(&self, name: &str) -> StorageResult<bool> {
         let name = name.to_owned();
         self.run(self.shared.max_lift_bytes, move |g, s| {
-            Box::pin(async move {
-                g.wasmstate_backend_workspaces()
-                    .call_create_workspace(s, &name)
-                    .await
-            })
+            Box::pin(async move { g.create_workspace(s, &name).await })
         })
         .await
     }
@@ -462,11 +487,7 @@ impl Storage for GuestBackend {
     async fn delete_workspace(&self, name: &str) -> StorageResult<()> {
         let name = name.to_owned();
         self.run(self.shared.max_lift_bytes, move |g, s| {
-            Box::pin(async move {
-                g.wasmstate_backend_workspaces()
-                    .call_delete_workspace(s, &name)
-                    .await
-            })
+            Box::pin(async move { g.delete_workspace(s, &name).await })
         })
         .await
     }
@@ -475,35 +496,13 @@ impl Storage for GuestBackend {
         let ws = workspace.to_owned();
         let versions = self
             .run(MAX_LIST_BYTES, move |g, s| {
-                Box::pin(async move {
-                    g.wasmstate_backend_history()
-                        .call_list_versions(s, &ws)
-                        .await
-                })
+                Box::pin(async move { g.list_versions(s, &ws).await })
             })
             .await?;
-        let versions = versions.ok_or(StorageError::NoHistory)?;
-        Ok(versions
-            .into_iter()
-            .map(|v| crate::backend::Version {
-                id: v.id,
-                serial: v.serial,
-                created_unix_ms: v.created_unix_ms,
-                bytes: v.bytes,
-            })
-            .collect())
+        versions.ok_or(StorageError::NoHistory)
     }
 
     async fn read_version(&self, workspace: &str, id: &str) -> StorageResult<Option<Vec<u8>>> {
-        let ws = workspace.to_owned();
-        let id = id.to_owned();
-        self.run(self.shared.max_lift_bytes, move |g, s| {
-            Box::pin(async move {
-                g.wasmstate_backend_history()
-                    .call_read_version(s, &ws, &id)
-                    .await
-            })
-        })
-        .await
+        self.read_whole(workspace, Some(id)).await
     }
 }

@@ -10,6 +10,7 @@
 //! for the protocol layer to call.
 
 mod bindings;
+mod body;
 mod cache;
 mod engine;
 mod fs;
@@ -23,6 +24,7 @@ mod sandbox;
 pub mod system;
 mod text;
 pub mod turns;
+mod versions;
 
 pub use guest::GuestBackend;
 
@@ -31,7 +33,6 @@ use crate::config::{BackendConfig, Config, Limits};
 use crate::metrics::Metrics;
 use crate::policy::OutboundPolicy;
 use anyhow::Context;
-use bindings::{Backend as GuestWorld, BackendPre as GuestWorldPre};
 use limits::Budget;
 use quota::DirQuota;
 use sandbox::Sandbox;
@@ -39,7 +40,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 use wasmtime::Engine;
-use wasmtime::component::{HasSelf, Linker};
+use wasmtime::component::Linker;
 
 /// Where a granted directory appears inside the guest.
 pub const GUEST_DATA_DIR: &str = "/data";
@@ -95,7 +96,7 @@ impl Runtime {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
         fs::add_to_linker(&mut linker)?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
-        GuestWorld::add_to_linker::<_, HasSelf<Sandbox>>(&mut linker, |s| s)?;
+        versions::add_to_linker(&mut linker)?;
         let cores = system::cores();
         let memory = Budget::new(guest_memory_budget(config)?);
         metrics.set_memory_budget(memory.clone());
@@ -171,7 +172,7 @@ impl Runtime {
             .exports(&self.engine)
             .map(|(n, _)| n.to_string())
             .collect();
-        crate::contract::check_version(&exports).with_context(context)?;
+        let version = crate::contract::check_version(&exports).with_context(context)?;
         let pre = self
             .linker
             .instantiate_pre(&component)
@@ -196,7 +197,7 @@ impl Runtime {
             shared: Arc::new(guest::Shared {
                 metrics: self.metrics.clone(),
                 name: Arc::from(name.as_str()),
-                pre: GuestWorldPre::new(pre)?,
+                pre: versions::GuestPre::new(version, pre)?,
                 engine: self.engine.clone(),
                 tasks: self.tasks.clone(),
                 instances: self.instances.clone(),

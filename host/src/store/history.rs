@@ -35,7 +35,7 @@ impl History {
     pub async fn record(
         &self,
         workspace: &str,
-        stored: Vec<u8>,
+        stored: bytes::Bytes,
         serial: Option<u64>,
     ) -> io::Result<()> {
         let dir = self.dir(workspace);
@@ -169,7 +169,7 @@ mod tests {
         let history = History::new(dir.path().to_path_buf(), 3);
         for serial in 1..=5 {
             history
-                .record("prod", state(serial), Some(serial))
+                .record("prod", state(serial).into(), Some(serial))
                 .await
                 .unwrap();
         }

@@ -11,6 +11,7 @@ pub mod history;
 
 use crate::backend::{LockInfo, Storage, StorageError, StorageResult, Version};
 use envelope::{EncryptionKey, Place, Sealer, StateHeader};
+use bytes::Bytes;
 use history::History;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -113,10 +114,29 @@ impl<S: Storage> Storage for Store<S> {
         }
     }
 
+    async fn read_prefix(&self, workspace: &str, max: usize) -> StorageResult<Option<Vec<u8>>> {
+        if self.sealer.is_some() {
+            // Sealed, the serial sits after the ciphertext: open it whole.
+            let mut state = self.read(workspace).await?;
+            if let Some(bytes) = &mut state {
+                bytes.truncate(max);
+            }
+            return Ok(state);
+        }
+        self.inner.read_prefix(workspace, max).await
+    }
+
+    async fn holds(&self, workspace: &str, state: &Bytes) -> StorageResult<bool> {
+        if self.sealer.is_some() {
+            return Ok(self.read(workspace).await?.as_deref() == Some(&state[..]));
+        }
+        self.inner.holds(workspace, state).await
+    }
+
     async fn write(
         &self,
         workspace: &str,
-        state: Vec<u8>,
+        state: Bytes,
         lock_id: Option<&str>,
     ) -> StorageResult<()> {
         // Read the clear fields once, for the envelope and the history both.
@@ -128,7 +148,8 @@ impl<S: Storage> Storage for Store<S> {
         let stored = match &self.sealer {
             Some(sealer) => sealer
                 .seal(self.place(workspace), &state, &header)
-                .map_err(StorageError::Encryption)?,
+                .map_err(StorageError::Encryption)?
+                .into(),
             None => state,
         };
         let kept = self.history.as_ref().map(|_| stored.clone());

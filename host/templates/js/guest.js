@@ -11,6 +11,10 @@
 // a hard link creates the lock file with its full content or fails because
 // it exists (a lock is never granted twice, never seen half-written).
 //
+// A state moves in chunks of about 1 MiB between the file and the host (the
+// `body` interface's `state-source` and `state-sink`), so this guest never
+// holds a whole state in memory, whatever its size.
+//
 // The host makes a fresh instance for every request: keep nothing in memory
 // between calls. A contract error is thrown as the variant itself
 // (`{ tag: 'locked', val: holder }`); anything else thrown is caught, logged
@@ -19,12 +23,13 @@
 
 import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
 import { getRandomBytes } from 'wasi:random/random@0.2.12';
-import { getConfig, log } from 'wasmstate:backend/host@0.1.0';
+import { getConfig, log } from 'wasmstate:backend/host@0.2.0';
 
 const STATE = 'terraform.tfstate';
 const LOCK = 'terraform.tfstate.lock';
 // The keys this guest understands; any other is reported by `validate`.
 const KNOWN_KEYS = ['fsync'];
+// Bytes moved per call between a file and the host.
 const CHUNK = 1n << 20n;
 
 const NOFOLLOW = { symlinkFollow: false };
@@ -70,24 +75,57 @@ function fsyncEnabled() {
   return settings().get('fsync') !== 'false';
 }
 
-/** The whole file, read in chunks (a read may return fewer bytes); `undefined` when missing. */
-function readFile(dir, path) {
-  let file;
+/** The file opened for reading; `undefined` when missing. */
+function openRead(dir, path) {
   try {
-    file = dir.openAt(NOFOLLOW, path, {}, { read: true });
+    return dir.openAt(NOFOLLOW, path, {}, { read: true });
   } catch (e) {
     if (code(e) === 'no-entry') return undefined;
     throw e;
   }
-  const parts = [];
+}
+
+/** The chunks of an open file, in order, to its end (a read may return fewer bytes). */
+function* fileChunks(file) {
   let offset = 0n;
-  let total = 0;
   for (;;) {
     const [bytes, end] = file.read(CHUNK, offset);
+    if (bytes.length > 0) yield bytes;
+    offset += BigInt(bytes.length);
+    if (end || bytes.length === 0) return;
+  }
+}
+
+/** Hand a file's bytes to the host's `state-sink` in chunks, to the end of
+ * the file or until the host says it has what it needs; `false` when the
+ * file is missing. */
+function copyToSink(dir, path, into) {
+  const file = openRead(dir, path);
+  if (file === undefined) return false;
+  for (const bytes of fileChunks(file)) {
+    if (!into.write(bytes)) break; // the host has what it needs: success
+  }
+  return true;
+}
+
+/** The chunks of a state the host hands us (`state-source`), to its end. */
+function* sourceChunks(source) {
+  for (;;) {
+    const bytes = source.read(Number(CHUNK));
+    if (bytes.length === 0) return;
+    yield bytes;
+  }
+}
+
+/** The whole of a small file (a lock); `undefined` when missing. */
+function readFile(dir, path) {
+  const file = openRead(dir, path);
+  if (file === undefined) return undefined;
+  const parts = [];
+  let total = 0;
+  for (const bytes of fileChunks(file)) {
     parts.push(bytes);
     total += bytes.length;
-    offset += BigInt(bytes.length);
-    if (end || bytes.length === 0) break;
   }
   const out = new Uint8Array(total);
   let at = 0;
@@ -98,13 +136,18 @@ function readFile(dir, path) {
   return out;
 }
 
-/** Write all of `bytes` to a new file (`exist` when it is there already). */
-function createFile(dir, path, bytes) {
+/** Write `chunks` (byte arrays, in order) to a new file at increasing
+ * offsets (`exist` when it is there already). */
+function createFile(dir, path, chunks) {
   const file = dir.openAt(NOFOLLOW, path, { create: true, exclusive: true }, { write: true });
   let offset = 0n;
-  while (offset < BigInt(bytes.length)) {
-    const written = file.write(bytes.subarray(Number(offset), Number(offset + CHUNK)), offset);
-    offset += written;
+  for (const bytes of chunks) {
+    let done = 0;
+    while (done < bytes.length) {
+      const written = file.write(bytes.subarray(done), offset);
+      done += Number(written);
+      offset += written;
+    }
   }
   if (fsyncEnabled()) file.syncData();
 }
@@ -138,13 +181,14 @@ function randomName() {
   return Array.from(getRandomBytes(8n), (b) => b.toString(16).padStart(2, '0')).join('');
 }
 
-/** Write `bytes` to a new, uniquely named file beside the target. */
-function writeTemp(dir, workspace, bytes) {
+/** Write `chunks` to a new, uniquely named file beside the target; the
+ * caller renames or links it into place. */
+function writeTemp(dir, workspace, chunks) {
   ensureDir(dir, workspace);
   for (;;) {
     const temp = `${workspace}/.tmp-${randomName()}`;
     try {
-      createFile(dir, temp, bytes);
+      createFile(dir, temp, chunks);
       return temp;
     } catch (e) {
       if (code(e) !== 'exist') {
@@ -199,12 +243,12 @@ function removeTree(dir, path) {
 }
 
 export const storage = {
-  read: guarded((workspace) => readFile(root(), `${workspace}/${STATE}`)),
+  read: guarded((workspace, into) => copyToSink(root(), `${workspace}/${STATE}`, into)),
 
   write: guarded((workspace, state, lockId) => {
     const dir = root();
     checkLock(dir, workspace, lockId);
-    const temp = writeTemp(dir, workspace, state);
+    const temp = writeTemp(dir, workspace, sourceChunks(state));
     try {
       dir.renameAt(temp, dir, `${workspace}/${STATE}`);
     } catch (e) {
@@ -221,7 +265,7 @@ export const storage = {
 
   lock: guarded((workspace, info) => {
     const dir = root();
-    const temp = writeTemp(dir, workspace, lockToJson(info));
+    const temp = writeTemp(dir, workspace, [lockToJson(info)]);
     try {
       for (let attempt = 0; attempt < 100; attempt++) {
         try {
@@ -296,7 +340,7 @@ export const workspaces = {
 export const history = {
   // No history of its own: the host keeps versions.
   listVersions: guarded(() => undefined),
-  readVersion: guarded(() => undefined),
+  readVersion: guarded(() => false), // no such version: this storage keeps none
 };
 
 export const config = {

@@ -11,6 +11,10 @@ hosts: a rename replaces a state whole (readers never see a torn one), and
 a hard link creates the lock file with its full content or fails because it
 exists (a lock is never granted twice, never seen half-written).
 
+A state moves in chunks of about 1 MiB between the file and the host (the
+`body` interface's `state-source` and `state-sink`), so this guest never
+holds a whole state in memory, whatever its size.
+
 The host makes a fresh instance for every request: keep nothing in memory
 between calls. Every exported method raises `Err(...)` with one of the
 contract's errors; anything else is caught, logged with its traceback, and
@@ -26,11 +30,13 @@ import traceback
 from componentize_py_types import Err
 from wit_world import exports
 from wit_world.imports import backend_types as t
-from wit_world.imports import host
+from wit_world.imports import body, host
 
 ROOT = "/data"
 STATE = "terraform.tfstate"
 LOCK = "terraform.tfstate.lock"
+# Bytes moved per call between a file and the host.
+CHUNK = 1 << 20
 # The keys this guest understands; any other is reported by `validate`.
 KNOWN_KEYS = {"fsync"}
 
@@ -105,20 +111,46 @@ def check_lock(workspace, lock_id):
         raise Err(t.Error_LockMismatch(None))
 
 
-def write_temp(workspace, data):
-    """Write `data` to a new, uniquely named file beside the target."""
+def chunks_of(source: body.StateSource):
+    """The bytes of a state the host hands us, chunk by chunk, to its end."""
+    while True:
+        chunk = source.read(CHUNK)
+        if not chunk:
+            return
+        yield chunk
+
+
+def write_temp(workspace, chunks):
+    """Write `chunks` (bytes, in order) to a new, uniquely named file beside
+    the target; the caller renames or links it into place."""
     os.makedirs(path(workspace), exist_ok=True)
     while True:
         temp = path(workspace, ".tmp-" + os.urandom(8).hex())
         try:
-            with open(temp, "xb") as f:
-                f.write(data)
+            f = open(temp, "xb")
+        except FileExistsError:
+            continue
+        try:
+            with f:
+                for chunk in chunks:
+                    f.write(chunk)
                 f.flush()
                 if fsync_enabled():
                     os.fsync(f.fileno())
             return temp
-        except FileExistsError:
-            continue
+        except BaseException:
+            remove(temp)
+            raise
+
+
+def copy_to(file, into: body.StateSink):
+    """Hand the file's bytes to the host in chunks, to the end of the file or
+    until the host says it has what it needs."""
+    with open(file, "rb") as f:
+        while True:
+            chunk = f.read(CHUNK)
+            if not chunk or not into.write(chunk):
+                return
 
 
 def remove(file):
@@ -130,17 +162,17 @@ def remove(file):
 
 class Storage(exports.Storage):
     @guarded
-    def read(self, workspace):
+    def read(self, workspace, into):
         try:
-            with open(path(workspace, STATE), "rb") as f:
-                return f.read()
+            copy_to(path(workspace, STATE), into)
+            return True
         except FileNotFoundError:
-            return None
+            return False
 
     @guarded
     def write(self, workspace, state, lock_id):
         check_lock(workspace, lock_id)
-        temp = write_temp(workspace, state)
+        temp = write_temp(workspace, chunks_of(state))
         try:
             os.replace(temp, path(workspace, STATE))
         except BaseException:
@@ -154,7 +186,7 @@ class Storage(exports.Storage):
 
     @guarded
     def lock(self, workspace, info):
-        temp = write_temp(workspace, lock_to_json(info))
+        temp = write_temp(workspace, [lock_to_json(info)])
         try:
             for _ in range(100):
                 try:
@@ -227,8 +259,8 @@ class History(exports.History):
         return None  # no history of its own: the host keeps versions
 
     @guarded
-    def read_version(self, workspace, id):
-        return None
+    def read_version(self, workspace, id, into):
+        return False  # no such version: this storage keeps none
 
 
 class Config(exports.Config):

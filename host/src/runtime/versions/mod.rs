@@ -1,0 +1,222 @@
+//! Every contract version this host runs, behind one type. The latest
+//! (`wit/`) holds all the logic and is called directly; each older version
+//! has one module that adapts its calls to the latest's shapes, as Zed does
+//! for its extension API. A new version moves the current bindings into a
+//! `since_vX` module and adds an arm here.
+
+pub mod since_v0_1_0;
+
+use super::bindings::{Backend as Latest, BackendPre as LatestPre};
+use super::bindings::wasmstate::backend::types::{Diagnostic, Error, LockInfo};
+use super::body::{StateSink, StateSource};
+use super::sandbox::Sandbox;
+use crate::backend::Version;
+use crate::contract::ContractVersion;
+use wasmtime::Store;
+use wasmtime::component::{HasSelf, InstancePre, Linker, Resource};
+
+/// What a guest call returns: a trap, or the guest's answer.
+pub type Answer<T> = wasmtime::Result<Result<T, Error>>;
+
+/// Add the imports of every supported version to `linker`.
+pub fn add_to_linker(linker: &mut Linker<Sandbox>) -> wasmtime::Result<()> {
+    Latest::add_to_linker::<_, HasSelf<Sandbox>>(linker, |s| s)?;
+    since_v0_1_0::Backend::add_to_linker::<_, HasSelf<Sandbox>>(linker, |s| s)?;
+    Ok(())
+}
+
+/// A linked guest of one contract version, ready to instantiate.
+pub enum GuestPre {
+    /// Built against the current `wit/`.
+    Latest(LatestPre<Sandbox>),
+    /// Built against 0.1.0.
+    V0_1_0(since_v0_1_0::BackendPre<Sandbox>),
+}
+
+/// One instance of a guest.
+pub enum Guest {
+    /// Built against the current `wit/`.
+    Latest(Latest),
+    /// Built against 0.1.0.
+    V0_1_0(since_v0_1_0::Backend),
+}
+
+impl GuestPre {
+    /// Typed exports of `pre` for `version`.
+    pub fn new(version: ContractVersion, pre: InstancePre<Sandbox>) -> wasmtime::Result<Self> {
+        Ok(match version {
+            ContractVersion::V0_2_0 => GuestPre::Latest(LatestPre::new(pre)?),
+            ContractVersion::V0_1_0 => GuestPre::V0_1_0(since_v0_1_0::BackendPre::new(pre)?),
+        })
+    }
+
+    /// A fresh instance in `store`.
+    pub async fn instantiate(&self, store: &mut Store<Sandbox>) -> wasmtime::Result<Guest> {
+        Ok(match self {
+            GuestPre::Latest(pre) => Guest::Latest(pre.instantiate_async(store).await?),
+            GuestPre::V0_1_0(pre) => Guest::V0_1_0(pre.instantiate_async(store).await?),
+        })
+    }
+}
+
+/// Both arms call the same function of the same interface, whose
+/// signature did not change between versions.
+macro_rules! same_in_every_version {
+    ($guest:expr, $interface:ident . $call:ident ( $store:expr $(, $arg:expr)* )) => {
+        match $guest {
+            Guest::Latest(g) => g.$interface().$call($store $(, $arg)*).await,
+            Guest::V0_1_0(g) => g.$interface().$call($store $(, $arg)*).await,
+        }
+    };
+}
+
+impl Guest {
+    /// `storage.read` into `sink`; `false` when there is no state.
+    pub async fn read(
+        &self,
+        store: &mut Store<Sandbox>,
+        workspace: &str,
+        sink: &Resource<StateSink>,
+    ) -> Answer<bool> {
+        match self {
+            Guest::Latest(g) => {
+                let lent = Resource::new_borrow(sink.rep());
+                g.wasmstate_backend_storage()
+                    .call_read(store, workspace, lent)
+                    .await
+            }
+            Guest::V0_1_0(g) => since_v0_1_0::read(g, store, workspace, sink).await,
+        }
+    }
+
+    /// `storage.write` from `source`.
+    pub async fn write(
+        &self,
+        store: &mut Store<Sandbox>,
+        workspace: &str,
+        source: &Resource<StateSource>,
+        lock_id: Option<&str>,
+    ) -> Answer<()> {
+        match self {
+            Guest::Latest(g) => {
+                let lent = Resource::new_borrow(source.rep());
+                g.wasmstate_backend_storage()
+                    .call_write(store, workspace, lent, lock_id)
+                    .await
+            }
+            Guest::V0_1_0(g) => since_v0_1_0::write(g, store, workspace, source, lock_id).await,
+        }
+    }
+
+    /// `history.read-version` into `sink`; `false` when there is no such
+    /// version.
+    pub async fn read_version(
+        &self,
+        store: &mut Store<Sandbox>,
+        workspace: &str,
+        id: &str,
+        sink: &Resource<StateSink>,
+    ) -> Answer<bool> {
+        match self {
+            Guest::Latest(g) => {
+                let lent = Resource::new_borrow(sink.rep());
+                g.wasmstate_backend_history()
+                    .call_read_version(store, workspace, id, lent)
+                    .await
+            }
+            Guest::V0_1_0(g) => since_v0_1_0::read_version(g, store, workspace, id, sink).await,
+        }
+    }
+
+    /// `history.list-versions`, in the host's terms.
+    pub async fn list_versions(
+        &self,
+        store: &mut Store<Sandbox>,
+        workspace: &str,
+    ) -> Answer<Option<Vec<Version>>> {
+        match self {
+            Guest::Latest(g) => {
+                let listed = g
+                    .wasmstate_backend_history()
+                    .call_list_versions(store, workspace)
+                    .await?;
+                Ok(listed.map(|versions| {
+                    versions.map(|list| {
+                        list.into_iter()
+                            .map(|v| Version {
+                                id: v.id,
+                                serial: v.serial,
+                                created_unix_ms: v.created_unix_ms,
+                                bytes: v.bytes,
+                            })
+                            .collect()
+                    })
+                }))
+            }
+            Guest::V0_1_0(g) => since_v0_1_0::list_versions(g, store, workspace).await,
+        }
+    }
+
+    /// `storage.delete`.
+    pub async fn delete(
+        &self,
+        store: &mut Store<Sandbox>,
+        workspace: &str,
+        lock_id: Option<&str>,
+    ) -> Answer<()> {
+        same_in_every_version!(self, wasmstate_backend_storage.call_delete(store, workspace, lock_id))
+    }
+
+    /// `storage.lock`.
+    pub async fn lock(
+        &self,
+        store: &mut Store<Sandbox>,
+        workspace: &str,
+        info: &LockInfo,
+    ) -> Answer<()> {
+        same_in_every_version!(self, wasmstate_backend_storage.call_lock(store, workspace, info))
+    }
+
+    /// `storage.unlock`.
+    pub async fn unlock(&self, store: &mut Store<Sandbox>, workspace: &str, id: &str) -> Answer<()> {
+        same_in_every_version!(self, wasmstate_backend_storage.call_unlock(store, workspace, id))
+    }
+
+    /// `storage.current-lock`.
+    pub async fn current_lock(
+        &self,
+        store: &mut Store<Sandbox>,
+        workspace: &str,
+    ) -> Answer<Option<LockInfo>> {
+        same_in_every_version!(self, wasmstate_backend_storage.call_current_lock(store, workspace))
+    }
+
+    /// `storage.force-unlock`.
+    pub async fn force_unlock(
+        &self,
+        store: &mut Store<Sandbox>,
+        workspace: &str,
+    ) -> Answer<Option<LockInfo>> {
+        same_in_every_version!(self, wasmstate_backend_storage.call_force_unlock(store, workspace))
+    }
+
+    /// `workspaces.list-workspaces`.
+    pub async fn list_workspaces(&self, store: &mut Store<Sandbox>) -> Answer<Vec<String>> {
+        same_in_every_version!(self, wasmstate_backend_workspaces.call_list_workspaces(store))
+    }
+
+    /// `workspaces.create-workspace`.
+    pub async fn create_workspace(&self, store: &mut Store<Sandbox>, name: &str) -> Answer<bool> {
+        same_in_every_version!(self, wasmstate_backend_workspaces.call_create_workspace(store, name))
+    }
+
+    /// `workspaces.delete-workspace`.
+    pub async fn delete_workspace(&self, store: &mut Store<Sandbox>, name: &str) -> Answer<()> {
+        same_in_every_version!(self, wasmstate_backend_workspaces.call_delete_workspace(store, name))
+    }
+
+    /// `config.validate`.
+    pub async fn validate(&self, store: &mut Store<Sandbox>) -> wasmtime::Result<Vec<Diagnostic>> {
+        same_in_every_version!(self, wasmstate_backend_config.call_validate(store))
+    }
+}

@@ -1,0 +1,161 @@
+//! A state's bytes in chunks: [`StateReader`] for a state the host hands
+//! to [`crate::Backend::write_from`], [`StateWriter`] for one a guest hands
+//! back from [`crate::Backend::read_into`]. They are [`std::io::Read`] and
+//! [`std::io::Write`], so `std::io::copy` moves a state between a file or
+//! an HTTP body and the host without holding it whole.
+
+use crate::export::wit::wasmstate::backend::body::{StateSink, StateSource};
+use std::io;
+
+/// Bytes asked of the host per chunk: large enough that a call's cost does
+/// not matter, small enough to keep a guest's memory low.
+pub const CHUNK_BYTES: usize = 1 << 20;
+
+/// A state arriving from the host, read in order, once.
+pub struct StateReader<'a> {
+    from: Source<'a>,
+    size: u64,
+}
+
+enum Source<'a> {
+    Host(&'a StateSource),
+    Slice(&'a [u8]),
+}
+
+impl<'a> StateReader<'a> {
+    pub(crate) fn host(source: &'a StateSource) -> Self {
+        StateReader {
+            size: source.size(),
+            from: Source::Host(source),
+        }
+    }
+
+    /// A reader over bytes already in memory (what the simple
+    /// [`crate::Backend::write`] path hands a streaming implementation).
+    pub fn from_slice(bytes: &'a [u8]) -> Self {
+        StateReader {
+            size: bytes.len() as u64,
+            from: Source::Slice(bytes),
+        }
+    }
+
+    /// The state's total size in bytes (an S3 `Content-Length`, say).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The next chunk, of at most `max` bytes; empty at the end. Avoids the
+    /// copy of [`io::Read::read`] when the chunk goes straight on.
+    pub fn next_chunk(&mut self, max: usize) -> Vec<u8> {
+        match &mut self.from {
+            Source::Host(source) => source.read(max.min(u32::MAX as usize) as u32),
+            Source::Slice(rest) => {
+                let (chunk, tail) = rest.split_at(max.min(rest.len()));
+                *rest = tail;
+                chunk.to_vec()
+            }
+        }
+    }
+
+    /// All remaining bytes, in one buffer sized up front (the simple path).
+    pub fn read_all(&mut self) -> Vec<u8> {
+        let mut all = Vec::with_capacity(usize::try_from(self.size).unwrap_or(0));
+        loop {
+            let chunk = self.next_chunk(CHUNK_BYTES);
+            if chunk.is_empty() {
+                return all;
+            }
+            all.extend_from_slice(&chunk);
+        }
+    }
+}
+
+impl io::Read for StateReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Source::Slice(rest) = &mut self.from {
+            let n = buf.len().min(rest.len());
+            buf[..n].copy_from_slice(&rest[..n]);
+            *rest = &rest[n..];
+            return Ok(n);
+        }
+        let chunk = self.next_chunk(buf.len().min(CHUNK_BYTES));
+        buf[..chunk.len()].copy_from_slice(&chunk);
+        Ok(chunk.len())
+    }
+}
+
+/// A state on its way to the host, written in order.
+///
+/// When the host needs only the beginning of a state (to check its
+/// serial), a write fails with [`StateWriter::is_stopped`] set: stop and
+/// return the error, or anything; the SDK answers the host with success.
+pub struct StateWriter<'a> {
+    to: Sink<'a>,
+    stopped: bool,
+}
+
+enum Sink<'a> {
+    Host(&'a StateSink),
+    Memory(Vec<u8>),
+}
+
+impl<'a> StateWriter<'a> {
+    pub(crate) fn host(sink: &'a StateSink) -> Self {
+        StateWriter {
+            to: Sink::Host(sink),
+            stopped: false,
+        }
+    }
+
+    /// A writer into memory (what the simple [`crate::Backend::read`] path
+    /// uses to call a streaming implementation).
+    pub fn memory() -> StateWriter<'static> {
+        StateWriter {
+            to: Sink::Memory(Vec::new()),
+            stopped: false,
+        }
+    }
+
+    /// The host said it has what it needs; nothing more is taken.
+    pub fn is_stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// What a memory writer gathered (empty for the host's).
+    pub fn into_bytes(self) -> Vec<u8> {
+        match self.to {
+            Sink::Memory(bytes) => bytes,
+            Sink::Host(_) => Vec::new(),
+        }
+    }
+}
+
+impl io::Write for StateWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.stopped {
+            return Err(stopped());
+        }
+        match &mut self.to {
+            Sink::Memory(bytes) => bytes.extend_from_slice(buf),
+            Sink::Host(sink) => {
+                // Large writes go in bounded chunks: each is copied into
+                // the host's memory in one call.
+                for chunk in buf.chunks(CHUNK_BYTES) {
+                    if !sink.write(chunk) {
+                        self.stopped = true;
+                        return Err(stopped());
+                    }
+                }
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn stopped() -> io::Error {
+    io::Error::other("the host has read all it needs of this state")
+}
