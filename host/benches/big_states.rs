@@ -68,7 +68,11 @@ fn post(url: &str, body: &[u8]) -> Duration {
 fn get(url: &str) -> (Vec<u8>, Duration) {
     let started = Instant::now();
     let answer = client().get(url).send().unwrap();
-    assert!(answer.status().is_success(), "GET {url}: {}", answer.status());
+    assert!(
+        answer.status().is_success(),
+        "GET {url}: {}",
+        answer.status()
+    );
     let body = answer.bytes().unwrap().to_vec();
     (body, started.elapsed())
 }
@@ -147,9 +151,16 @@ fn terraform_push_pull(server: &Server) -> (Duration, Duration) {
     let pull = started.elapsed();
     let value = |bytes: &[u8]| -> String {
         let json: serde_json::Value = serde_json::from_slice(bytes).unwrap();
-        sha(json["outputs"]["blob"]["value"].as_str().unwrap().as_bytes())
+        sha(json["outputs"]["blob"]["value"]
+            .as_str()
+            .unwrap()
+            .as_bytes())
     };
-    assert_eq!(value(&pulled), value(&state), "the pulled state's output differs");
+    assert_eq!(
+        value(&pulled),
+        value(&state),
+        "the pulled state's output differs"
+    );
     (pushed, pull)
 }
 
@@ -167,8 +178,9 @@ fn main() {
     let server = Server::with_config(
         data.path(),
         &format!(
-            "max_body_mib = {}\n[backends.default]\nguest = \"local\"\n\
-             [backends.s3]\nguest = \"s3-lockfile\"\n[backends.s3.config]\nbucket = \"{BUCKET}\"\n\
+            // A GiB takes longer than the default 10 s per call.
+            "max_body_mib = {}\n[backends.default]\nguest = \"local\"\ntimeout_ms = 300000\n\
+             [backends.s3]\nguest = \"s3-lockfile\"\ntimeout_ms = 300000\n[backends.s3.config]\nbucket = \"{BUCKET}\"\n\
              key = \"big.tfstate\"\nregion = \"us-east-1\"\nendpoints = {{ s3 = \"{}\" }}\n\
              use_path_style = true\naccess_key = \"test\"\nsecret_key = \"test\"\n",
             big_mib + 16,
@@ -179,15 +191,37 @@ fn main() {
     eprintln!("100 MiB: peak RSS growth {growth:.2}x, POST {posted:?}, GET {got:?}");
     let big = big_state(big_mib * MIB, 4);
     let local = round_trip(&server.state_url("default", "big"), &big);
-    eprintln!("{big_mib} MiB through local: POST {:?}, GET {:?}", local.0, local.1);
+    eprintln!(
+        "{big_mib} MiB through local: POST {:?}, GET {:?}",
+        local.0, local.1
+    );
     let s3 = round_trip(&server.state_url("s3", "big"), &big);
-    eprintln!("{big_mib} MiB through s3-lockfile: POST {:?}, GET {:?}", s3.0, s3.1);
+    eprintln!(
+        "{big_mib} MiB through s3-lockfile: POST {:?}, GET {:?}",
+        s3.0, s3.1
+    );
     drop(big);
     let (push, pull) = terraform_push_pull(&server);
     eprintln!("terraform 200 MiB: push {push:?}, pull {pull:?}");
     println!("\n| measurement | result |\n|---|---|");
-    println!("| 100 MiB POST + GET through `local`: server peak RSS growth | {growth:.2}× the state (POST {:.2} s, GET {:.2} s) |", posted.as_secs_f64(), got.as_secs_f64());
-    println!("| {big_mib} MiB round trip through `local`, byte-exact | POST {:.1} s, GET {:.1} s |", local.0.as_secs_f64(), local.1.as_secs_f64());
-    println!("| {big_mib} MiB round trip through `s3-lockfile` on moto, byte-exact | POST {:.1} s, GET {:.1} s |", s3.0.as_secs_f64(), s3.1.as_secs_f64());
-    println!("| `terraform state push` / `pull` of 200 MiB | push {:.1} s, pull {:.1} s |", push.as_secs_f64(), pull.as_secs_f64());
+    println!(
+        "| 100 MiB POST + GET through `local`: server peak RSS growth | {growth:.2}× the state (POST {:.2} s, GET {:.2} s) |",
+        posted.as_secs_f64(),
+        got.as_secs_f64()
+    );
+    println!(
+        "| {big_mib} MiB round trip through `local`, byte-exact | POST {:.1} s, GET {:.1} s |",
+        local.0.as_secs_f64(),
+        local.1.as_secs_f64()
+    );
+    println!(
+        "| {big_mib} MiB round trip through `s3-lockfile` on moto, byte-exact | POST {:.1} s, GET {:.1} s |",
+        s3.0.as_secs_f64(),
+        s3.1.as_secs_f64()
+    );
+    println!(
+        "| `terraform state push` / `pull` of 200 MiB | push {:.1} s, pull {:.1} s |",
+        push.as_secs_f64(),
+        pull.as_secs_f64()
+    );
 }

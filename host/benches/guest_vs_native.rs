@@ -122,7 +122,7 @@ fn lock_info() -> LockInfo {
 
 fn storage_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storage: &S) {
     for &(label, size) in SIZES {
-        let body = state_of(size);
+        let body = bytes::Bytes::from(state_of(size));
         f.rt.block_on(storage.write("bench", body.clone(), None))
             .unwrap();
         c.benchmark_group(format!("storage-GET-{label}"))
@@ -210,6 +210,8 @@ fn socket_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storag
             let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
             let response = client
                 .request(method, &url)
+                // As Terraform sends every body (others are refused, 415).
+                .header("content-type", "application/json")
                 .body(body)
                 .send()
                 .await

@@ -71,7 +71,28 @@ impl Storage for NativeLocal {
         }
     }
 
-    async fn write(&self, ws: &str, state: Vec<u8>, lock_id: Option<&str>) -> StorageResult<()> {
+    /// What a native backend would do for the stale-write guard: read
+    /// only the beginning of the file.
+    async fn read_prefix(&self, ws: &str, max: usize) -> StorageResult<Option<Vec<u8>>> {
+        use std::io::Read;
+        let file = match fs::File::open(self.root.join(ws).join("terraform.tfstate")) {
+            Ok(file) => file,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io("open", e)),
+        };
+        let mut prefix = Vec::with_capacity(max);
+        file.take(max as u64)
+            .read_to_end(&mut prefix)
+            .map_err(|e| io("read", e))?;
+        Ok(Some(prefix))
+    }
+
+    async fn write(
+        &self,
+        ws: &str,
+        state: bytes::Bytes,
+        lock_id: Option<&str>,
+    ) -> StorageResult<()> {
         self.check_lock(ws, lock_id)?;
         let temp = self.write_temp(ws, &state)?;
         fs::rename(temp, self.root.join(ws).join("terraform.tfstate")).map_err(|e| io("rename", e))

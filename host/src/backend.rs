@@ -96,6 +96,28 @@ pub struct Version {
     pub bytes: u64,
 }
 
+/// What an operator sees of a backend (the console's backends page): where
+/// its guest came from, what it may do, and how much of its limits it uses.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Description {
+    /// The guest as configured (`local (embedded)`, a path, an installed name).
+    pub guest: String,
+    /// The name and version its manifest gives, if it has one.
+    pub manifest: Option<String>,
+    /// The WIT contract version it was built for.
+    pub contract: String,
+    /// sha256 of the component.
+    pub sha256: String,
+    /// Key id of the publisher signature that verified it, if installed signed.
+    pub signer: Option<String>,
+    /// Capabilities its manifest asks for (all it is given, with no manifest).
+    pub asked: Vec<String>,
+    /// Capabilities the operator granted it, after narrowing to the manifest.
+    pub granted: Vec<String>,
+    /// Its limits and their current use, as (what, value) pairs.
+    pub limits: Vec<(String, String)>,
+}
+
 /// Result of a storage operation.
 pub type StorageResult<T> = Result<T, StorageError>;
 
@@ -103,6 +125,10 @@ pub type StorageResult<T> = Result<T, StorageError>;
 /// `workspaces` interfaces. Workspace names are validated before they get
 /// here. Every method must be safe to retry.
 pub trait Storage: Send + Sync + 'static {
+    /// What the operator sees of this backend, when it is served by a guest.
+    fn describe(&self) -> Option<Description> {
+        None
+    }
     /// The latest state, `None` when there is none.
     fn read(&self, workspace: &str) -> impl Future<Output = StorageResult<Option<Vec<u8>>>> + Send;
     /// The first `max` bytes of the latest state (all of it when shorter),
@@ -190,6 +216,9 @@ pub trait Storage: Send + Sync + 'static {
 
 /// A shared backend is a backend.
 impl<S: Storage> Storage for std::sync::Arc<S> {
+    fn describe(&self) -> Option<Description> {
+        (**self).describe()
+    }
     fn read(&self, workspace: &str) -> impl Future<Output = StorageResult<Option<Vec<u8>>>> + Send {
         (**self).read(workspace)
     }

@@ -67,7 +67,9 @@ pub fn check_version(names: &[String]) -> anyhow::Result<ContractVersion> {
         }
         return Ok(version);
     }
-    let supported = ContractVersion::ALL.map(ContractVersion::as_str).join(" and ");
+    let supported = ContractVersion::ALL
+        .map(ContractVersion::as_str)
+        .join(" and ");
     let prefix = format!("{PACKAGE}/storage@");
     if let Some(found) = names.iter().find_map(|n| n.strip_prefix(&prefix)) {
         anyhow::bail!(
@@ -98,9 +100,17 @@ mod tests {
 
     #[test]
     fn accepts_every_supported_version() {
-        assert_eq!(check_version(&exports("0.2.0")).unwrap(), ContractVersion::V0_2_0);
-        assert_eq!(check_version(&exports("0.1.0")).unwrap(), ContractVersion::V0_1_0);
-        let msg = check_version(&exports("0.2.0")[..2]).unwrap_err().to_string();
+        assert_eq!(
+            check_version(&exports("0.2.0")).unwrap(),
+            ContractVersion::V0_2_0
+        );
+        assert_eq!(
+            check_version(&exports("0.1.0")).unwrap(),
+            ContractVersion::V0_1_0
+        );
+        let msg = check_version(&exports("0.2.0")[..2])
+            .unwrap_err()
+            .to_string();
         assert!(
             msg.contains("history@0.2.0") && msg.contains("rebuild"),
             "{msg}"

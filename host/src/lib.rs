@@ -6,6 +6,8 @@
 //!   [`backend::Storage`] trait; knows nothing of wasmtime.
 //! - [`runtime`]: wasmtime engine, compiled-guest cache, one fresh limited
 //!   instance per request; implements [`backend::Storage`]; never parses HTTP.
+//! - [`console`]: the operator console (`/ui`), pages over the protocol's
+//!   [`protocol::App`].
 //! - [`config`]: the TOML config file, validated once at startup.
 //! - [`guests`]: the first-party guests embedded in the binary.
 //! - [`marketplace`]: installed guests: manifests, grants, signatures, store.
@@ -28,6 +30,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod conformance;
+pub mod console;
 pub mod contract;
 pub mod digest;
 pub mod guests;

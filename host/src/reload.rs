@@ -93,6 +93,9 @@ impl<S> std::ops::Deref for Current<S> {
 }
 
 impl<S: Storage> Storage for Swappable<S> {
+    fn describe(&self) -> Option<crate::backend::Description> {
+        self.current().ok()?.describe()
+    }
     async fn read(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
         self.current()?.read(workspace).await
     }

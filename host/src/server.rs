@@ -92,7 +92,7 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
     let check_host = config.listen.ip().is_loopback()
         || !config.listen.ip().is_unspecified()
         || !network.server_names.is_empty();
-    let app = protocol::router(App {
+    let app = Arc::new(App {
         backends,
         max_body_bytes: config.max_body_bytes,
         body_timeout: network.body_timeout,
@@ -107,6 +107,7 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
         origins: OriginPolicy::new(network.server_names.clone(), check_host),
         draining: draining.clone(),
     });
+    let app = protocol::router_with(app.clone(), crate::console::routes(app));
     let limits = NetworkLimits {
         clocks: Clocks {
             header: network.header_read_timeout,

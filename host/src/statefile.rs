@@ -179,8 +179,14 @@ mod prefix_tests {
 
     #[test]
     fn says_none_when_the_prefix_lacks_them() {
-        assert_eq!(version_in_prefix(br#"{"version":4,"serial":7,"outputs":{"#), None);
-        assert_eq!(version_in_prefix(br#"{"version":4,"serial":7,"lineage":""}"#), None);
+        assert_eq!(
+            version_in_prefix(br#"{"version":4,"serial":7,"outputs":{"#),
+            None
+        );
+        assert_eq!(
+            version_in_prefix(br#"{"version":4,"serial":7,"lineage":""}"#),
+            None
+        );
         assert_eq!(version_in_prefix(b"not json"), None);
     }
 }

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 const PASSWORD: &str = "correct horse battery staple";
 
 /// `echo PASSWORD | wasmstate hash-password`
-fn hash(password: &str) -> String {
+pub fn hash(password: &str) -> String {
     let mut child = Command::new(BIN)
         .arg("hash-password")
         .stdin(Stdio::piped())

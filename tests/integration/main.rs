@@ -5,9 +5,11 @@
 mod auth;
 mod aws;
 mod aws_credentials;
+mod big_states;
 mod common;
 mod concurrency;
 mod conformance;
+mod console;
 mod etcd;
 mod git;
 mod hostile;

@@ -102,8 +102,10 @@ impl S3State {
                     Ok(answer) => answer,
                     Err(e)
                         if start == 0
-                            && (matches!(e.as_service_error(), Some(GetObjectError::NoSuchKey(_)))
-                                || status_of(&e) == Some(404)) =>
+                            && (matches!(
+                                e.as_service_error(),
+                                Some(GetObjectError::NoSuchKey(_))
+                            ) || status_of(&e) == Some(404)) =>
                     {
                         return Ok(None);
                     }
@@ -324,7 +326,11 @@ impl S3State {
     /// Copy the state of `workspace` into `out`; `false` when there is
     /// none. An empty object (a created, never written workspace) counts
     /// as none.
-    pub fn read_state_to(&self, workspace: &str, out: &mut dyn std::io::Write) -> Result<bool, Error> {
+    pub fn read_state_to(
+        &self,
+        workspace: &str,
+        out: &mut dyn std::io::Write,
+    ) -> Result<bool, Error> {
         let size = self.get_to(&self.settings.state_key(workspace), out)?;
         Ok(size.is_some_and(|size| size > 0))
     }

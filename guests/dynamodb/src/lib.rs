@@ -15,8 +15,9 @@ use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::types::AttributeValue;
 use md5::{Digest, Md5};
 use wasmstate_aws_common::{AwsSettings, S3State, block_on, sdk_error};
-use wasmstate_guest::{StateReader, StateWriter, 
-    Backend, Config, Diagnostic, Error, LockInfo, check_lock, log, register_backend,
+use wasmstate_guest::{
+    Backend, Config, Diagnostic, Error, LockInfo, StateReader, StateWriter, check_lock, log,
+    register_backend,
 };
 
 struct Dynamo {

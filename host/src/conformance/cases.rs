@@ -167,7 +167,9 @@ async fn stopped_read<S: Storage>(s: Arc<S>, ws: String) -> Result<(), String> {
         )
     })?;
     let same = step("comparing with the same bytes", s.holds(&ws, &bytes)).await?;
-    ensure(same, || "the stored state did not compare equal to the bytes written".into())?;
+    ensure(same, || {
+        "the stored state did not compare equal to the bytes written".into()
+    })?;
     let mut other = bytes.to_vec();
     other[2 << 20] ^= 1;
     let differs = step("comparing with other bytes", s.holds(&ws, &other.into())).await?;

@@ -182,6 +182,34 @@ impl<T: AsyncRead + Unpin> AsyncRead for TimedIo<T> {
     }
 }
 
+impl<T> TimedIo<T> {
+    /// Run the write clock around one write: a write that makes no progress
+    /// for `write` fails; progress (or an error) starts it afresh.
+    fn timed_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        match polled {
+            Poll::Pending => {
+                let write = self.clocks.write;
+                let deadline = self
+                    .write_deadline
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(write)));
+                if deadline.as_mut().poll(cx).is_ready() {
+                    self.expired = Some(Expired::Write);
+                    return Poll::Ready(Err(timed_out("the client stopped reading the answer")));
+                }
+                Poll::Pending
+            }
+            ready => {
+                self.write_deadline = None;
+                ready
+            }
+        }
+    }
+}
+
 impl<T: AsyncWrite + Unpin> AsyncWrite for TimedIo<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
@@ -189,24 +217,24 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for TimedIo<T> {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        match Pin::new(&mut this.io).poll_write(cx, data) {
-            Poll::Pending => {
-                let write = this.clocks.write;
-                let deadline = this
-                    .write_deadline
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(write)));
-                if deadline.as_mut().poll(cx).is_ready() {
-                    this.expired = Some(Expired::Write);
-                    return Poll::Ready(Err(timed_out("the client stopped reading the answer")));
-                }
-                Poll::Pending
-            }
-            ready => {
-                // Progress (or an error): the write clock starts afresh.
-                this.write_deadline = None;
-                ready
-            }
-        }
+        let polled = Pin::new(&mut this.io).poll_write(cx, data);
+        this.timed_write(cx, polled)
+    }
+
+    /// Passed through: without it hyper copies every answer body into one
+    /// flat buffer before writing (a second copy of a big state).
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.io).poll_write_vectored(cx, data);
+        this.timed_write(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -46,6 +46,7 @@ pub async fn load(
     let wasm = source::resolve(&backend.guest, config)?;
     let (backend, dir) = narrow::to_manifest(config, backend, &wasm, ungranted)?;
     let guest = runtime.load_backend(&backend, &wasm, dir.clone()).await?;
+    let description = describe(config, &backend, &wasm, &guest, dir.as_deref());
     tracing::info!(
         backend = %backend.name,
         guest = %backend.guest,
@@ -53,7 +54,72 @@ pub async fn load(
         dir = ?dir,
         "backend ready"
     );
-    Ok(guest)
+    Ok(guest.described(description))
+}
+
+/// What the console shows of a loaded backend: its origin, its manifest's
+/// asks beside the grants it was given (already narrowed to them).
+fn describe(
+    config: &Config,
+    backend: &BackendConfig,
+    wasm: &[u8],
+    guest: &GuestBackend,
+    dir: Option<&std::path::Path>,
+) -> crate::backend::Description {
+    let manifest = crate::marketplace::manifest::inspect(wasm)
+        .ok()
+        .and_then(|info| info.manifest);
+    let signer = crate::marketplace::store::GuestStore::new(&config.data_dir)
+        .list()
+        .ok()
+        .and_then(|installed| {
+            installed
+                .into_iter()
+                .find(|i| i.sha256 == guest.sha256())
+                .and_then(|i| i.signed_by)
+        });
+    let asked = manifest.as_ref().map_or_else(
+        || vec!["no manifest: everything the operator grants".to_string()],
+        |m| {
+            let c = &m.capabilities;
+            let mut asked = Vec::new();
+            if c.directory {
+                asked.push("directory".to_string());
+            }
+            asked.extend(c.http.iter().map(|o| format!("http {o}")));
+            asked.extend(c.aws_sign.iter().map(|o| format!("aws_sign {o}")));
+            if c.git {
+                asked.push("git".to_string());
+            }
+            asked.extend(c.secrets.iter().map(|s| format!("secret {s}")));
+            asked
+        },
+    );
+    let mut granted = Vec::new();
+    if let Some(dir) = dir {
+        granted.push(format!("directory {}", dir.display()));
+    }
+    granted.extend(backend.allow_http.iter().map(|o| format!("http {o}")));
+    if let Some(aws) = &backend.aws {
+        granted.extend(aws.origins.iter().map(|o| format!("aws_sign {o}")));
+    }
+    granted.extend(backend.allow_git.iter().map(|g| format!("git {}", g.url)));
+    granted.extend(
+        backend
+            .secrets
+            .iter()
+            .map(|(name, _)| format!("secret {name}")),
+    );
+    crate::backend::Description {
+        guest: backend.guest.to_string(),
+        manifest: manifest.map(|m| format!("{} {}", m.name, m.version)),
+        contract: guest.contract().to_string(),
+        sha256: guest.sha256().to_string(),
+        signer,
+        asked,
+        granted,
+        limits: Vec::new(),
+    }
 }
 
 /// Load every configured backend; the first that fails stops the start.

@@ -58,6 +58,17 @@ impl Caller {
         }
     }
 
+    /// A caller already identified (a console session); `None`: anyone, on
+    /// a server without users.
+    pub fn from_identity(identity: Option<Identity>) -> Caller {
+        Caller { identity }
+    }
+
+    /// Who it is, when the server has users.
+    pub fn identity(&self) -> Option<&Identity> {
+        self.identity.as_ref()
+    }
+
     /// Whether the caller may act as `role` on `backend` (and `workspace`).
     pub fn allows(&self, backend: &str, workspace: Option<&str>, role: Role) -> bool {
         self.identity

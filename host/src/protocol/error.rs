@@ -24,6 +24,26 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// The status it answers with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Message(status, _)
+            | ApiError::Holder(status, _)
+            | ApiError::RetryAfter(status, _, _) => *status,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+        }
+    }
+
+    /// Its one-line reason, for a page to show.
+    pub fn message(&self) -> String {
+        match self {
+            ApiError::Message(_, reason)
+            | ApiError::Unauthorized(reason)
+            | ApiError::RetryAfter(_, _, reason) => reason.clone(),
+            ApiError::Holder(_, holder) => format!("locked by {}", holder.who),
+        }
+    }
+
     /// 400 with `reason`.
     pub fn bad_request(reason: impl Into<String>) -> Self {
         ApiError::Message(StatusCode::BAD_REQUEST, reason.into())

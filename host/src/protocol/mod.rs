@@ -167,6 +167,12 @@ impl<S: Storage> App<S> {
 
 /// The HTTP application, ready to serve (tests call it in-process too).
 pub fn router<S: Storage>(app: App<S>) -> Router {
+    router_with(Arc::new(app), Router::new())
+}
+
+/// The HTTP application with `more` routes served beside the API (the
+/// console), behind the same origin checks and request log.
+pub fn router_with<S: Storage>(app: Arc<App<S>>, more: Router) -> Router {
     let metrics = app.metrics.clone();
     let origins = app.origins.clone();
     Router::new()
@@ -185,12 +191,13 @@ pub fn router<S: Storage>(app: App<S>) -> Router {
         .route("/metrics", get(metrics_route::<S>))
         .fallback(|| async {
             ApiError::not_found(
-                "no such route; use /states/{backend}/{workspace}, /workspaces/{backend} or /healthz",
+                "no such route; use /states/{backend}/{workspace}, /workspaces/{backend}, /ui or /healthz",
             )
         })
+        .with_state(app)
+        .merge(more)
         .layer(middleware::from_fn_with_state(origins, origin::guard))
         .layer(middleware::from_fn_with_state(metrics, log_request))
-        .with_state(Arc::new(app))
 }
 
 #[allow(clippy::too_many_arguments)]

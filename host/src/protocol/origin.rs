@@ -14,7 +14,8 @@
 //!   carries an `Origin` that is not the request's own host;
 //! - a state-changing request with a body must say it is JSON (415): the
 //!   content types a page may send without a preflight are `text/plain`,
-//!   form encodings, or none at all.
+//!   form encodings, or none at all. The console's forms (`/ui/…`) are the
+//!   exception: each carries its session's CSRF token instead.
 //!
 //! Terraform, OpenTofu and the CLI send IP or configured host names, no
 //! `Origin`, and `application/json` on every body.
@@ -119,7 +120,10 @@ pub async fn guard(State(policy): State<OriginPolicy>, request: Request, next: N
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.split(';').next())
             .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
-        if has_body && !json {
+        // The console's forms are form-encoded, as browsers send them; each
+        // carries its session's CSRF token, which the console checks.
+        let console_form = request.uri().path().starts_with("/ui/");
+        if has_body && !json && !console_form {
             return refused(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "a body must be sent as Content-Type: application/json (as Terraform does); nothing was changed"

@@ -46,6 +46,8 @@ pub(super) struct Shared {
     /// This backend's own share of the slots: a flood of requests to one
     /// backend queues here, leaving slots for the others.
     pub own_instances: Arc<Semaphore>,
+    /// How many slots `own_instances` started with.
+    pub instances_per_backend: usize,
     pub turns: Turns,
     pub limits: Limits,
     pub memory: Budget,
@@ -61,6 +63,8 @@ pub(super) struct Shared {
     pub git: Option<crate::capabilities::git::GitAccess>,
     pub secrets: Arc<[(String, String)]>,
     pub sha256: String,
+    /// The contract version the guest was built for.
+    pub contract: crate::contract::ContractVersion,
 }
 
 /// One backend served by a guest component. Cheap to share; every call runs
@@ -68,6 +72,8 @@ pub(super) struct Shared {
 #[derive(Clone)]
 pub struct GuestBackend {
     pub(super) shared: Arc<Shared>,
+    /// What the loader found out about it; limits' use is added when asked.
+    pub(super) description: Arc<crate::backend::Description>,
 }
 
 impl GuestBackend {
@@ -84,6 +90,17 @@ impl GuestBackend {
     /// Its share of the guest memory budget.
     pub fn memory_budget(&self) -> &Budget {
         &self.shared.memory
+    }
+
+    /// The contract version its guest was built for.
+    pub fn contract(&self) -> crate::contract::ContractVersion {
+        self.shared.contract
+    }
+
+    /// Set what the console shows of it (the loader knows its origin).
+    pub fn described(mut self, description: crate::backend::Description) -> Self {
+        self.description = Arc::new(description);
+        self
     }
 
     /// Its turns on the guest threads.
@@ -371,9 +388,16 @@ impl GuestBackend {
     }
 
     /// Read everything into memory, refusing more than the host accepts.
-    async fn read_whole(&self, workspace: &str, version: Option<&str>) -> StorageResult<Option<Vec<u8>>> {
+    async fn read_whole(
+        &self,
+        workspace: &str,
+        version: Option<&str>,
+    ) -> StorageResult<Option<Vec<u8>>> {
         let limit = self.shared.max_lift_bytes;
-        let Some(sink) = self.read_into(workspace, version, StateSink::collect(limit)).await? else {
+        let Some(sink) = self
+            .read_into(workspace, version, StateSink::collect(limit))
+            .await?
+        else {
             return Ok(None);
         };
         match sink.into_bytes() {
@@ -387,12 +411,47 @@ impl GuestBackend {
 }
 
 impl Storage for GuestBackend {
+    fn describe(&self) -> Option<crate::backend::Description> {
+        let shared = &self.shared;
+        let mib = |bytes: u64| format!("{} MiB", bytes >> 20);
+        let mut description = (*self.description).clone();
+        let busy = shared.instances_per_backend - shared.own_instances.available_permits();
+        description.limits.extend([
+            ("memory per request".into(), mib(shared.limits.memory_bytes)),
+            (
+                "time per request".into(),
+                format!("{} ms", shared.limits.timeout.as_millis()),
+            ),
+            (
+                "instances in use".into(),
+                format!("{busy} of {}", shared.instances_per_backend),
+            ),
+            (
+                "guest memory in use".into(),
+                format!(
+                    "{} of {}",
+                    mib(shared.memory.used_bytes()),
+                    mib(shared.memory.bytes())
+                ),
+            ),
+        ]);
+        if let Some(quota) = &shared.quota {
+            description.limits.push((
+                "disk in use".into(),
+                format!("{} of {}", mib(quota.used()), mib(quota.limit())),
+            ));
+        }
+        Some(description)
+    }
+
     async fn read(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
         self.read_whole(workspace, None).await
     }
 
     async fn read_prefix(&self, workspace: &str, max: usize) -> StorageResult<Option<Vec<u8>>> {
-        let sink = self.read_into(workspace, None, StateSink::prefix(max)).await?;
+        let sink = self
+            .read_into(workspace, None, StateSink::prefix(max))
+            .await?;
         Ok(sink.map(|s| s.into_bytes().0))
     }
 

@@ -193,20 +193,22 @@ impl Runtime {
         let share = backend
             .memory_budget_bytes
             .unwrap_or(self.memory.bytes() / 4 * 3);
+        let own_instances = backend
+            .max_instances
+            .unwrap_or((self.max_instances * 3).div_ceil(4))
+            .min(self.max_instances) as usize;
         let guest = GuestBackend {
+            description: Arc::default(),
             shared: Arc::new(guest::Shared {
+                contract: version,
                 metrics: self.metrics.clone(),
                 name: Arc::from(name.as_str()),
                 pre: versions::GuestPre::new(version, pre)?,
                 engine: self.engine.clone(),
                 tasks: self.tasks.clone(),
                 instances: self.instances.clone(),
-                own_instances: Arc::new(Semaphore::new(
-                    backend
-                        .max_instances
-                        .unwrap_or((self.max_instances * 3).div_ceil(4))
-                        .min(self.max_instances) as usize,
-                )),
+                own_instances: Arc::new(Semaphore::new(own_instances)),
+                instances_per_backend: own_instances,
                 turns: turns::Turns::new(
                     backend
                         .max_cores

@@ -166,6 +166,20 @@ fn associated_data(format: u32, place: Place<'_>, header: &StateHeader) -> Vec<u
 }
 
 impl Sealer {
+    /// One line for the console: which key seals, how many open.
+    pub fn describe(&self) -> String {
+        format!(
+            "AES-256-GCM, sealing with key {:?}, {} key(s) to open{}",
+            self.keys[0].id,
+            self.keys.len(),
+            if self.accept_plain {
+                ", plain states accepted (migration)"
+            } else {
+                ""
+            }
+        )
+    }
+
     /// A sealer using `keys[0]` for new states; `None` without keys.
     /// With `accept_plain`, states stored before encryption still open.
     pub fn new(keys: Vec<EncryptionKey>, accept_plain: bool) -> Option<Self> {

@@ -21,6 +21,11 @@ pub struct History {
 const SUFFIX: &str = ".tfstate";
 
 impl History {
+    /// One line for the console.
+    pub fn describe(&self) -> String {
+        format!("the newest {} versions of each workspace", self.keep)
+    }
+
     /// Keep `keep` versions per workspace under `root`.
     pub fn new(root: PathBuf, keep: usize) -> Self {
         History { root, keep }

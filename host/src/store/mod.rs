@@ -10,8 +10,8 @@ pub mod envelope;
 pub mod history;
 
 use crate::backend::{LockInfo, Storage, StorageError, StorageResult, Version};
-use envelope::{EncryptionKey, Place, Sealer, StateHeader};
 use bytes::Bytes;
+use envelope::{EncryptionKey, Place, Sealer, StateHeader};
 use history::History;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -107,6 +107,21 @@ impl<S: Storage> Store<S> {
 }
 
 impl<S: Storage> Storage for Store<S> {
+    fn describe(&self) -> Option<crate::backend::Description> {
+        let mut description = self.inner.describe()?;
+        if let Some(sealer) = &self.sealer {
+            description
+                .limits
+                .push(("encryption at rest".into(), sealer.describe()));
+        }
+        if let Some(history) = &self.history {
+            description
+                .limits
+                .push(("host history".into(), history.describe()));
+        }
+        Some(description)
+    }
+
     async fn read(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
         match self.inner.read(workspace).await? {
             Some(stored) => self.open_current(workspace, stored).await.map(Some),

@@ -60,6 +60,24 @@ pub const DOCKER_REGISTRY: SystemTool = SystemTool {
     needed_for: "OCI artifacts with custom media types",
 };
 
+/// Chromium, the browser the console's tests drive (headless).
+pub const CHROMIUM: SystemTool = SystemTool {
+    binary: "chromium",
+    package: Some("chromium"),
+    version_args: &["--version"],
+    minimum: "120",
+    needed_for: "headless mode and the WebDriver protocol",
+};
+
+/// ChromeDriver, the WebDriver server for Chromium (same version).
+pub const CHROMEDRIVER: SystemTool = SystemTool {
+    binary: "chromedriver",
+    package: Some("chromium-driver"),
+    version_args: &["--version"],
+    minimum: "120",
+    needed_for: "driving Chromium from selenium",
+};
+
 /// Terraform, the client everything is for.
 pub const TERRAFORM: SystemTool = SystemTool {
     binary: "terraform",

@@ -4,10 +4,29 @@
 //! for its extension API. A new version moves the current bindings into a
 //! `since_vX` module and adds an arm here.
 
+/// The host's [`Version`]s from what a guest's `list-versions` returned,
+/// whichever version's record type it is (they match field for field).
+macro_rules! host_versions {
+    ($listed:expr) => {
+        $listed.map(|versions| {
+            versions.map(|list| {
+                list.into_iter()
+                    .map(|v| crate::backend::Version {
+                        id: v.id,
+                        serial: v.serial,
+                        created_unix_ms: v.created_unix_ms,
+                        bytes: v.bytes,
+                    })
+                    .collect()
+            })
+        })
+    };
+}
+
 pub mod since_v0_1_0;
 
-use super::bindings::{Backend as Latest, BackendPre as LatestPre};
 use super::bindings::wasmstate::backend::types::{Diagnostic, Error, LockInfo};
+use super::bindings::{Backend as Latest, BackendPre as LatestPre};
 use super::body::{StateSink, StateSource};
 use super::sandbox::Sandbox;
 use crate::backend::Version;
@@ -140,18 +159,7 @@ impl Guest {
                     .wasmstate_backend_history()
                     .call_list_versions(store, workspace)
                     .await?;
-                Ok(listed.map(|versions| {
-                    versions.map(|list| {
-                        list.into_iter()
-                            .map(|v| Version {
-                                id: v.id,
-                                serial: v.serial,
-                                created_unix_ms: v.created_unix_ms,
-                                bytes: v.bytes,
-                            })
-                            .collect()
-                    })
-                }))
+                Ok(host_versions!(listed))
             }
             Guest::V0_1_0(g) => since_v0_1_0::list_versions(g, store, workspace).await,
         }
@@ -164,7 +172,10 @@ impl Guest {
         workspace: &str,
         lock_id: Option<&str>,
     ) -> Answer<()> {
-        same_in_every_version!(self, wasmstate_backend_storage.call_delete(store, workspace, lock_id))
+        same_in_every_version!(
+            self,
+            wasmstate_backend_storage.call_delete(store, workspace, lock_id)
+        )
     }
 
     /// `storage.lock`.
@@ -174,12 +185,23 @@ impl Guest {
         workspace: &str,
         info: &LockInfo,
     ) -> Answer<()> {
-        same_in_every_version!(self, wasmstate_backend_storage.call_lock(store, workspace, info))
+        same_in_every_version!(
+            self,
+            wasmstate_backend_storage.call_lock(store, workspace, info)
+        )
     }
 
     /// `storage.unlock`.
-    pub async fn unlock(&self, store: &mut Store<Sandbox>, workspace: &str, id: &str) -> Answer<()> {
-        same_in_every_version!(self, wasmstate_backend_storage.call_unlock(store, workspace, id))
+    pub async fn unlock(
+        &self,
+        store: &mut Store<Sandbox>,
+        workspace: &str,
+        id: &str,
+    ) -> Answer<()> {
+        same_in_every_version!(
+            self,
+            wasmstate_backend_storage.call_unlock(store, workspace, id)
+        )
     }
 
     /// `storage.current-lock`.
@@ -188,7 +210,10 @@ impl Guest {
         store: &mut Store<Sandbox>,
         workspace: &str,
     ) -> Answer<Option<LockInfo>> {
-        same_in_every_version!(self, wasmstate_backend_storage.call_current_lock(store, workspace))
+        same_in_every_version!(
+            self,
+            wasmstate_backend_storage.call_current_lock(store, workspace)
+        )
     }
 
     /// `storage.force-unlock`.
@@ -197,22 +222,34 @@ impl Guest {
         store: &mut Store<Sandbox>,
         workspace: &str,
     ) -> Answer<Option<LockInfo>> {
-        same_in_every_version!(self, wasmstate_backend_storage.call_force_unlock(store, workspace))
+        same_in_every_version!(
+            self,
+            wasmstate_backend_storage.call_force_unlock(store, workspace)
+        )
     }
 
     /// `workspaces.list-workspaces`.
     pub async fn list_workspaces(&self, store: &mut Store<Sandbox>) -> Answer<Vec<String>> {
-        same_in_every_version!(self, wasmstate_backend_workspaces.call_list_workspaces(store))
+        same_in_every_version!(
+            self,
+            wasmstate_backend_workspaces.call_list_workspaces(store)
+        )
     }
 
     /// `workspaces.create-workspace`.
     pub async fn create_workspace(&self, store: &mut Store<Sandbox>, name: &str) -> Answer<bool> {
-        same_in_every_version!(self, wasmstate_backend_workspaces.call_create_workspace(store, name))
+        same_in_every_version!(
+            self,
+            wasmstate_backend_workspaces.call_create_workspace(store, name)
+        )
     }
 
     /// `workspaces.delete-workspace`.
     pub async fn delete_workspace(&self, store: &mut Store<Sandbox>, name: &str) -> Answer<()> {
-        same_in_every_version!(self, wasmstate_backend_workspaces.call_delete_workspace(store, name))
+        same_in_every_version!(
+            self,
+            wasmstate_backend_workspaces.call_delete_workspace(store, name)
+        )
     }
 
     /// `config.validate`.

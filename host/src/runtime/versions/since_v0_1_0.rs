@@ -78,18 +78,7 @@ pub async fn list_versions(
         .wasmstate_backend_history()
         .call_list_versions(store, workspace)
         .await?;
-    Ok(listed.map(|versions| {
-        versions.map(|list| {
-            list.into_iter()
-                .map(|v| Version {
-                    id: v.id,
-                    serial: v.serial,
-                    created_unix_ms: v.created_unix_ms,
-                    bytes: v.bytes,
-                })
-                .collect()
-        })
-    }))
+    Ok(host_versions!(listed))
 }
 
 fn fill(

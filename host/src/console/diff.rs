@@ -1,0 +1,178 @@
+//! What changed between two Terraform states, by resource instance address
+//! (`module.net.aws_subnet.a["x"]`, as `terraform state list` prints it)
+//! and by output name. Reads Terraform's state JSON (format 4) with serde;
+//! anything else (an OpenTofu encrypted state, say) is not a diffable state.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// The differences between two states.
+#[derive(Debug, Default, Serialize, PartialEq, Eq)]
+pub struct StateDiff {
+    /// Resource instances only in the newer state.
+    pub added: Vec<String>,
+    /// Resource instances only in the older state.
+    pub removed: Vec<String>,
+    /// Resource instances in both whose attributes differ.
+    pub changed: Vec<String>,
+    /// Outputs added, removed or changed, by name.
+    pub outputs_changed: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct State {
+    #[serde(default)]
+    resources: Vec<Resource>,
+    #[serde(default)]
+    outputs: BTreeMap<String, Value>,
+}
+
+#[derive(Deserialize)]
+struct Resource {
+    module: Option<String>,
+    #[serde(default)]
+    mode: String,
+    #[serde(rename = "type")]
+    kind: String,
+    name: String,
+    #[serde(default)]
+    instances: Vec<Instance>,
+}
+
+#[derive(Deserialize)]
+struct Instance {
+    index_key: Option<Value>,
+    #[serde(default)]
+    attributes: Value,
+}
+
+/// Every resource instance of a state by address, with its attributes.
+fn instances(state: &State) -> BTreeMap<String, &Value> {
+    let mut all = BTreeMap::new();
+    for resource in &state.resources {
+        let mut base = String::new();
+        if let Some(module) = &resource.module {
+            base.push_str(module);
+            base.push('.');
+        }
+        if resource.mode == "data" {
+            base.push_str("data.");
+        }
+        base.push_str(&format!("{}.{}", resource.kind, resource.name));
+        for instance in &resource.instances {
+            let address = match &instance.index_key {
+                None => base.clone(),
+                // Terraform prints string keys quoted, numbers bare.
+                Some(Value::String(key)) => format!("{base}[{}]", Value::String(key.clone())),
+                Some(key) => format!("{base}[{key}]"),
+            };
+            all.insert(address, &instance.attributes);
+        }
+    }
+    all
+}
+
+/// Parse a state for diffing; `Err` says in one line why it is not one.
+fn parse(bytes: &[u8]) -> Result<State, String> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    if value.get("encryption_version").is_some() {
+        return Err("encrypted by OpenTofu: only its clients can read it".into());
+    }
+    if value.get("version").and_then(Value::as_u64) != Some(4) {
+        return Err("not a Terraform state of format 4".into());
+    }
+    serde_json::from_value(value).map_err(|e| format!("not a Terraform state: {e}"))
+}
+
+/// What changed from `older` to `newer`.
+pub fn diff(older: &[u8], newer: &[u8]) -> Result<StateDiff, String> {
+    let (older, newer) = (parse(older)?, parse(newer)?);
+    let (before, after) = (instances(&older), instances(&newer));
+    let mut result = StateDiff::default();
+    for (address, attributes) in &after {
+        match before.get(address) {
+            None => result.added.push(address.clone()),
+            Some(old) if old != attributes => result.changed.push(address.clone()),
+            Some(_) => {}
+        }
+    }
+    result.removed = before
+        .keys()
+        .filter(|a| !after.contains_key(*a))
+        .cloned()
+        .collect();
+    for name in older.outputs.keys().chain(newer.outputs.keys()) {
+        if older.outputs.get(name) != newer.outputs.get(name)
+            && !result.outputs_changed.contains(name)
+        {
+            result.outputs_changed.push(name.clone());
+        }
+    }
+    result.outputs_changed.sort();
+    Ok(result)
+}
+
+/// The few things a workspace list shows of a state.
+#[derive(Debug, Default, Serialize, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// `serial`.
+    pub serial: Option<u64>,
+    /// `lineage`.
+    pub lineage: Option<String>,
+    /// How many resource instances it holds (`None` when encrypted).
+    pub instances: Option<usize>,
+}
+
+/// Summarise a state; encrypted or unreadable states give what they show
+/// in the clear.
+pub fn summary(bytes: &[u8]) -> Summary {
+    let header = crate::statefile::read(bytes).ok();
+    Summary {
+        serial: header.as_ref().and_then(|h| h.serial),
+        lineage: header.and_then(|h| h.lineage),
+        instances: parse(bytes).ok().map(|s| instances(&s).len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::diff;
+
+    fn state(resources: &str, outputs: &str) -> Vec<u8> {
+        format!(r#"{{"version":4,"serial":1,"lineage":"l","resources":[{resources}],"outputs":{{{outputs}}}}}"#)
+            .into_bytes()
+    }
+
+    const A: &str = r#"{"mode":"managed","type":"terraform_data","name":"a","instances":[{"attributes":{"input":"1"}}]}"#;
+    const B: &str = r#"{"mode":"managed","type":"terraform_data","name":"b","instances":[{"index_key":0,"attributes":{"input":"x"}},{"index_key":1,"attributes":{"input":"y"}}]}"#;
+    const B2: &str = r#"{"mode":"managed","type":"terraform_data","name":"b","instances":[{"index_key":0,"attributes":{"input":"x"}},{"index_key":1,"attributes":{"input":"CHANGED"}}]}"#;
+    const C: &str = r#"{"module":"module.net","mode":"data","type":"http","name":"c","instances":[{"index_key":"k","attributes":{}}]}"#;
+
+    #[test]
+    fn names_added_removed_and_changed_instances_by_address() {
+        let older = state(&format!("{A},{B}"), r#""o":{"value":1,"type":"number"}"#);
+        let newer = state(
+            &format!("{B2},{C}"),
+            r#""o":{"value":2,"type":"number"},"p":{"value":"x","type":"string"}"#,
+        );
+        let d = diff(&older, &newer).unwrap();
+        assert_eq!(d.added, vec![r#"module.net.data.http.c["k"]"#]);
+        assert_eq!(d.removed, vec!["terraform_data.a"]);
+        assert_eq!(d.changed, vec!["terraform_data.b[1]"]);
+        assert_eq!(d.outputs_changed, vec!["o", "p"]);
+    }
+
+    #[test]
+    fn identical_states_differ_in_nothing() {
+        let s = state(A, "");
+        assert_eq!(diff(&s, &s).unwrap(), super::StateDiff::default());
+    }
+
+    #[test]
+    fn encrypted_states_are_not_diffed() {
+        let tofu = br#"{"serial":1,"lineage":"l","encrypted_data":"x","encryption_version":"v0"}"#;
+        let err = diff(tofu, tofu).unwrap_err();
+        assert!(err.contains("encrypted by OpenTofu"), "{err}");
+    }
+}

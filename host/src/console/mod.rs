@@ -1,0 +1,502 @@
+//! The operator console: `/ui`, HTML pages served by the host itself, with
+//! everything they need embedded in the binary.
+//!
+//! - Sign-in: the same users and tokens as the API. A browser signs in at
+//!   `/ui/login` with a user from the config and gets a session cookie; a
+//!   client sending `Authorization` (Basic or bearer) is served directly.
+//! - Roles as in the API: read sees, admin acts (force-unlock, restore).
+//! - Admin actions are form POSTs that must carry the session's CSRF token;
+//!   the cookie is `SameSite=Strict`, and the server's origin guard
+//!   ([`crate::protocol`]) refuses cross-site and cross-origin POSTs first.
+//! - Every answer carries a strict Content-Security-Policy (no script at
+//!   all), `X-Frame-Options: DENY`, `Referrer-Policy: same-origin` and
+//!   `Cache-Control: no-store`.
+//! - `/ui/api/…` serves, as JSON, the data each page shows ([`data`]).
+
+pub mod data;
+pub mod diff;
+mod pages;
+mod session;
+
+use crate::auth::Identity;
+use crate::backend::Storage;
+use crate::listen::ClientAddr;
+use crate::protocol::{ApiError, App, Caller};
+use axum::extract::{Extension, Form, Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use pages::Viewer;
+use serde::Deserialize;
+use session::{COOKIE, Session, Sessions};
+use std::sync::Arc;
+
+/// The policy every console answer carries: nothing but this server's own
+/// stylesheet, images and forms; no script, no frames.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; img-src 'self'; \
+     form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+const STYLE: &str = include_str!("style.css");
+
+struct Console<S> {
+    app: Arc<App<S>>,
+    sessions: Sessions,
+}
+
+type Shared<S> = State<Arc<Console<S>>>;
+
+/// The console's routes, to merge into the server's router.
+pub fn routes<S: Storage>(app: Arc<App<S>>) -> Router {
+    let console = Arc::new(Console {
+        app,
+        sessions: Sessions::default(),
+    });
+    Router::new()
+        .route("/ui", get(|| async { Redirect::to("/ui/backends") }))
+        .route("/ui/assets/style.css", get(style))
+        .route("/ui/login", get(login_page::<S>).post(login::<S>))
+        .route("/ui/logout", post(logout::<S>))
+        .route("/ui/backends", get(backends_page::<S>))
+        .route("/ui/guests", get(guests_page::<S>))
+        .route("/ui/backends/{backend}", get(workspaces_page::<S>))
+        .route(
+            "/ui/backends/{backend}/{workspace}",
+            get(versions_page::<S>),
+        )
+        .route(
+            "/ui/backends/{backend}/{workspace}/force-unlock",
+            post(force_unlock::<S>),
+        )
+        .route(
+            "/ui/backends/{backend}/{workspace}/restore",
+            post(restore::<S>),
+        )
+        .route("/ui/api/backends", get(backends_json::<S>))
+        .route("/ui/api/backends/{backend}", get(workspaces_json::<S>))
+        .route(
+            "/ui/api/backends/{backend}/{workspace}/versions",
+            get(versions_json::<S>),
+        )
+        .route(
+            "/ui/api/backends/{backend}/{workspace}/diff",
+            get(diff_json::<S>),
+        )
+        .layer(middleware::from_fn(secure_headers))
+        .with_state(console)
+}
+
+async fn secure_headers(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        // `no-referrer` would make Chromium send `Origin: null` with the
+        // console's own forms, which the origin guard then refuses.
+        (header::REFERRER_POLICY, "same-origin"),
+        (header::CACHE_CONTROL, "no-store"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+async fn style() -> Response {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE).into_response()
+}
+
+/// Who is asking: a session cookie, or credentials sent with the request.
+enum Visitor {
+    /// Signed in through the form.
+    Session(Session),
+    /// Sent `Authorization` (scripts): no session, so no admin forms.
+    Header(Caller),
+}
+
+impl Visitor {
+    fn caller(&self) -> Caller {
+        match self {
+            Visitor::Session(s) => Caller::from_identity(s.identity.clone()),
+            Visitor::Header(c) => c.clone(),
+        }
+    }
+
+    fn viewer(&self) -> Viewer<'_> {
+        match self {
+            Visitor::Session(s) => Viewer {
+                name: Some(s.identity.as_ref().map_or("anyone", |i| i.name.as_str())),
+                csrf: &s.csrf,
+            },
+            Visitor::Header(_) => Viewer {
+                name: None,
+                csrf: "",
+            },
+        }
+    }
+}
+
+fn cookie_value(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(cookie::Cookie::split_parse)
+        .filter_map(Result::ok)
+        .find(|c| c.name() == COOKIE)
+        .map(|c| c.value().to_string())
+}
+
+/// The visitor, or where to send a browser that has not signed in.
+async fn visitor<S: Storage>(
+    console: &Console<S>,
+    headers: &HeaderMap,
+    client: Option<Extension<ClientAddr>>,
+) -> Result<Visitor, Response> {
+    if let Some(session) = cookie_value(headers).and_then(|id| console.sessions.get(&id)) {
+        return Ok(Visitor::Session(session));
+    }
+    if headers.contains_key(header::AUTHORIZATION) {
+        return console
+            .app
+            .identify(headers, client)
+            .await
+            .map(Visitor::Header)
+            .map_err(IntoResponse::into_response);
+    }
+    Err(Redirect::to("/ui/login").into_response())
+}
+
+fn page(title: &str, visitor: &Visitor, body: maud::Markup) -> Response {
+    Html(pages::layout(title, &visitor.viewer(), body).into_string()).into_response()
+}
+
+fn session_cookie(value: &str, max_age: time::Duration) -> HeaderValue {
+    let cookie = cookie::Cookie::build((COOKIE, value.to_string()))
+        .path("/ui")
+        .http_only(true)
+        .same_site(cookie::SameSite::Strict)
+        .max_age(max_age)
+        .build();
+    HeaderValue::from_str(&cookie.to_string()).expect("a cookie is a valid header value")
+}
+
+fn signed_in(sessions: &Sessions, identity: Option<Identity>) -> Response {
+    let id = sessions.start(identity);
+    let lifetime = time::Duration::seconds(session::SESSION_LIFETIME.as_secs() as i64);
+    (
+        [(header::SET_COOKIE, session_cookie(&id, lifetime))],
+        Redirect::to("/ui/backends"),
+    )
+        .into_response()
+}
+
+async fn login_page<S: Storage>(State(console): Shared<S>) -> Response {
+    if !console.app.auth.enabled() {
+        // No users: everyone may do anything (loopback only), yet admin
+        // forms still need a session's token.
+        return signed_in(&console.sessions, None);
+    }
+    Html(pages::login(None).into_string()).into_response()
+}
+
+#[derive(Deserialize)]
+struct Credentials {
+    user: String,
+    password: String,
+}
+
+async fn login<S: Storage>(
+    State(console): Shared<S>,
+    client: Option<Extension<ClientAddr>>,
+    Form(form): Form<Credentials>,
+) -> Response {
+    use base64::Engine as _;
+    // The same check as the API's Basic sign-in, throttling included.
+    let basic = base64::engine::general_purpose::STANDARD
+        .encode(format!("{}:{}", form.user, form.password));
+    let mut headers = HeaderMap::new();
+    if let Ok(value) = HeaderValue::from_str(&format!("Basic {basic}")) {
+        headers.insert(header::AUTHORIZATION, value);
+    }
+    match console.app.identify(&headers, client).await {
+        Ok(caller) => signed_in(&console.sessions, caller.identity().cloned()),
+        Err(e) => {
+            let status = e.status();
+            (status, Html(pages::login(Some(&e.message())).into_string())).into_response()
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Token {
+    csrf: String,
+}
+
+/// The session of an admin form's sender, if its token and origin check
+/// out; otherwise 403, and nothing happens.
+fn checked_session<S: Storage>(
+    console: &Console<S>,
+    headers: &HeaderMap,
+    token: &str,
+) -> Result<Session, ApiError> {
+    let forbidden = |why: &str| ApiError::Message(StatusCode::FORBIDDEN, why.to_string());
+    let session = cookie_value(headers)
+        .and_then(|id| console.sessions.get(&id))
+        .ok_or_else(|| forbidden("sign in at /ui/login first; nothing was changed"))?;
+    if !session.csrf_matches(token) {
+        return Err(forbidden(
+            "the form's CSRF token is missing or wrong (a request from another site?); nothing was changed",
+        ));
+    }
+    Ok(session)
+}
+
+async fn logout<S: Storage>(
+    State(console): Shared<S>,
+    headers: HeaderMap,
+    Form(token): Form<Token>,
+) -> Response {
+    if let Err(e) = checked_session(&console, &headers, &token.csrf) {
+        return e.into_response();
+    }
+    if let Some(id) = cookie_value(&headers) {
+        console.sessions.end(&id);
+    }
+    (
+        [(header::SET_COOKIE, session_cookie("", time::Duration::ZERO))],
+        Redirect::to("/ui/login"),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize, Default)]
+struct Paging {
+    page: Option<usize>,
+    from: Option<String>,
+    to: Option<String>,
+}
+
+macro_rules! visitor_or_return {
+    ($console:expr, $headers:expr, $client:expr) => {
+        match visitor(&$console, &$headers, $client).await {
+            Ok(visitor) => visitor,
+            Err(response) => return response,
+        }
+    };
+}
+
+async fn backends_page<S: Storage>(
+    State(console): Shared<S>,
+    headers: HeaderMap,
+    client: Option<Extension<ClientAddr>>,
+) -> Response {
+    let visitor = visitor_or_return!(console, headers, client);
+    let list = data::backends(&console.app, &visitor.caller());
+    page("Backends", &visitor, pages::backends(&list))
+}
+
+async fn guests_page<S: Storage>(
+    State(console): Shared<S>,
+    headers: HeaderMap,
+    client: Option<Extension<ClientAddr>>,
+) -> Response {
+    let visitor = visitor_or_return!(console, headers, client);
+    let list = data::backends(&console.app, &visitor.caller());
+    page("Guests", &visitor, pages::guests(&list))
+}
+
+async fn workspaces_page<S: Storage>(
+    State(console): Shared<S>,
+    Path(backend): Path<String>,
+    Query(paging): Query<Paging>,
+    headers: HeaderMap,
+    client: Option<Extension<ClientAddr>>,
+) -> Response {
+    let visitor = visitor_or_return!(console, headers, client);
+    let caller = visitor.caller();
+    match data::workspaces(&console.app, &caller, &backend, paging.page.unwrap_or(1)).await {
+        Ok(list) => page(
+            &format!("Workspaces of {backend}"),
+            &visitor,
+            pages::workspaces(&backend, &list, &visitor.viewer()),
+        ),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn versions_page<S: Storage>(
+    State(console): Shared<S>,
+    Path((backend, workspace)): Path<(String, String)>,
+    Query(paging): Query<Paging>,
+    headers: HeaderMap,
+    client: Option<Extension<ClientAddr>>,
+) -> Response {
+    let visitor = visitor_or_return!(console, headers, client);
+    let caller = visitor.caller();
+    let app = &console.app;
+    let list =
+        match data::versions(app, &caller, &backend, &workspace, paging.page.unwrap_or(1)).await {
+            Ok(list) => list,
+            Err(e) => return e.into_response(),
+        };
+    let compared = match (&paging.from, &paging.to) {
+        (Some(from), Some(to)) => {
+            match data::version_diff(app, &caller, &backend, &workspace, from, to).await {
+                Ok(d) => Some((from.as_str(), to.as_str(), d)),
+                Err(e) => return e.into_response(),
+            }
+        }
+        _ => None,
+    };
+    let admin = matches!(visitor, Visitor::Session(_)) && caller.is_admin(&backend, &workspace);
+    page(
+        &format!("{backend}/{workspace}"),
+        &visitor,
+        pages::versions(
+            &backend,
+            &workspace,
+            &list,
+            compared.as_ref().map(|(f, t, d)| (*f, *t, d)),
+            admin,
+            &visitor.viewer(),
+        ),
+    )
+}
+
+async fn force_unlock<S: Storage>(
+    State(console): Shared<S>,
+    Path((backend, workspace)): Path<(String, String)>,
+    headers: HeaderMap,
+    Form(token): Form<Token>,
+) -> Response {
+    let session = match checked_session(&console, &headers, &token.csrf) {
+        Ok(session) => session,
+        Err(e) => return e.into_response(),
+    };
+    let visitor = Visitor::Session(session);
+    let back = format!("/ui/backends/{backend}");
+    match data::force_unlock(&console.app, &visitor.caller(), &backend, &workspace).await {
+        Ok(holder) => {
+            let text = match holder {
+                Some(h) => format!(
+                    "Released the lock of {backend}/{workspace} held by {}.",
+                    h.who
+                ),
+                None => format!("{backend}/{workspace} was not locked."),
+            };
+            tracing::warn!(%backend, %workspace, by = visitor.viewer().name.unwrap_or("anyone"), "console force-unlock");
+            page("Force unlock", &visitor, pages::message(&text, &back))
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct RestoreForm {
+    csrf: String,
+    version: String,
+}
+
+async fn restore<S: Storage>(
+    State(console): Shared<S>,
+    Path((backend, workspace)): Path<(String, String)>,
+    headers: HeaderMap,
+    Form(form): Form<RestoreForm>,
+) -> Response {
+    let session = match checked_session(&console, &headers, &form.csrf) {
+        Ok(session) => session,
+        Err(e) => return e.into_response(),
+    };
+    let visitor = Visitor::Session(session);
+    let who = visitor.viewer().name.unwrap_or("anyone").to_string();
+    let back = format!("/ui/backends/{backend}/{workspace}");
+    match data::restore(
+        &console.app,
+        &visitor.caller(),
+        &backend,
+        &workspace,
+        &form.version,
+        &who,
+    )
+    .await
+    {
+        Ok(serial) => {
+            tracing::warn!(%backend, %workspace, version = %form.version, serial, by = %who, "console restore");
+            let text = format!(
+                "Restored version {} of {backend}/{workspace} as serial {serial}.",
+                form.version
+            );
+            page("Restore", &visitor, pages::message(&text, &back))
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn backends_json<S: Storage>(
+    State(console): Shared<S>,
+    headers: HeaderMap,
+    client: Option<Extension<ClientAddr>>,
+) -> Response {
+    let visitor = visitor_or_return!(console, headers, client);
+    Json(data::backends(&console.app, &visitor.caller())).into_response()
+}
+
+async fn workspaces_json<S: Storage>(
+    State(console): Shared<S>,
+    Path(backend): Path<String>,
+    Query(paging): Query<Paging>,
+    headers: HeaderMap,
+    client: Option<Extension<ClientAddr>>,
+) -> Response {
+    let visitor = visitor_or_return!(console, headers, client);
+    let caller = visitor.caller();
+    match data::workspaces(&console.app, &caller, &backend, paging.page.unwrap_or(1)).await {
+        Ok(list) => Json(list).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn versions_json<S: Storage>(
+    State(console): Shared<S>,
+    Path((backend, workspace)): Path<(String, String)>,
+    Query(paging): Query<Paging>,
+    headers: HeaderMap,
+    client: Option<Extension<ClientAddr>>,
+) -> Response {
+    let visitor = visitor_or_return!(console, headers, client);
+    let caller = visitor.caller();
+    match data::versions(
+        &console.app,
+        &caller,
+        &backend,
+        &workspace,
+        paging.page.unwrap_or(1),
+    )
+    .await
+    {
+        Ok(list) => Json(list).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn diff_json<S: Storage>(
+    State(console): Shared<S>,
+    Path((backend, workspace)): Path<(String, String)>,
+    Query(paging): Query<Paging>,
+    headers: HeaderMap,
+    client: Option<Extension<ClientAddr>>,
+) -> Response {
+    let visitor = visitor_or_return!(console, headers, client);
+    let caller = visitor.caller();
+    let (Some(from), Some(to)) = (&paging.from, &paging.to) else {
+        return ApiError::bad_request("give ?from=<version id>&to=<version id or current>")
+            .into_response();
+    };
+    match data::version_diff(&console.app, &caller, &backend, &workspace, from, to).await {
+        Ok(d) => Json(d).into_response(),
+        Err(e) => e.into_response(),
+    }
+}

@@ -1,0 +1,102 @@
+//! Big states: held once by the server, and judged by the stale-write
+//! guard from their first bytes, whatever their size.
+
+use crate::common::*;
+
+const MIB: usize = 1 << 20;
+
+/// A state of about `size` bytes with `serial`; with `late`, serial and
+/// lineage come after the bulk (legal JSON, though Terraform writes them
+/// first), so the guard must read past its first 64 KiB.
+fn big_state(size: usize, serial: u64, late: bool) -> Vec<u8> {
+    let bulk = "x".repeat(size);
+    let text = if late {
+        format!(
+            r#"{{"version":4,"outputs":{{"blob":{{"value":"{bulk}","type":"string"}}}},"resources":[],"serial":{serial},"lineage":"late"}}"#
+        )
+    } else {
+        format!(
+            r#"{{"version":4,"serial":{serial},"lineage":"early","outputs":{{"blob":{{"value":"{bulk}","type":"string"}}}},"resources":[]}}"#
+        )
+    };
+    text.into_bytes()
+}
+
+fn status_kib(pid: u32, field: &str) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+#[test]
+fn a_big_state_costs_the_server_its_size_once() {
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("data"));
+    let url = server.state_url("default", "big");
+    // Warm up: the guest compiled and a pool slot used.
+    assert_eq!(
+        send("POST", &url, Some(&big_state(1000, 1, false))).status,
+        200
+    );
+    let pid = server.pid();
+    let before = status_kib(pid, "VmRSS:");
+    // Writing 5 resets the peak (VmHWM) to the current RSS.
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    let state = big_state(64 * MIB, 2, false);
+    let posted = send("POST", &url, Some(&state));
+    assert_eq!(posted.status, 200, "{}", posted.text());
+    let got = send("GET", &url, None);
+    assert_eq!(got.status, 200);
+    assert!(got.body == state, "the state came back different");
+    let growth = (status_kib(pid, "VmHWM:") - before) * 1024;
+    assert!(
+        growth <= state.len() * 3 / 2,
+        "a {} MiB POST and GET grew the server's peak memory by {} MiB, over 1.5 times the state",
+        state.len() / MIB,
+        growth / MIB
+    );
+}
+
+#[test]
+fn the_stale_write_guard_reads_past_the_beginning_when_it_must() {
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("data"));
+    for late in [false, true] {
+        let url = server.state_url("default", if late { "late" } else { "early" });
+        let newer = big_state(2 * MIB, 5, late);
+        assert_eq!(send("POST", &url, Some(&newer)).status, 200);
+        // Older serial: refused, whether serial sits first or after 2 MiB.
+        let older = send("POST", &url, Some(&big_state(2 * MIB, 4, late)));
+        assert_eq!(older.status, 409, "late = {late}: {}", older.text());
+        assert!(
+            older.text().contains("older than the stored state's 5"),
+            "{}",
+            older.text()
+        );
+        // The same bytes again (a retried POST): accepted, nothing changes.
+        assert_eq!(
+            send("POST", &url, Some(&newer)).status,
+            200,
+            "late = {late}"
+        );
+        // Same serial, other bytes: another writer got there first.
+        let mut other = newer.clone();
+        let at = other.len() / 2;
+        other[at] = b'y';
+        let conflict = send("POST", &url, Some(&other));
+        assert_eq!(conflict.status, 409, "late = {late}: {}", conflict.text());
+        assert!(
+            conflict.text().contains("different content"),
+            "{}",
+            conflict.text()
+        );
+        assert!(
+            send("GET", &url, None).body == newer,
+            "late = {late}: the stored state changed"
+        );
+    }
+}

@@ -1,0 +1,163 @@
+"""Drive the operator console in headless Chromium (Debian's chromium and
+chromedriver, through selenium) and check what a reader and an admin see.
+
+Run by tests/integration/console.rs with one argument, a JSON file:
+  {"base": "http://127.0.0.1:PORT", "backend": "...", "workspace": "...",
+   "admin": ["user", "password"], "reader": ["user", "password"],
+   "serial": N, "from_version": "id", "changed": "terraform_data.b",
+   "holder": "alice@laptop", "screenshots": "/path/to/dir"}
+Prints one line per check; exits 1 with the reason on the first failure.
+"""
+
+import http.server
+import json
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import TimeoutException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+CONFIG = json.loads(Path(sys.argv[1]).read_text())
+BASE = CONFIG["base"]
+SHOTS = Path(CONFIG["screenshots"])
+SHOTS.mkdir(parents=True, exist_ok=True)
+
+
+def fail(reason):
+    print(f"FAIL {reason}", flush=True)
+    sys.exit(1)
+
+
+def check(condition, reason):
+    if not condition:
+        fail(reason)
+    print(f"ok   {reason}", flush=True)
+
+
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,900"]:
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+
+
+def sign_in(driver, user, password):
+    driver.get(f"{BASE}/ui/login")
+    driver.find_element(By.ID, "user").send_keys(user)
+    driver.find_element(By.ID, "password").send_keys(password)
+    driver.find_element(By.ID, "sign-in").click()
+    # The click returns before the next page has loaded: poll, with a deadline.
+    try:
+        WebDriverWait(driver, 20).until(lambda d: d.current_url.endswith("/ui/backends"))
+    except TimeoutException:
+        fail(f"{user} did not land on the backends page: at {driver.current_url}: "
+             f"{driver.find_element(By.TAG_NAME, 'body').text!r}")
+    check(True, f"{user} signs in and lands on the backends page")
+
+
+def shot(driver, name):
+    path = SHOTS / f"{name}.png"
+    driver.save_screenshot(str(path))
+    print(f"shot {path}", flush=True)
+
+
+def texts(driver, selector):
+    return [e.text for e in driver.find_elements(By.CSS_SELECTOR, selector)]
+
+
+def attacker_page(target):
+    """A page on another origin whose form posts to `target` without the
+    CSRF token, as a hostile site would; served on a free port."""
+    page = f"""<!doctype html><form id="forge" method="post" action="{target}">
+<input type="hidden" name="csrf" value="guessed"><button id="go" type="submit">win a prize</button></form>"""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = page.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = http.server.HTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{port}/", server
+
+
+backend, workspace = CONFIG["backend"], CONFIG["workspace"]
+row = f'tr[data-workspace="{workspace}"]'
+
+# A reader: sees states, the lock's holder, no admin buttons.
+reader = browser()
+try:
+    sign_in(reader, *CONFIG["reader"])
+    shot(reader, "backends")
+    check(backend in texts(reader, "#backends td a"), "the backends page lists the backend")
+    reader.get(f"{BASE}/ui/backends/{backend}")
+    shot(reader, "workspaces-reader")
+    serial = reader.find_element(By.CSS_SELECTOR, f"{row} td.serial").text
+    check(serial == str(CONFIG["serial"]), f"the workspace shows serial {CONFIG['serial']} (shown: {serial!r})")
+    holder = reader.find_element(By.CSS_SELECTOR, f"{row} td.lock").text
+    check(CONFIG["holder"] in holder, f"the lock's holder is shown ({holder!r})")
+    check(not reader.find_elements(By.CSS_SELECTOR, "button.force-unlock"), "a reader sees no force-unlock button")
+    reader.get(f"{BASE}/ui/backends/{backend}/{workspace}")
+    check(not reader.find_elements(By.CSS_SELECTOR, "button.restore"), "a reader sees no restore button")
+    reader.get(f"{BASE}/ui/guests")
+    shot(reader, "guests")
+    check("local (embedded)" in reader.page_source, "the guests page shows the guest")
+finally:
+    reader.quit()
+
+admin = browser()
+try:
+    sign_in(admin, *CONFIG["admin"])
+    # The diff between the first apply's version and the current state.
+    admin.get(f"{BASE}/ui/backends/{backend}/{workspace}?from={CONFIG['from_version']}&to=current")
+    shot(admin, "diff")
+    changed = texts(admin, "#changed li")
+    check(changed == [CONFIG["changed"]], f"the diff shows exactly {CONFIG['changed']} changed (shown: {changed})")
+    check(not admin.find_elements(By.CSS_SELECTOR, "#added li, #removed li"), "nothing shown as added or removed")
+    check(admin.find_elements(By.CSS_SELECTOR, "button.restore"), "an admin sees restore buttons")
+
+    # A forged admin POST from another origin, without the token.
+    target = f"{BASE}/ui/backends/{backend}/{workspace}/force-unlock"
+    url, server = attacker_page(target)
+    admin.get(url)
+    admin.find_element(By.ID, "go").click()
+    shot(admin, "forged-post")
+    refused = admin.find_element(By.TAG_NAME, "body").text
+    check("may not change anything" in refused or "nothing was changed" in refused,
+          f"the forged POST is refused ({refused!r})")
+    server.shutdown()
+    admin.get(f"{BASE}/ui/backends/{backend}")
+    holder = admin.find_element(By.CSS_SELECTOR, f"{row} td.lock").text
+    check(CONFIG["holder"] in holder, "the lock is still held after the forged POST")
+
+    # The admin's own force-unlock, from the page.
+    shot(admin, "workspaces-admin")
+    admin.find_element(By.CSS_SELECTOR, f"{row} button.force-unlock").click()
+    message = admin.find_element(By.ID, "message").text
+    shot(admin, "force-unlocked")
+    check("Released the lock" in message and CONFIG["holder"] in message, f"force-unlock reports the holder ({message!r})")
+    admin.get(f"{BASE}/ui/backends/{backend}")
+    lock = admin.find_element(By.CSS_SELECTOR, f"{row} td.lock").text
+    check(lock == "unlocked", f"the workspace shows unlocked ({lock!r})")
+finally:
+    admin.quit()
+print("ALL PASSED", flush=True)
