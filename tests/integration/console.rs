@@ -131,9 +131,11 @@ fn the_console_shows_states_diffs_and_locks_in_a_real_browser() {
         "{text}"
     );
 
-    // The page's force-unlock really released it: another client locks.
+    // The page's force-unlock really released it, and the restore unlocked
+    // after itself: another client locks.
     let again = send_with("LOCK", &url, Some(&lock_info("after", "bob@ci")), &auth);
     assert_eq!(again.status, 200, "{}", again.text());
+    assert_eq!(serial(), second + 1, "the restore wrote the next serial");
     for page in [
         "backends",
         "workspaces-reader",
@@ -142,6 +144,7 @@ fn the_console_shows_states_diffs_and_locks_in_a_real_browser() {
         "forged-post",
         "workspaces-admin",
         "force-unlocked",
+        "restored",
     ] {
         let png = std::fs::read(shots.join(format!("{page}.png"))).unwrap_or_default();
         assert!(

@@ -109,6 +109,7 @@ try:
     sign_in(reader, *CONFIG["reader"])
     shot(reader, "backends")
     check(backend in texts(reader, "#backends td a"), "the backends page lists the backend")
+    check("local (embedded)" not in reader.page_source, "a reader is not shown what a backend is made of")
     reader.get(f"{BASE}/ui/backends/{backend}")
     shot(reader, "workspaces-reader")
     serial = reader.find_element(By.CSS_SELECTOR, f"{row} td.serial").text
@@ -118,15 +119,15 @@ try:
     check(not reader.find_elements(By.CSS_SELECTOR, "button.force-unlock"), "a reader sees no force-unlock button")
     reader.get(f"{BASE}/ui/backends/{backend}/{workspace}")
     check(not reader.find_elements(By.CSS_SELECTOR, "button.restore"), "a reader sees no restore button")
-    reader.get(f"{BASE}/ui/guests")
-    shot(reader, "guests")
-    check("local (embedded)" in reader.page_source, "the guests page shows the guest")
 finally:
     reader.quit()
 
 admin = browser()
 try:
     sign_in(admin, *CONFIG["admin"])
+    admin.get(f"{BASE}/ui/guests")
+    shot(admin, "guests")
+    check("local (embedded)" in admin.page_source, "the guests page shows an admin the guest")
     # The diff between the first apply's version and the current state.
     admin.get(f"{BASE}/ui/backends/{backend}/{workspace}?from={CONFIG['from_version']}&to=current")
     shot(admin, "diff")
@@ -158,6 +159,16 @@ try:
     admin.get(f"{BASE}/ui/backends/{backend}")
     lock = admin.find_element(By.CSS_SELECTOR, f"{row} td.lock").text
     check(lock == "unlocked", f"the workspace shows unlocked ({lock!r})")
+
+    # Restore the first apply's version: written back with the next serial.
+    admin.get(f"{BASE}/ui/backends/{backend}/{workspace}")
+    admin.find_element(By.CSS_SELECTOR, f'tr[data-version="{CONFIG["from_version"]}"] button.restore').click()
+    message = admin.find_element(By.ID, "message").text
+    restored = CONFIG["serial"] + 1
+    shot(admin, "restored")
+    check(f"as serial {restored}" in message, f"restore reports serial {restored} ({message!r})")
+    admin.get(f"{BASE}/ui/backends/{backend}/{workspace}?from={CONFIG['from_version']}&to=current")
+    check(not texts(admin, "#changed li"), "the restored state equals the first apply's, serial aside")
 finally:
     admin.quit()
 print("ALL PASSED", flush=True)

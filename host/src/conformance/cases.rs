@@ -98,7 +98,7 @@ async fn read_missing<S: Storage>(s: Arc<S>, ws: String) -> Result<(), String> {
 }
 
 async fn expect_round_trip<S: Storage>(s: &S, ws: &str, bytes: bytes::Bytes) -> Result<(), String> {
-    step("write", s.write(ws, bytes.clone().into(), None)).await?;
+    step("write", s.write(ws, bytes.clone(), None)).await?;
     let got = step("read", s.read(ws)).await?;
     match got {
         None => Err("read returned no state after a write".into()),

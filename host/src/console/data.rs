@@ -7,6 +7,7 @@ use super::diff::{StateDiff, Summary, diff, summary};
 use crate::auth::Role;
 use crate::backend::{Description, LockInfo, Storage, StorageError, Version};
 use crate::protocol::{ApiError, App, Caller};
+use crate::statefile::PREFIX_BYTES;
 use serde::Serialize;
 
 /// Rows per page of a long list.
@@ -61,7 +62,8 @@ pub struct LockView {
 pub struct WorkspaceView {
     /// Its name.
     pub name: String,
-    /// Size of its state in bytes (`None`: no state).
+    /// Size of its state in bytes (`None`: no state, or a state over
+    /// 64 KiB with no version kept to tell).
     pub size: Option<u64>,
     /// What the state says of itself.
     pub summary: Summary,
@@ -71,16 +73,22 @@ pub struct WorkspaceView {
     pub lock: Option<LockView>,
     /// Whether the caller may force-unlock and restore here.
     pub admin: bool,
+    /// Why the row is incomplete, when storage failed for it.
+    pub error: Option<String>,
 }
 
-/// The backends the caller may read.
+/// The backends the caller may read; what they are made of (paths,
+/// repository URLs, grants) only for their admins.
 pub fn backends<S: Storage>(app: &App<S>, caller: &Caller) -> Vec<BackendView> {
     app.backends
         .iter()
         .filter(|(name, _)| caller.allows(name, None, Role::Read))
         .map(|(name, storage)| BackendView {
             name: name.clone(),
-            description: storage.describe(),
+            description: caller
+                .allows(name, None, Role::Admin)
+                .then(|| storage.describe())
+                .flatten(),
         })
         .collect()
 }
@@ -118,13 +126,17 @@ pub async fn workspaces<S: Storage>(
         .list_workspaces()
         .await
         .map_err(storage_error(backend))?;
-    names.retain(|n| caller.allows(backend, Some(n), Role::Read));
+    // Names come from the guest: only well-formed ones reach storage.
+    names.retain(|n| {
+        crate::names::check_name("workspace", n).is_ok()
+            && caller.allows(backend, Some(n), Role::Read)
+    });
     names.sort();
     names.dedup();
     let page = paginate(names, page);
     let mut items = Vec::with_capacity(page.items.len());
     for name in page.items {
-        items.push(workspace(storage, caller, backend, name).await?);
+        items.push(workspace(storage, caller, backend, name).await);
     }
     Ok(Page {
         items,
@@ -133,36 +145,57 @@ pub async fn workspaces<S: Storage>(
     })
 }
 
+/// One row: serial and lineage from the state's first 64 KiB, its size
+/// and last write from the newest version, so a page never reads whole
+/// states. A workspace that cannot be read shows why in its row.
 async fn workspace<S: Storage>(
     storage: &S,
     caller: &Caller,
     backend: &str,
     name: String,
-) -> Result<WorkspaceView, ApiError> {
-    let state = storage.read(&name).await.map_err(storage_error(backend))?;
-    let newest = match storage.list_versions(&name).await {
-        Ok(versions) => versions.first().map(|v| v.created_unix_ms),
-        Err(StorageError::NoHistory) => None,
-        Err(e) => return Err(storage_error(backend)(e)),
-    };
-    let holder = storage
-        .current_lock(&name)
-        .await
-        .map_err(storage_error(backend))?;
+) -> WorkspaceView {
     let admin = caller.is_admin(backend, &name);
-    Ok(WorkspaceView {
-        size: state.as_ref().map(|s| s.len() as u64),
-        summary: state.as_deref().map(summary).unwrap_or_default(),
-        last_write_unix_ms: newest,
-        lock: holder.map(|h: LockInfo| LockView {
-            who: h.who,
-            operation: h.operation,
-            created: h.created,
-            id: admin.then_some(h.id),
-        }),
-        admin,
+    let mut row = WorkspaceView {
         name,
-    })
+        size: None,
+        summary: Summary::default(),
+        last_write_unix_ms: None,
+        lock: None,
+        admin,
+        error: None,
+    };
+    let name = row.name.clone();
+    let looked = async {
+        let prefix = storage.read_prefix(&name, PREFIX_BYTES).await?;
+        let newest = match storage.list_versions(&name).await {
+            Ok(versions) => versions.into_iter().next(),
+            Err(StorageError::NoHistory) => None,
+            Err(e) => return Err(e),
+        };
+        let holder = storage.current_lock(&name).await?;
+        Ok((prefix, newest, holder))
+    };
+    match looked.await {
+        Ok((prefix, newest, holder)) => {
+            if let Some(prefix) = &prefix {
+                row.summary = summary(prefix);
+                row.size = if prefix.len() < PREFIX_BYTES {
+                    Some(prefix.len() as u64)
+                } else {
+                    newest.as_ref().map(|v| v.bytes)
+                };
+            }
+            row.last_write_unix_ms = newest.map(|v| v.created_unix_ms);
+            row.lock = holder.map(|h: LockInfo| LockView {
+                who: h.who,
+                operation: h.operation,
+                created: h.created,
+                id: admin.then_some(h.id),
+            });
+        }
+        Err(e) => row.error = Some(ApiError::from_storage(backend, e).message()),
+    }
+    row
 }
 
 /// One page of a workspace's versions, newest first.
@@ -230,6 +263,7 @@ pub async fn force_unlock<S: Storage>(
 ) -> Result<Option<LockInfo>, ApiError> {
     let storage = storage_of(app, caller, backend, Some(workspace))?;
     caller.may(backend, Some(workspace), Role::Admin)?;
+    app.refuse_while_draining()?;
     storage
         .force_unlock(workspace)
         .await
@@ -249,9 +283,17 @@ pub async fn restore<S: Storage>(
 ) -> Result<u64, ApiError> {
     let storage = storage_of(app, caller, backend, Some(workspace))?;
     caller.may(backend, Some(workspace), Role::Admin)?;
+    app.refuse_while_draining()?;
     let old = version_bytes(storage, backend, workspace, id).await?;
+    let header = crate::statefile::read(&old)
+        .map_err(|e| ApiError::bad_request(format!("version {id}: {e}; nothing was changed")))?;
     let mut state: serde_json::Value = serde_json::from_slice(&old)
         .map_err(|e| ApiError::bad_request(format!("version {id} is not a JSON state: {e}")))?;
+    if !state.is_object() {
+        return Err(ApiError::bad_request(format!(
+            "version {id} is not a JSON object; nothing was changed"
+        )));
+    }
     if state.get("encryption_version").is_some() {
         return Err(ApiError::bad_request(
             "an OpenTofu-encrypted state cannot be given a new serial without OpenTofu's key; \
@@ -277,23 +319,33 @@ pub async fn restore<S: Storage>(
         .lock(workspace, lock.clone())
         .await
         .map_err(&error)?;
+    let conflict = |why: String| ApiError::Message(axum::http::StatusCode::CONFLICT, why);
     let written = async {
-        let current = storage.read(workspace).await?;
-        let serial = current
+        let prefix = storage.read_prefix(workspace, PREFIX_BYTES).await?;
+        let current = prefix
             .as_deref()
-            .and_then(|c| crate::statefile::read(c).ok())
-            .and_then(|h| h.serial)
-            .map_or(1, |s| s + 1);
+            .and_then(crate::statefile::version_in_prefix);
+        // As the stale-write guard would: another lineage needs force.
+        if let (Some((lineage, _)), Some(restored)) = (&current, &header.lineage)
+            && lineage != restored
+            && !app.allow_force_push.contains(backend)
+        {
+            return Ok(Err(conflict(format!(
+                "version {id} has lineage {restored:?}, the current state {lineage:?}; \
+                 nothing was changed (allow_force_push = true on backend {backend:?} allows it)"
+            ))));
+        }
+        let serial = current.map_or(1, |(_, s)| s + 1);
         state["serial"] = serial.into();
         let bytes = serde_json::to_vec_pretty(&state).expect("a JSON value serialises");
         storage
             .write(workspace, bytes.into(), Some(&lock.id))
             .await
-            .map(|()| serial)
+            .map(|()| Ok(serial))
     }
     .await;
     let unlocked = storage.unlock(workspace, &lock.id).await;
-    let serial = written.map_err(&error)?;
+    let serial = written.map_err(&error)??;
     unlocked.map_err(&error)?;
     Ok(serial)
 }

@@ -120,18 +120,17 @@ pub struct Summary {
     pub serial: Option<u64>,
     /// `lineage`.
     pub lineage: Option<String>,
-    /// How many resource instances it holds (`None` when encrypted).
-    pub instances: Option<usize>,
 }
 
-/// Summarise a state; encrypted or unreadable states give what they show
-/// in the clear.
-pub fn summary(bytes: &[u8]) -> Summary {
-    let header = crate::statefile::read(bytes).ok();
-    Summary {
-        serial: header.as_ref().and_then(|h| h.serial),
-        lineage: header.and_then(|h| h.lineage),
-        instances: parse(bytes).ok().map(|s| instances(&s).len()),
+/// Summarise a state from its beginning (it may be cut anywhere after
+/// `serial` and `lineage`, which Terraform and OpenTofu write first).
+pub fn summary(prefix: &[u8]) -> Summary {
+    match crate::statefile::version_in_prefix(prefix) {
+        Some((lineage, serial)) => Summary {
+            serial: Some(serial),
+            lineage: Some(lineage),
+        },
+        None => Summary::default(),
     }
 }
 

@@ -193,8 +193,11 @@ fn signed_in(sessions: &Sessions, identity: Option<Identity>) -> Response {
         .into_response()
 }
 
-async fn login_page<S: Storage>(State(console): Shared<S>) -> Response {
+async fn login_page<S: Storage>(State(console): Shared<S>, headers: HeaderMap) -> Response {
     if !console.app.auth.enabled() {
+        if cookie_value(&headers).is_some_and(|id| console.sessions.get(&id).is_some()) {
+            return Redirect::to("/ui/backends").into_response();
+        }
         // No users: everyone may do anything (loopback only), yet admin
         // forms still need a session's token.
         return signed_in(&console.sessions, None);

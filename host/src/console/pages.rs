@@ -132,20 +132,22 @@ pub fn backends(backends: &[BackendView]) -> Markup {
 pub fn workspaces(backend: &str, page: &Page<WorkspaceView>, viewer: &Viewer<'_>) -> Markup {
     html! {
         table #workspaces {
-            thead { tr { th { "workspace" } th { "size" } th { "serial" } th { "lineage" } th { "resources" } th { "last write" } th { "lock" } } }
+            thead { tr { th { "workspace" } th { "size" } th { "serial" } th { "lineage" } th { "last write" } th { "lock" } } }
             tbody {
                 @for w in &page.items {
                     tr data-workspace=(w.name) {
                         td { a href={ "/ui/backends/" (backend) "/" (w.name) } { (w.name) } }
-                        td.size { (w.size.map(size).unwrap_or_else(|| "no state".into())) }
+                        td.size {
+                            @if let Some(error) = &w.error { span.error { (error) } }
+                            @else { (w.size.map(size).unwrap_or_else(|| "-".into())) }
+                        }
                         td.serial { (w.summary.serial.map(|s| s.to_string()).unwrap_or_default()) }
                         td.lineage { code { (w.summary.lineage.as_deref().unwrap_or("")) } }
-                        td { (w.summary.instances.map(|n| n.to_string()).unwrap_or_else(|| "-".into())) }
                         td { (w.last_write_unix_ms.map(time).unwrap_or_else(|| "-".into())) }
                         td.lock {
                             @if let Some(lock) = &w.lock {
                                 span.holder { (lock.who) } " · " (lock.operation) " · since " (lock.created)
-                                @if w.admin {
+                                @if w.admin && !viewer.csrf.is_empty() {
                                     form.admin method="post" action={ "/ui/backends/" (backend) "/" (w.name) "/force-unlock" } {
                                         input type="hidden" name="csrf" value=(viewer.csrf);
                                         button.force-unlock type="submit" { "Force unlock" }
@@ -200,7 +202,7 @@ pub fn versions(
                         td { (time(v.created_unix_ms)) }
                         td { (size(v.bytes)) }
                         td {
-                            a.compare href={ (here) "?from=" (v.id) "&to=current" } { "compare with current" }
+                            a.compare href={ (here) "?from=" (query_value(&v.id)) "&to=current" } { "compare with current" }
                             @if admin {
                                 form.admin method="post" action={ (here) "/restore" } {
                                     input type="hidden" name="csrf" value=(viewer.csrf);
@@ -215,6 +217,12 @@ pub fn versions(
         }
         (pager(page.page, page.pages, &here))
     }
+}
+
+/// A value for a query string: a version id comes from the guest's
+/// history and may hold `&` or `#`.
+fn query_value(value: &str) -> String {
+    form_urlencoded::byte_serialize(value.as_bytes()).collect()
 }
 
 fn changes(id: &str, title: &str, addresses: &[String]) -> Markup {

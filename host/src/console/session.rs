@@ -22,6 +22,9 @@ pub const COOKIE: &str = "wasmstate_console";
 pub const SESSION_LIFETIME: Duration = Duration::from_secs(8 * 3600);
 /// Most sessions kept; the oldest go first.
 const MAX_SESSIONS: usize = 10_000;
+/// Most sessions of one user: signing in again and again pushes out that
+/// user's own oldest, never someone else's.
+const MAX_PER_USER: usize = 16;
 
 /// One signed-in browser.
 #[derive(Debug, Clone)]
@@ -47,7 +50,8 @@ pub struct Sessions {
     by_id: Mutex<HashMap<String, Session>>,
 }
 
-fn random_token() -> String {
+/// 256 random bits, URL-safe: session ids, CSRF tokens, lock ids.
+pub fn random_token() -> String {
     let mut bytes = [0u8; 32];
     OsRng.fill_bytes(&mut bytes);
     URL_SAFE_NO_PAD.encode(bytes)
@@ -64,9 +68,14 @@ impl Sessions {
         let now = Instant::now();
         let mut map = self.map();
         map.retain(|_, s| s.expires > now);
-        if map.len() >= MAX_SESSIONS
+        let user = identity.as_ref().map(|i| i.name.clone());
+        let theirs = |s: &Session| s.identity.as_ref().map(|i| &i.name) == user.as_ref();
+        let full =
+            map.values().filter(|s| theirs(s)).count() >= MAX_PER_USER || map.len() >= MAX_SESSIONS;
+        if full
             && let Some(oldest) = map
                 .iter()
+                .filter(|(_, s)| theirs(s) || map.len() >= MAX_SESSIONS)
                 .min_by_key(|(_, s)| s.expires)
                 .map(|(k, _)| k.clone())
         {
