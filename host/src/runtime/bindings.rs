@@ -13,8 +13,8 @@ wasmtime::component::bindgen!({
     imports: { "wasmstate:backend/body": trappable, default: async },
     exports: { default: async },
     with: {
-        "wasmstate:backend/body.state-source": super::body::StateSource,
-        "wasmstate:backend/body.state-sink": super::body::StateSink,
+        "wasmstate:backend/body.state-source": super::chunks::StateSource,
+        "wasmstate:backend/body.state-sink": super::chunks::StateSink,
     },
 });
 

@@ -2,7 +2,7 @@
 //! on the guest threads, within the backend's limits, with every way it can
 //! end turned into a [`StorageResult`].
 
-use super::body::{StateSink, StateSource};
+use super::chunks::{StateSink, StateSource};
 use super::limits::{Budget, MemoryLimiter, Refusal};
 use super::quota::DirQuota;
 use super::sandbox::{STDERR_CAPACITY, Sandbox};

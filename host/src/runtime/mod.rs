@@ -12,6 +12,7 @@
 mod bindings;
 mod body;
 mod cache;
+mod chunks;
 mod engine;
 mod fs;
 mod git;

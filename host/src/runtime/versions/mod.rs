@@ -27,7 +27,7 @@ pub mod since_v0_1_0;
 
 use super::bindings::wasmstate::backend::types::{Diagnostic, Error, LockInfo};
 use super::bindings::{Backend as Latest, BackendPre as LatestPre};
-use super::body::{StateSink, StateSource};
+use super::chunks::{StateSink, StateSource};
 use super::sandbox::Sandbox;
 use crate::backend::Version;
 use crate::contract::ContractVersion;

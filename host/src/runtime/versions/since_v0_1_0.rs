@@ -5,7 +5,7 @@
 //! `types` interface did not change, so it is shared.
 
 use super::super::bindings::wasmstate::backend::{git as latest_git, host as latest_host, types};
-use super::super::body::{StateSink, StateSource};
+use super::super::chunks::{StateSink, StateSource};
 use super::super::sandbox::Sandbox;
 use crate::backend::Version;
 use wasmtime::Store;

@@ -1,0 +1,184 @@
+//! A state's bytes on their way between host and guest, in chunks: what
+//! the host lends a guest for one call (the `body` interface's resources,
+//! whose WIT glue is in [`super::body`]). A write lends the request body
+//! itself (shared, not copied); a read collects what the guest writes into
+//! one buffer, which becomes the response body, or keeps only what the
+//! host needs (the beginning, or whether it equals a body).
+
+use bytes::Bytes;
+/// Most bytes one `state-source.read` hands out, whatever the guest asks:
+/// each chunk is copied into the guest's memory, which is capped.
+pub const MAX_CHUNK: u32 = 4 << 20;
+
+/// A state on its way into a guest: the request body, shared.
+pub struct StateSource {
+    bytes: Bytes,
+    read: usize,
+}
+
+impl StateSource {
+    /// Lend `bytes` to a guest.
+    pub fn new(bytes: Bytes) -> Self {
+        StateSource { bytes, read: 0 }
+    }
+
+    /// The whole state, for the host's own use (the 0.1.0 adapter).
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
+    /// The next bytes, at most `max` (and [`MAX_CHUNK`]); empty at the end.
+    pub fn next_chunk(&mut self, max: u32) -> Vec<u8> {
+        let start = self.read;
+        let end = (start + max.min(MAX_CHUNK) as usize).min(self.bytes.len());
+        self.read = end;
+        self.bytes[start..end].to_vec()
+    }
+}
+
+/// What the host keeps of the bytes a guest writes into a sink.
+pub enum StateSink {
+    /// All of them, up to `limit` bytes: more is refused as `overflowed`.
+    Collect {
+        /// What arrived so far.
+        bytes: Vec<u8>,
+        /// Most bytes accepted.
+        limit: usize,
+        /// The guest wrote more than `limit`.
+        overflowed: bool,
+    },
+    /// The first `limit` bytes; then the guest is told to stop.
+    Prefix {
+        /// What arrived so far.
+        bytes: Vec<u8>,
+        /// How many are wanted.
+        limit: usize,
+    },
+    /// Whether they equal `expected`, compared as they come: the guest is
+    /// told to stop at the first difference.
+    Compare {
+        /// The bytes to compare with.
+        expected: Bytes,
+        /// How many matched so far.
+        matched: usize,
+        /// No difference seen yet.
+        equal: bool,
+    },
+}
+
+impl StateSink {
+    /// Keep everything, refusing more than `limit` bytes.
+    pub fn collect(limit: usize) -> Self {
+        StateSink::Collect {
+            bytes: Vec::new(),
+            limit,
+            overflowed: false,
+        }
+    }
+
+    /// Keep the first `limit` bytes.
+    pub fn prefix(limit: usize) -> Self {
+        StateSink::Prefix {
+            bytes: Vec::with_capacity(limit),
+            limit,
+        }
+    }
+
+    /// Compare with `expected`.
+    pub fn compare(expected: Bytes) -> Self {
+        StateSink::Compare {
+            expected,
+            matched: 0,
+            equal: true,
+        }
+    }
+
+    /// Take `chunk`; `false` when no more is wanted.
+    pub fn write(&mut self, chunk: &[u8]) -> bool {
+        match self {
+            StateSink::Collect {
+                bytes,
+                limit,
+                overflowed,
+            } => {
+                if bytes.len() + chunk.len() > *limit {
+                    *overflowed = true;
+                    return false;
+                }
+                bytes.extend_from_slice(chunk);
+                true
+            }
+            StateSink::Prefix { bytes, limit } => {
+                let room = *limit - bytes.len();
+                bytes.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                bytes.len() < *limit
+            }
+            StateSink::Compare {
+                expected,
+                matched,
+                equal,
+            } => {
+                let end = *matched + chunk.len();
+                *equal = *equal && expected.get(*matched..end) == Some(chunk);
+                *matched = end;
+                *equal
+            }
+        }
+    }
+
+    /// Whether the guest wrote exactly the expected bytes (for
+    /// [`StateSink::Compare`]; `false` for the others).
+    pub fn matched(&self) -> bool {
+        matches!(self, StateSink::Compare { expected, matched, equal } if *equal && *matched == expected.len())
+    }
+
+    /// The bytes kept, and whether the guest wrote more than the limit.
+    pub fn into_bytes(self) -> (Vec<u8>, bool) {
+        match self {
+            StateSink::Collect {
+                bytes, overflowed, ..
+            } => (bytes, overflowed),
+            StateSink::Prefix { bytes, .. } => (bytes, false),
+            StateSink::Compare { .. } => (Vec::new(), false),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StateSink;
+
+    #[test]
+    fn collect_refuses_past_its_limit() {
+        let mut sink = StateSink::collect(5);
+        assert!(sink.write(b"abc"));
+        assert!(!sink.write(b"def"));
+        let (bytes, overflowed) = sink.into_bytes();
+        assert_eq!((bytes.as_slice(), overflowed), (&b"abc"[..], true));
+    }
+
+    #[test]
+    fn prefix_keeps_the_beginning_and_says_stop() {
+        let mut sink = StateSink::prefix(4);
+        assert!(sink.write(b"ab"));
+        assert!(!sink.write(b"cdef"));
+        assert_eq!(sink.into_bytes().0, b"abcd");
+    }
+
+    #[test]
+    fn compare_tells_equal_from_prefix_longer_and_different() {
+        let expected = bytes::Bytes::from_static(b"abcdef");
+        let mut equal = StateSink::compare(expected.clone());
+        assert!(equal.write(b"abc") && equal.write(b"def"));
+        assert!(equal.matched());
+        let mut prefix = StateSink::compare(expected.clone());
+        prefix.write(b"abc");
+        assert!(!prefix.matched(), "a prefix is not equal");
+        let mut longer = StateSink::compare(expected.clone());
+        longer.write(b"abcdef");
+        assert!(!longer.write(b"g") && !longer.matched());
+        let mut different = StateSink::compare(expected);
+        assert!(!different.write(b"abX"));
+        assert!(!different.matched());
+    }
+}
