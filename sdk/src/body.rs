@@ -44,6 +44,41 @@ impl<'a> StateReader<'a> {
         self.size
     }
 
+    /// The state's `serial`, read by the host from its first bytes
+    /// (`None` when they hold no serial and lineage); reading it takes
+    /// nothing from the reader.
+    pub fn serial(&self) -> Option<u64> {
+        match &self.from {
+            Source::Host(source) => source.serial(),
+            Source::Slice(bytes) => {
+                #[derive(serde::Deserialize)]
+                struct Head {
+                    serial: Option<u64>,
+                    lineage: Option<String>,
+                }
+                let head: Head = serde_json::from_slice(bytes).ok()?;
+                head.lineage.filter(|l| !l.is_empty())?;
+                head.serial
+            }
+        }
+    }
+
+    /// What is left to read, when the state is in this guest's memory.
+    pub(crate) fn in_memory(&self) -> Option<&'a [u8]> {
+        match &self.from {
+            Source::Slice(rest) => Some(rest),
+            Source::Host(_) => None,
+        }
+    }
+
+    /// The host's source, when the state is still with the host.
+    pub(crate) fn host_source(&self) -> Option<&StateSource> {
+        match &self.from {
+            Source::Host(source) => Some(source),
+            Source::Slice(_) => None,
+        }
+    }
+
     /// The next chunk, of at most `max` bytes; empty at the end. Avoids the
     /// copy of [`io::Read::read`] when the chunk goes straight on.
     pub fn next_chunk(&mut self, max: usize) -> Vec<u8> {
@@ -113,6 +148,14 @@ impl<'a> StateWriter<'a> {
         StateWriter {
             to: Sink::Memory(Vec::new()),
             stopped: false,
+        }
+    }
+
+    /// The host's sink, when the bytes go to the host.
+    pub(crate) fn host_sink(&self) -> Option<&StateSink> {
+        match &self.to {
+            Sink::Host(sink) => Some(sink),
+            Sink::Memory(_) => None,
         }
     }
 

@@ -129,6 +129,26 @@ impl Repo {
         Ok(wit::read_file(&self.url, commit, path)?)
     }
 
+    /// Write the file at `path` in `commit` into `out`, straight from the
+    /// host's clone (this guest never holds it); its size, `None` when
+    /// there is no such file.
+    pub fn read_file_into(
+        &self,
+        commit: &str,
+        path: &str,
+        out: &mut crate::StateWriter<'_>,
+    ) -> Result<Option<u64>, GitError> {
+        if let Some(sink) = out.host_sink() {
+            return Ok(wit::read_file_into(&self.url, commit, path, sink)?);
+        }
+        let Some(bytes) = self.read_file(commit, path)? else {
+            return Ok(None);
+        };
+        // A memory writer never stops early.
+        let _ = std::io::Write::write_all(out, &bytes);
+        Ok(Some(bytes.len() as u64))
+    }
+
     /// File names directly inside `dir` (`""`: the root) of `commit`'s tree.
     pub fn list_files(&self, commit: &str, dir: &str) -> Result<Vec<String>, GitError> {
         Ok(wit::list_files(&self.url, commit, dir)?)
@@ -142,14 +162,39 @@ impl Repo {
         changes: &[FileChange],
         message: &str,
     ) -> Result<String, GitError> {
-        let changes: Vec<wit::FileChange> = changes
-            .iter()
-            .map(|c| wit::FileChange {
-                path: c.path.clone(),
-                content: c.content.clone(),
-            })
-            .collect();
-        Ok(wit::commit(&self.url, parent, &changes, message)?)
+        Ok(wit::commit(&self.url, parent, &to_wit(changes), message)?)
+    }
+
+    /// [`Repo::commit`] with the file at `path` set to `state`, which the
+    /// host reads (this guest never holds it); it can be committed again
+    /// after a lost push.
+    pub fn commit_state(
+        &self,
+        parent: Option<&str>,
+        path: &str,
+        state: &crate::StateReader<'_>,
+        changes: &[FileChange],
+        message: &str,
+    ) -> Result<String, GitError> {
+        let mut wit_changes = to_wit(changes);
+        match state.host_source() {
+            Some(source) => Ok(wit::commit_state(
+                &self.url,
+                parent,
+                path,
+                source,
+                &wit_changes,
+                message,
+            )?),
+            None => {
+                // The simple path: the bytes are already in this guest.
+                wit_changes.push(wit::FileChange {
+                    path: path.to_string(),
+                    content: Some(state.in_memory().unwrap_or_default().to_vec()),
+                });
+                Ok(wit::commit(&self.url, parent, &wit_changes, message)?)
+            }
+        }
     }
 
     /// Point remote ref `name` at `new` only if it is now `expected`
@@ -181,4 +226,14 @@ impl Repo {
     pub fn delete_ref(&self, name: &str, expected: &str) -> Result<(), GitError> {
         Ok(wit::delete_ref(&self.url, name, expected)?)
     }
+}
+
+fn to_wit(changes: &[FileChange]) -> Vec<wit::FileChange> {
+    changes
+        .iter()
+        .map(|c| wit::FileChange {
+            path: c.path.clone(),
+            content: c.content.clone(),
+        })
+        .collect()
 }

@@ -2,6 +2,7 @@
 //! guard from their first bytes, whatever their size.
 
 use crate::common::*;
+use crate::conformance::V0_1_0_LOCAL_WASM;
 
 const MIB: usize = 1 << 20;
 
@@ -99,4 +100,47 @@ fn the_stale_write_guard_reads_past_the_beginning_when_it_must() {
             "late = {late}: the stored state changed"
         );
     }
+}
+
+/// A guest with 32 MiB of memory stores and serves a 48 MiB state: only
+/// possible because the state streams through it in chunks (under 0.1.0 it
+/// had to fit in the guest's memory whole, twice for a write).
+#[test]
+fn guests_store_states_bigger_than_their_memory() {
+    let dir = tempdir();
+    let repo = bare_repo(dir.path(), "states");
+    let server = Server::with_config(
+        &dir.path().join("data"),
+        &format!(
+            "[backends.local]\nguest = \"local\"\nmemory_mib = 32\n\
+             [backends.old]\nguest = {:?}\nmemory_mib = 32\ndir = {:?}\n\
+             [backends.git]\nguest = \"git\"\nmemory_mib = 32\ntimeout_ms = 60000\n\
+             [backends.git.config]\nrepository = {:?}\n",
+            V0_1_0_LOCAL_WASM,
+            dir.path().join("old").display().to_string(),
+            repo.display().to_string()
+        ),
+    );
+    let state = big_state(48 * MIB, 1, false);
+    // The same guest built for 0.1.0 gets the state whole: it cannot.
+    let old = send("POST", &server.state_url("old", "big"), Some(&state));
+    assert!(
+        old.status >= 500,
+        "a 0.1.0 guest took a state bigger than its memory: {}",
+        old.text()
+    );
+    for backend in ["local", "git"] {
+        let url = server.state_url(backend, "big");
+        let posted = send("POST", &url, Some(&state));
+        assert_eq!(posted.status, 200, "{backend}: {}", posted.text());
+        let got = send("GET", &url, None);
+        assert_eq!(got.status, 200, "{backend}: {}", got.text());
+        assert!(
+            got.body == state,
+            "{backend}: the state came back different"
+        );
+    }
+    // The git guest committed it whole, where plain git sees it.
+    let size = git(&repo, &["cat-file", "-s", "main:big.tfstate"]);
+    assert_eq!(size.trim(), state.len().to_string());
 }

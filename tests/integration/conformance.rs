@@ -54,7 +54,7 @@ fn a_guest_for_another_wit_version_is_refused_at_load() {
 
 /// The `local` guest as the 0.1.0 SDK built it (states passed whole), from
 /// the sources at the last 0.1.0 commit: see `tests/fixtures/v0.1.0/`.
-const V0_1_0_LOCAL_WASM: &str = concat!(
+pub const V0_1_0_LOCAL_WASM: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../tests/fixtures/v0.1.0/local.wasm"
 );

@@ -35,7 +35,10 @@ mod layout;
 
 use layout::{Paths, Settings, commit_message, state_serial, workspace_of};
 use wasmstate_guest::git::{FileChange, GitError, Repo};
-use wasmstate_guest::{Backend, Config, Error, LockInfo, Version, check_lock, register_backend};
+use wasmstate_guest::{
+    Backend, Config, Error, LockInfo, StateReader, StateWriter, Version, check_lock,
+    register_backend,
+};
 
 /// Pushes to `ref` tried before giving up when other writers keep moving
 /// it; each attempt re-reads the lock, so a lock taken meanwhile is honoured.
@@ -92,8 +95,9 @@ impl Snapshot {
     }
 }
 
-/// One file change and its commit message, planned from a [`Snapshot`].
-type Change = (FileChange, String);
+/// One file change and its commit message, planned from a [`Snapshot`];
+/// `None` for the change: the state file gets the state being written.
+type Change = (Option<FileChange>, String);
 
 /// Turn a git failure into the storage error it means (the SDK's mapping:
 /// unreachable remote → retryable `Unavailable`, ungranted repository →
@@ -209,6 +213,7 @@ impl Git {
         &self,
         paths: &Paths,
         doing: &str,
+        state: Option<&StateReader<'_>>,
         mut plan: impl FnMut(&Snapshot) -> Result<Option<Change>, Error>,
     ) -> Result<bool, Error> {
         for _ in 0..PUSH_ATTEMPTS {
@@ -217,10 +222,19 @@ impl Git {
                 return Ok(false);
             };
             let tip = snapshot.tip.as_deref();
-            let commit = self
-                .repo
-                .commit(tip, &[change], &message)
-                .map_err(failed(doing))?;
+            let commit = match (change, state) {
+                (Some(change), _) => self.repo.commit(tip, &[change], &message),
+                // The host commits the state it holds: this guest never
+                // does, and can commit it again after a lost race.
+                (None, Some(state)) => {
+                    self.repo
+                        .commit_state(tip, &paths.state, state, &[], &message)
+                }
+                (None, None) => {
+                    return Err(Error::Internal(format!("{doing}: no state to commit")));
+                }
+            }
+            .map_err(failed(doing))?;
             match self.repo.push(&self.settings.main_ref, &commit, tip) {
                 Ok(()) => return Ok(true),
                 Err(GitError::Rejected(_)) => continue,
@@ -245,27 +259,35 @@ impl Backend for Git {
         })
     }
 
-    fn read(&self, ws: &str) -> Result<Option<Vec<u8>>, Error> {
+    fn read_into(&self, ws: &str, out: &mut StateWriter<'_>) -> Result<bool, Error> {
         let paths = self.paths(ws)?;
         let doing = format!("reading the state of workspace {ws}");
         let [tip] = self.fetch([&self.settings.main_ref], &doing)?;
-        let state = self.file_at(tip.as_deref(), &paths, &doing)?;
+        let Some(tip) = tip else {
+            return Ok(false);
+        };
+        let size = self
+            .repo
+            .read_file_into(&tip, &paths.state, out)
+            .map_err(failed(&doing))?;
         // An empty file is a workspace without state.
-        Ok(state.filter(|s| !s.is_empty()))
+        Ok(size.is_some_and(|size| size > 0))
     }
 
-    fn write(&self, ws: &str, state: &[u8], lock_id: Option<&str>) -> Result<(), Error> {
+    fn write_from(
+        &self,
+        ws: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+    ) -> Result<(), Error> {
         let paths = self.paths(ws)?;
         let doing = format!("writing the state of workspace {ws}");
-        let serial = state_serial(state);
-        self.update(&paths, &doing, |snapshot| {
+        let serial = state.serial();
+        self.update(&paths, &doing, Some(state), |snapshot| {
             check_holder(snapshot.holder(), lock_id)?;
             let who = snapshot.holder().map(|h| h.who.as_str());
             let message = commit_message("Update", &paths, ws, serial, who, lock_id);
-            Ok(Some((
-                FileChange::put(&paths.state, state.to_vec()),
-                message,
-            )))
+            Ok(Some((None, message)))
         })?;
         Ok(())
     }
@@ -273,7 +295,7 @@ impl Backend for Git {
     fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
         let paths = self.paths(ws)?;
         let doing = format!("deleting the state of workspace {ws}");
-        self.update(&paths, &doing, |snapshot| {
+        self.update(&paths, &doing, None, |snapshot| {
             check_holder(snapshot.holder(), lock_id)?;
             match self.file_at(snapshot.tip.as_deref(), &paths, &doing)? {
                 // Absent stays absent (no workspace is created), and an
@@ -283,7 +305,10 @@ impl Backend for Git {
                 Some(_) => {
                     let who = snapshot.holder().map(|h| h.who.as_str());
                     let message = commit_message("Clear", &paths, ws, None, who, lock_id);
-                    Ok(Some((FileChange::put(&paths.state, Vec::new()), message)))
+                    Ok(Some((
+                        Some(FileChange::put(&paths.state, Vec::new())),
+                        message,
+                    )))
                 }
             }
         })?;
@@ -391,7 +416,7 @@ impl Backend for Git {
     fn create_workspace(&self, ws: &str) -> Result<bool, Error> {
         let paths = self.paths(ws)?;
         let doing = format!("creating workspace {ws}");
-        self.update(&paths, &doing, |snapshot| {
+        self.update(&paths, &doing, None, |snapshot| {
             if self
                 .file_at(snapshot.tip.as_deref(), &paths, &doing)?
                 .is_some()
@@ -399,14 +424,17 @@ impl Backend for Git {
                 return Ok(None);
             }
             let message = commit_message("Create", &paths, ws, None, None, None);
-            Ok(Some((FileChange::put(&paths.state, Vec::new()), message)))
+            Ok(Some((
+                Some(FileChange::put(&paths.state, Vec::new())),
+                message,
+            )))
         })
     }
 
     fn delete_workspace(&self, ws: &str) -> Result<(), Error> {
         let paths = self.paths(ws)?;
         let doing = format!("deleting workspace {ws}");
-        self.update(&paths, &doing, |snapshot| {
+        self.update(&paths, &doing, None, |snapshot| {
             if let Some(holder) = snapshot.holder() {
                 return Err(Error::locked(holder.clone()));
             }
@@ -417,7 +445,7 @@ impl Backend for Git {
                 return Err(Error::NotFound);
             }
             let message = commit_message("Remove", &paths, ws, None, None, None);
-            Ok(Some((FileChange::remove(&paths.state), message)))
+            Ok(Some((Some(FileChange::remove(&paths.state)), message)))
         })?;
         Ok(())
     }

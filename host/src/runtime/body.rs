@@ -13,6 +13,10 @@ impl wit::HostStateSource for Sandbox {
         Ok(self.table.get(&source)?.bytes().len() as u64)
     }
 
+    fn serial(&mut self, source: Resource<StateSource>) -> wasmtime::Result<Option<u64>> {
+        Ok(self.table.get(&source)?.serial())
+    }
+
     fn read(&mut self, source: Resource<StateSource>, max: u32) -> wasmtime::Result<Vec<u8>> {
         Ok(self.table.get_mut(&source)?.next_chunk(max))
     }

@@ -14,12 +14,24 @@ pub const MAX_CHUNK: u32 = 4 << 20;
 pub struct StateSource {
     bytes: Bytes,
     read: usize,
+    serial: Option<u64>,
 }
 
 impl StateSource {
     /// Lend `bytes` to a guest.
     pub fn new(bytes: Bytes) -> Self {
-        StateSource { bytes, read: 0 }
+        let head = &bytes[..bytes.len().min(crate::statefile::PREFIX_BYTES)];
+        let serial = crate::statefile::version_in_prefix(head).map(|(_, serial)| serial);
+        StateSource {
+            bytes,
+            read: 0,
+            serial,
+        }
+    }
+
+    /// The state's serial, from its first bytes.
+    pub fn serial(&self) -> Option<u64> {
+        self.serial
     }
 
     /// The whole state, for the host's own use (the 0.1.0 adapter).

@@ -4,9 +4,11 @@
 //! the executor.
 
 use super::bindings::wasmstate::backend::git as wit;
+use super::chunks::{StateSink, StateSource};
 use super::sandbox::Sandbox;
 use crate::capabilities::git::{FileChange, GitAccess, GitError, RepoHandle};
 use std::sync::Arc;
+use wasmtime::component::Resource;
 
 impl From<GitError> for wit::GitError {
     fn from(e: GitError) -> Self {
@@ -67,6 +69,12 @@ async fn run<T: Send + 'static>(
         .map_err(Into::into)
 }
 
+/// A handle the guest passed that is not in its table: a bug in the guest
+/// or its bindings.
+fn resource_error(e: wasmtime::component::ResourceTableError) -> wit::GitError {
+    wit::GitError::Internal(format!("bad resource handle: {e}"))
+}
+
 impl wit::Host for Sandbox {
     async fn list_remote_refs(
         &mut self,
@@ -103,6 +111,24 @@ impl wit::Host for Sandbox {
             .await
     }
 
+    async fn read_file_into(
+        &mut self,
+        url: String,
+        commit: String,
+        path: String,
+        into: Resource<StateSink>,
+    ) -> Result<Option<u64>, wit::GitError> {
+        let Some(bytes) = self
+            .git(url, move |repo| repo.read_file(&commit, &path))
+            .await?
+        else {
+            return Ok(None);
+        };
+        let sink = self.table.get_mut(&into).map_err(resource_error)?;
+        sink.write(&bytes);
+        Ok(Some(bytes.len() as u64))
+    }
+
     async fn list_files(
         &mut self,
         url: String,
@@ -131,6 +157,31 @@ impl wit::Host for Sandbox {
             repo.commit(parent.as_deref(), &changes, &message)
         })
         .await
+    }
+
+    async fn commit_state(
+        &mut self,
+        url: String,
+        parent: Option<String>,
+        path: String,
+        state: Resource<StateSource>,
+        changes: Vec<wit::FileChange>,
+        message: String,
+    ) -> Result<String, wit::GitError> {
+        // libgit2 writes a blob from one buffer: the host's copy of the
+        // body, not the guest's (which never held it).
+        let bytes = self
+            .table
+            .get(&state)
+            .map_err(resource_error)?
+            .bytes()
+            .to_vec();
+        let mut changes = changes;
+        changes.push(wit::FileChange {
+            path,
+            content: Some(bytes),
+        });
+        wit::Host::commit(self, url, parent, changes, message).await
     }
 
     async fn push(
