@@ -15,7 +15,7 @@
 #[path = "../../tests/integration/common/mod.rs"]
 mod common;
 
-use common::{Moto, Server, tempdir};
+use common::{Moto, Server, peak_rss_kib, reset_peak_rss, rss_kib, tempdir};
 use sha2::{Digest, Sha256};
 use std::path::Path;
 use std::process::Command;
@@ -77,16 +77,6 @@ fn get(url: &str) -> (Vec<u8>, Duration) {
     (body, started.elapsed())
 }
 
-fn proc_status_kib(pid: u32, field: &str) -> usize {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
-}
-
 fn sha(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
@@ -104,12 +94,11 @@ fn memory_growth(server: &Server) -> (f64, Duration, Duration) {
     let pid = server.pid();
     let url = server.state_url("default", "rss");
     round_trip(&url, &big_state(100_000, 1)); // warm: compiled, pool slot used
-    let before = proc_status_kib(pid, "VmRSS:");
-    // Writing 5 to clear_refs resets the peak (VmHWM) to the current RSS.
-    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    let before = rss_kib(pid);
+    reset_peak_rss(pid);
     let state = big_state(100 * MIB, 2);
     let (posted, got) = round_trip(&url, &state);
-    let peak = proc_status_kib(pid, "VmHWM:");
+    let peak = peak_rss_kib(pid);
     let growth = (peak.saturating_sub(before) * 1024) as f64 / state.len() as f64;
     (growth, posted, got)
 }

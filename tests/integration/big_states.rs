@@ -23,16 +23,6 @@ fn big_state(size: usize, serial: u64, late: bool) -> Vec<u8> {
     text.into_bytes()
 }
 
-fn status_kib(pid: u32, field: &str) -> usize {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
-}
-
 #[test]
 fn a_big_state_costs_the_server_its_size_once() {
     let dir = tempdir();
@@ -44,16 +34,15 @@ fn a_big_state_costs_the_server_its_size_once() {
         200
     );
     let pid = server.pid();
-    let before = status_kib(pid, "VmRSS:");
-    // Writing 5 resets the peak (VmHWM) to the current RSS.
-    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    let before = rss_kib(pid);
+    reset_peak_rss(pid);
     let state = big_state(64 * MIB, 2, false);
     let posted = send("POST", &url, Some(&state));
     assert_eq!(posted.status, 200, "{}", posted.text());
     let got = send("GET", &url, None);
     assert_eq!(got.status, 200);
     assert!(got.body == state, "the state came back different");
-    let growth = (status_kib(pid, "VmHWM:") - before) * 1024;
+    let growth = (peak_rss_kib(pid).saturating_sub(before) * 1024) as usize;
     assert!(
         growth <= state.len() * 3 / 2,
         "a {} MiB POST and GET grew the server's peak memory by {} MiB, over 1.5 times the state",

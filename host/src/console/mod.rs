@@ -22,7 +22,8 @@ use crate::auth::Identity;
 use crate::backend::Storage;
 use crate::listen::ClientAddr;
 use crate::protocol::{ApiError, App, Caller};
-use axum::extract::{Extension, Form, Path, Query, Request, State};
+use axum::extract::{Extension, Form, FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Redirect, Response};
@@ -150,23 +151,28 @@ fn cookie_value(headers: &HeaderMap) -> Option<String> {
 }
 
 /// The visitor, or where to send a browser that has not signed in.
-async fn visitor<S: Storage>(
-    console: &Console<S>,
-    headers: &HeaderMap,
-    client: Option<Extension<ClientAddr>>,
-) -> Result<Visitor, Response> {
-    if let Some(session) = cookie_value(headers).and_then(|id| console.sessions.get(&id)) {
-        return Ok(Visitor::Session(session));
+impl<S: Storage> FromRequestParts<Arc<Console<S>>> for Visitor {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        console: &Arc<Console<S>>,
+    ) -> Result<Self, Response> {
+        let headers = &parts.headers;
+        if let Some(session) = cookie_value(headers).and_then(|id| console.sessions.get(&id)) {
+            return Ok(Visitor::Session(session));
+        }
+        if headers.contains_key(header::AUTHORIZATION) {
+            let client = parts.extensions.get::<ClientAddr>().copied().map(Extension);
+            return console
+                .app
+                .identify(headers, client)
+                .await
+                .map(Visitor::Header)
+                .map_err(IntoResponse::into_response);
+        }
+        Err(Redirect::to("/ui/login").into_response())
     }
-    if headers.contains_key(header::AUTHORIZATION) {
-        return console
-            .app
-            .identify(headers, client)
-            .await
-            .map(Visitor::Header)
-            .map_err(IntoResponse::into_response);
-    }
-    Err(Redirect::to("/ui/login").into_response())
 }
 
 fn page(title: &str, visitor: &Visitor, body: maud::Markup) -> Response {
@@ -282,31 +288,21 @@ struct Paging {
     to: Option<String>,
 }
 
-macro_rules! visitor_or_return {
-    ($console:expr, $headers:expr, $client:expr) => {
-        match visitor(&$console, &$headers, $client).await {
-            Ok(visitor) => visitor,
-            Err(response) => return response,
-        }
-    };
+impl Paging {
+    fn page(&self) -> usize {
+        self.page.unwrap_or(1)
+    }
 }
 
-async fn backends_page<S: Storage>(
-    State(console): Shared<S>,
-    headers: HeaderMap,
-    client: Option<Extension<ClientAddr>>,
-) -> Response {
-    let visitor = visitor_or_return!(console, headers, client);
+/// Pages and JSON answer with the data or the one-line error.
+type Answer = Result<Response, ApiError>;
+
+async fn backends_page<S: Storage>(State(console): Shared<S>, visitor: Visitor) -> Response {
     let list = data::backends(&console.app, &visitor.caller());
     page("Backends", &visitor, pages::backends(&list))
 }
 
-async fn guests_page<S: Storage>(
-    State(console): Shared<S>,
-    headers: HeaderMap,
-    client: Option<Extension<ClientAddr>>,
-) -> Response {
-    let visitor = visitor_or_return!(console, headers, client);
+async fn guests_page<S: Storage>(State(console): Shared<S>, visitor: Visitor) -> Response {
     let list = data::backends(&console.app, &visitor.caller());
     page("Guests", &visitor, pages::guests(&list))
 }
@@ -315,58 +311,39 @@ async fn workspaces_page<S: Storage>(
     State(console): Shared<S>,
     Path(backend): Path<String>,
     Query(paging): Query<Paging>,
-    headers: HeaderMap,
-    client: Option<Extension<ClientAddr>>,
-) -> Response {
-    let visitor = visitor_or_return!(console, headers, client);
-    let caller = visitor.caller();
-    match data::workspaces(&console.app, &caller, &backend, paging.page.unwrap_or(1)).await {
-        Ok(list) => page(
-            &format!("Workspaces of {backend}"),
-            &visitor,
-            pages::workspaces(&backend, &list, &visitor.viewer()),
-        ),
-        Err(e) => e.into_response(),
-    }
+    visitor: Visitor,
+) -> Answer {
+    let list = data::workspaces(&console.app, &visitor.caller(), &backend, paging.page()).await?;
+    let body = pages::workspaces(&backend, &list, &visitor.viewer());
+    Ok(page(&format!("Workspaces of {backend}"), &visitor, body))
 }
 
 async fn versions_page<S: Storage>(
     State(console): Shared<S>,
     Path((backend, workspace)): Path<(String, String)>,
     Query(paging): Query<Paging>,
-    headers: HeaderMap,
-    client: Option<Extension<ClientAddr>>,
-) -> Response {
-    let visitor = visitor_or_return!(console, headers, client);
-    let caller = visitor.caller();
-    let app = &console.app;
-    let list =
-        match data::versions(app, &caller, &backend, &workspace, paging.page.unwrap_or(1)).await {
-            Ok(list) => list,
-            Err(e) => return e.into_response(),
-        };
+    visitor: Visitor,
+) -> Answer {
+    let (app, caller) = (&console.app, visitor.caller());
+    let list = data::versions(app, &caller, &backend, &workspace, paging.page()).await?;
     let compared = match (&paging.from, &paging.to) {
-        (Some(from), Some(to)) => {
-            match data::version_diff(app, &caller, &backend, &workspace, from, to).await {
-                Ok(d) => Some((from.as_str(), to.as_str(), d)),
-                Err(e) => return e.into_response(),
-            }
-        }
+        (Some(from), Some(to)) => Some((
+            from.as_str(),
+            to.as_str(),
+            data::version_diff(app, &caller, &backend, &workspace, from, to).await?,
+        )),
         _ => None,
     };
     let admin = matches!(visitor, Visitor::Session(_)) && caller.is_admin(&backend, &workspace);
-    page(
-        &format!("{backend}/{workspace}"),
-        &visitor,
-        pages::versions(
-            &backend,
-            &workspace,
-            &list,
-            compared.as_ref().map(|(f, t, d)| (*f, *t, d)),
-            admin,
-            &visitor.viewer(),
-        ),
-    )
+    let body = pages::versions(
+        &backend,
+        &workspace,
+        &list,
+        compared.as_ref().map(|(f, t, d)| (*f, *t, d)),
+        admin,
+        &visitor.viewer(),
+    );
+    Ok(page(&format!("{backend}/{workspace}"), &visitor, body))
 }
 
 async fn force_unlock<S: Storage>(
@@ -374,27 +351,20 @@ async fn force_unlock<S: Storage>(
     Path((backend, workspace)): Path<(String, String)>,
     headers: HeaderMap,
     Form(token): Form<Token>,
-) -> Response {
-    let session = match checked_session(&console, &headers, &token.csrf) {
-        Ok(session) => session,
-        Err(e) => return e.into_response(),
+) -> Answer {
+    let visitor = Visitor::Session(checked_session(&console, &headers, &token.csrf)?);
+    let holder = data::force_unlock(&console.app, &visitor.caller(), &backend, &workspace).await?;
+    let by = visitor.viewer().name.unwrap_or("anyone");
+    tracing::warn!(%backend, %workspace, by, "console force-unlock");
+    let text = match holder {
+        Some(h) => format!(
+            "Released the lock of {backend}/{workspace} held by {}.",
+            h.who
+        ),
+        None => format!("{backend}/{workspace} was not locked."),
     };
-    let visitor = Visitor::Session(session);
     let back = format!("/ui/backends/{backend}");
-    match data::force_unlock(&console.app, &visitor.caller(), &backend, &workspace).await {
-        Ok(holder) => {
-            let text = match holder {
-                Some(h) => format!(
-                    "Released the lock of {backend}/{workspace} held by {}.",
-                    h.who
-                ),
-                None => format!("{backend}/{workspace} was not locked."),
-            };
-            tracing::warn!(%backend, %workspace, by = visitor.viewer().name.unwrap_or("anyone"), "console force-unlock");
-            page("Force unlock", &visitor, pages::message(&text, &back))
-        }
-        Err(e) => e.into_response(),
-    }
+    Ok(page("Force unlock", &visitor, pages::message(&text, &back)))
 }
 
 #[derive(Deserialize)]
@@ -408,42 +378,18 @@ async fn restore<S: Storage>(
     Path((backend, workspace)): Path<(String, String)>,
     headers: HeaderMap,
     Form(form): Form<RestoreForm>,
-) -> Response {
-    let session = match checked_session(&console, &headers, &form.csrf) {
-        Ok(session) => session,
-        Err(e) => return e.into_response(),
-    };
-    let visitor = Visitor::Session(session);
+) -> Answer {
+    let visitor = Visitor::Session(checked_session(&console, &headers, &form.csrf)?);
     let who = visitor.viewer().name.unwrap_or("anyone").to_string();
+    let (caller, version) = (visitor.caller(), &form.version);
+    let serial = data::restore(&console.app, &caller, &backend, &workspace, version, &who).await?;
+    tracing::warn!(%backend, %workspace, %version, serial, by = %who, "console restore");
+    let text = format!("Restored version {version} of {backend}/{workspace} as serial {serial}.");
     let back = format!("/ui/backends/{backend}/{workspace}");
-    match data::restore(
-        &console.app,
-        &visitor.caller(),
-        &backend,
-        &workspace,
-        &form.version,
-        &who,
-    )
-    .await
-    {
-        Ok(serial) => {
-            tracing::warn!(%backend, %workspace, version = %form.version, serial, by = %who, "console restore");
-            let text = format!(
-                "Restored version {} of {backend}/{workspace} as serial {serial}.",
-                form.version
-            );
-            page("Restore", &visitor, pages::message(&text, &back))
-        }
-        Err(e) => e.into_response(),
-    }
+    Ok(page("Restore", &visitor, pages::message(&text, &back)))
 }
 
-async fn backends_json<S: Storage>(
-    State(console): Shared<S>,
-    headers: HeaderMap,
-    client: Option<Extension<ClientAddr>>,
-) -> Response {
-    let visitor = visitor_or_return!(console, headers, client);
+async fn backends_json<S: Storage>(State(console): Shared<S>, visitor: Visitor) -> Response {
     Json(data::backends(&console.app, &visitor.caller())).into_response()
 }
 
@@ -451,55 +397,35 @@ async fn workspaces_json<S: Storage>(
     State(console): Shared<S>,
     Path(backend): Path<String>,
     Query(paging): Query<Paging>,
-    headers: HeaderMap,
-    client: Option<Extension<ClientAddr>>,
-) -> Response {
-    let visitor = visitor_or_return!(console, headers, client);
-    let caller = visitor.caller();
-    match data::workspaces(&console.app, &caller, &backend, paging.page.unwrap_or(1)).await {
-        Ok(list) => Json(list).into_response(),
-        Err(e) => e.into_response(),
-    }
+    visitor: Visitor,
+) -> Answer {
+    let list = data::workspaces(&console.app, &visitor.caller(), &backend, paging.page()).await?;
+    Ok(Json(list).into_response())
 }
 
 async fn versions_json<S: Storage>(
     State(console): Shared<S>,
     Path((backend, workspace)): Path<(String, String)>,
     Query(paging): Query<Paging>,
-    headers: HeaderMap,
-    client: Option<Extension<ClientAddr>>,
-) -> Response {
-    let visitor = visitor_or_return!(console, headers, client);
-    let caller = visitor.caller();
-    match data::versions(
-        &console.app,
-        &caller,
-        &backend,
-        &workspace,
-        paging.page.unwrap_or(1),
-    )
-    .await
-    {
-        Ok(list) => Json(list).into_response(),
-        Err(e) => e.into_response(),
-    }
+    visitor: Visitor,
+) -> Answer {
+    let (app, caller) = (&console.app, visitor.caller());
+    let list = data::versions(app, &caller, &backend, &workspace, paging.page()).await?;
+    Ok(Json(list).into_response())
 }
 
 async fn diff_json<S: Storage>(
     State(console): Shared<S>,
     Path((backend, workspace)): Path<(String, String)>,
     Query(paging): Query<Paging>,
-    headers: HeaderMap,
-    client: Option<Extension<ClientAddr>>,
-) -> Response {
-    let visitor = visitor_or_return!(console, headers, client);
-    let caller = visitor.caller();
+    visitor: Visitor,
+) -> Answer {
     let (Some(from), Some(to)) = (&paging.from, &paging.to) else {
-        return ApiError::bad_request("give ?from=<version id>&to=<version id or current>")
-            .into_response();
+        return Err(ApiError::bad_request(
+            "give ?from=<version id>&to=<version id or current>",
+        ));
     };
-    match data::version_diff(&console.app, &caller, &backend, &workspace, from, to).await {
-        Ok(d) => Json(d).into_response(),
-        Err(e) => e.into_response(),
-    }
+    let (app, caller) = (&console.app, visitor.caller());
+    let diff = data::version_diff(app, &caller, &backend, &workspace, from, to).await?;
+    Ok(Json(diff).into_response())
 }

@@ -24,6 +24,13 @@ pub fn peak_rss_kib(pid: u32) -> u64 {
     status_kib(pid, "VmHWM")
 }
 
+/// Reset process `pid`'s peak (`VmHWM`) to its resident memory now, so a
+/// later [`peak_rss_kib`] tells what one operation took (writing 5 to
+/// `clear_refs`, Linux ≥ 4.0).
+pub fn reset_peak_rss(pid: u32) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+}
+
 /// A memory cgroup (the v1 memory controller, or v2 where it manages
 /// memory) with a limit, removed on drop once its processes are gone.
 pub struct MemoryCgroup {

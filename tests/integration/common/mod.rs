@@ -10,7 +10,7 @@ mod process;
 pub mod tools;
 
 pub use canary::{CANARY, Canary};
-pub use limits::{MemoryCgroup, peak_rss_kib, rss_kib};
+pub use limits::{MemoryCgroup, peak_rss_kib, reset_peak_rss, rss_kib};
 pub use peers::{Etcd, FileServer, GitDaemon, GitHttp, Moto, Registry, bare_repo, git};
 
 use std::io::{BufRead, BufReader, Read};
