@@ -107,7 +107,11 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
         origins: OriginPolicy::new(network.server_names.clone(), check_host),
         draining: draining.clone(),
     });
-    let app = protocol::router_with(app.clone(), crate::console::routes(app));
+    let console = crate::console::Options {
+        secure_cookies: tls.is_some(),
+        data_dir: config.data_dir.clone(),
+    };
+    let app = protocol::router_with(app.clone(), crate::console::routes(app, console));
     let limits = NetworkLimits {
         clocks: Clocks {
             header: network.header_read_timeout,

@@ -201,3 +201,33 @@ fn admin_forms_without_the_token_change_nothing() {
         423
     );
 }
+
+#[test]
+fn installed_guests_are_listed_for_admins() {
+    let dir = tempdir();
+    let config = dir.path().join("wasmstate.toml");
+    std::fs::write(
+        &config,
+        "data_dir = \"data\"\n[marketplace]\nallow_unsigned = true\n[backends.default]\nguest = \"local\"\n",
+    )
+    .unwrap();
+    let (ok, out) = wasmstate(&[
+        "guest",
+        "install",
+        ETCD_GUEST_WASM,
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    let server = Server::with_config_file(&dir.path().join("data"), &config);
+    // No users: everyone is an admin on loopback, and may see them.
+    let listed = send("GET", &format!("{}/ui/api/guests", server.url), None).json();
+    let names: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|g| g["name"].as_str())
+        .collect();
+    assert_eq!(names, ["etcd"], "{listed}");
+    assert_eq!(listed[0]["signed_by"], serde_json::Value::Null);
+}

@@ -93,6 +93,30 @@ pub fn backends<S: Storage>(app: &App<S>, caller: &Caller) -> Vec<BackendView> {
         .collect()
 }
 
+/// Guests installed in the data directory (`wasmstate guest install`),
+/// serving a backend or not: for admins of any backend, empty for others.
+pub fn installed<S: Storage>(
+    app: &App<S>,
+    caller: &Caller,
+    data_dir: &std::path::Path,
+) -> Result<Vec<crate::marketplace::store::Installed>, ApiError> {
+    if !app
+        .backends
+        .keys()
+        .any(|name| caller.allows(name, None, Role::Admin))
+    {
+        return Ok(Vec::new());
+    }
+    crate::marketplace::store::GuestStore::new(data_dir)
+        .list()
+        .map_err(|e| {
+            ApiError::Message(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot list the installed guests: {e}"),
+            )
+        })
+}
+
 fn storage_of<'a, S: Storage>(
     app: &'a App<S>,
     caller: &Caller,

@@ -41,18 +41,29 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self';
 
 const STYLE: &str = include_str!("style.css");
 
+/// How the console is served.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Mark the session cookie `Secure` (the server speaks HTTPS).
+    pub secure_cookies: bool,
+    /// The data directory, whose installed guests the Guests page lists.
+    pub data_dir: std::path::PathBuf,
+}
+
 struct Console<S> {
     app: Arc<App<S>>,
     sessions: Sessions,
+    options: Options,
 }
 
 type Shared<S> = State<Arc<Console<S>>>;
 
 /// The console's routes, to merge into the server's router.
-pub fn routes<S: Storage>(app: Arc<App<S>>) -> Router {
+pub fn routes<S: Storage>(app: Arc<App<S>>, options: Options) -> Router {
     let console = Arc::new(Console {
         app,
         sessions: Sessions::default(),
+        options,
     });
     Router::new()
         .route("/ui", get(|| async { Redirect::to("/ui/backends") }))
@@ -75,6 +86,7 @@ pub fn routes<S: Storage>(app: Arc<App<S>>) -> Router {
             post(restore::<S>),
         )
         .route("/ui/api/backends", get(backends_json::<S>))
+        .route("/ui/api/guests", get(installed_json::<S>))
         .route("/ui/api/backends/{backend}", get(workspaces_json::<S>))
         .route(
             "/ui/api/backends/{backend}/{workspace}/versions",
@@ -171,6 +183,12 @@ impl<S: Storage> FromRequestParts<Arc<Console<S>>> for Visitor {
                 .map(Visitor::Header)
                 .map_err(IntoResponse::into_response);
         }
+        // A server without users lets anyone in on loopback, as the API
+        // does; pages still send browsers to get a session (admin forms
+        // need its token), scripts reading JSON need none.
+        if !console.app.auth.enabled() && parts.uri.path().starts_with("/ui/api/") {
+            return Ok(Visitor::Header(Caller::from_identity(None)));
+        }
         Err(Redirect::to("/ui/login").into_response())
     }
 }
@@ -179,24 +197,22 @@ fn page(title: &str, visitor: &Visitor, body: maud::Markup) -> Response {
     Html(pages::layout(title, &visitor.viewer(), body).into_string()).into_response()
 }
 
-fn session_cookie(value: &str, max_age: time::Duration) -> HeaderValue {
+fn session_cookie(value: &str, max_age: time::Duration, secure: bool) -> HeaderValue {
     let cookie = cookie::Cookie::build((COOKIE, value.to_string()))
         .path("/ui")
         .http_only(true)
+        .secure(secure)
         .same_site(cookie::SameSite::Strict)
         .max_age(max_age)
         .build();
     HeaderValue::from_str(&cookie.to_string()).expect("a cookie is a valid header value")
 }
 
-fn signed_in(sessions: &Sessions, identity: Option<Identity>) -> Response {
-    let id = sessions.start(identity);
+fn signed_in<S>(console: &Console<S>, identity: Option<Identity>) -> Response {
+    let id = console.sessions.start(identity);
     let lifetime = time::Duration::seconds(session::SESSION_LIFETIME.as_secs() as i64);
-    (
-        [(header::SET_COOKIE, session_cookie(&id, lifetime))],
-        Redirect::to("/ui/backends"),
-    )
-        .into_response()
+    let cookie = session_cookie(&id, lifetime, console.options.secure_cookies);
+    ([(header::SET_COOKIE, cookie)], Redirect::to("/ui/backends")).into_response()
 }
 
 async fn login_page<S: Storage>(State(console): Shared<S>, headers: HeaderMap) -> Response {
@@ -206,7 +222,7 @@ async fn login_page<S: Storage>(State(console): Shared<S>, headers: HeaderMap) -
         }
         // No users: everyone may do anything (loopback only), yet admin
         // forms still need a session's token.
-        return signed_in(&console.sessions, None);
+        return signed_in(&console, None);
     }
     Html(pages::login(None).into_string()).into_response()
 }
@@ -231,7 +247,7 @@ async fn login<S: Storage>(
         headers.insert(header::AUTHORIZATION, value);
     }
     match console.app.identify(&headers, client).await {
-        Ok(caller) => signed_in(&console.sessions, caller.identity().cloned()),
+        Ok(caller) => signed_in(&console, caller.identity().cloned()),
         Err(e) => {
             let status = e.status();
             (status, Html(pages::login(Some(&e.message())).into_string())).into_response()
@@ -275,7 +291,10 @@ async fn logout<S: Storage>(
         console.sessions.end(&id);
     }
     (
-        [(header::SET_COOKIE, session_cookie("", time::Duration::ZERO))],
+        [(
+            header::SET_COOKIE,
+            session_cookie("", time::Duration::ZERO, console.options.secure_cookies),
+        )],
         Redirect::to("/ui/login"),
     )
         .into_response()
@@ -302,9 +321,11 @@ async fn backends_page<S: Storage>(State(console): Shared<S>, visitor: Visitor) 
     page("Backends", &visitor, pages::backends(&list))
 }
 
-async fn guests_page<S: Storage>(State(console): Shared<S>, visitor: Visitor) -> Response {
-    let list = data::backends(&console.app, &visitor.caller());
-    page("Guests", &visitor, pages::guests(&list))
+async fn guests_page<S: Storage>(State(console): Shared<S>, visitor: Visitor) -> Answer {
+    let caller = visitor.caller();
+    let list = data::backends(&console.app, &caller);
+    let installed = data::installed(&console.app, &caller, &console.options.data_dir)?;
+    Ok(page("Guests", &visitor, pages::guests(&list, &installed)))
 }
 
 async fn workspaces_page<S: Storage>(
@@ -428,4 +449,27 @@ async fn diff_json<S: Storage>(
     let (app, caller) = (&console.app, visitor.caller());
     let diff = data::version_diff(app, &caller, &backend, &workspace, from, to).await?;
     Ok(Json(diff).into_response())
+}
+
+async fn installed_json<S: Storage>(State(console): Shared<S>, visitor: Visitor) -> Answer {
+    let caller = visitor.caller();
+    let installed = data::installed(&console.app, &caller, &console.options.data_dir)?;
+    Ok(Json(installed).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::session_cookie;
+
+    #[test]
+    fn the_session_cookie_is_strict_and_secure_over_https() {
+        let plain = session_cookie("v", time::Duration::hours(1), false);
+        let plain = plain.to_str().unwrap();
+        for flag in ["HttpOnly", "SameSite=Strict", "Path=/ui"] {
+            assert!(plain.contains(flag), "{plain}");
+        }
+        assert!(!plain.contains("Secure"), "{plain}");
+        let https = session_cookie("v", time::Duration::hours(1), true);
+        assert!(https.to_str().unwrap().contains("Secure"));
+    }
 }

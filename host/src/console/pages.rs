@@ -5,6 +5,7 @@
 use super::data::{BackendView, Page, WorkspaceView};
 use super::diff::StateDiff;
 use crate::backend::Version;
+use crate::marketplace::store::Installed;
 use maud::{DOCTYPE, Markup, html};
 
 /// Who is looking, for the header and the forms.
@@ -234,9 +235,11 @@ fn changes(id: &str, title: &str, addresses: &[String]) -> Markup {
     }
 }
 
-/// The guests serving backends: manifest, asks beside grants, signature.
-pub fn guests(backends: &[BackendView]) -> Markup {
+/// The guests serving backends (manifest, asks beside grants, signature),
+/// then every guest installed in the data directory.
+pub fn guests(backends: &[BackendView], installed: &[Installed]) -> Markup {
     html! {
+        h2 { "Serving backends" }
         table #guests {
             thead { tr { th { "guest" } th { "manifest" } th { "signature" } th { "asks for" } th { "granted (backend)" } } }
             tbody {
@@ -248,6 +251,32 @@ pub fn guests(backends: &[BackendView]) -> Markup {
                             td { (d.signer.as_deref().map_or("unsigned".to_string(), |k| format!("signed by key {k}"))) }
                             td { ul { @for a in &d.asked { li { (a) } } } }
                             td { (b.name) ul { @for g in &d.granted { li { (g) } } } }
+                        }
+                    }
+                }
+            }
+        }
+        (installed_table(installed))
+    }
+}
+
+fn installed_table(installed: &[Installed]) -> Markup {
+    html! {
+        h2 { "Installed" }
+        @if installed.is_empty() {
+            p { "No guest installed in this data directory (wasmstate guest install), or none you administer." }
+        } @else {
+            table #installed {
+                thead { tr { th { "name" } th { "version" } th { "sha256" } th { "source" } th { "signature" } th { "size" } } }
+                tbody {
+                    @for g in installed {
+                        tr {
+                            td { (g.name) }
+                            td { (g.version) }
+                            td { code title=(g.sha256) { (g.sha256.get(..12).unwrap_or(&g.sha256)) "…" } }
+                            td { (g.source) }
+                            td { (g.signed_by.as_deref().map_or("unsigned".to_string(), |k| format!("signed by key {k}"))) }
+                            td { (size(g.size)) }
                         }
                     }
                 }
