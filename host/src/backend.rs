@@ -214,6 +214,36 @@ pub trait Storage: Send + Sync + 'static {
     }
 }
 
+/// The `lineage` and `serial` of the stored state of `workspace`, read from
+/// its first [`crate::statefile::PREFIX_BYTES`] (Terraform and OpenTofu
+/// write them first), or from the whole state when they come later.
+/// `None` when there is no state or it has not both. Storage is asked every
+/// time, never a remembered value, so a second host writing the same
+/// storage is seen.
+pub async fn stored_version<S: Storage>(
+    storage: &S,
+    workspace: &str,
+) -> StorageResult<Option<(String, u64)>> {
+    use crate::statefile;
+    let Some(prefix) = storage
+        .read_prefix(workspace, statefile::PREFIX_BYTES)
+        .await?
+    else {
+        return Ok(None);
+    };
+    if let Some(version) = statefile::version_in_prefix(&prefix) {
+        return Ok(Some(version));
+    }
+    if prefix.len() < statefile::PREFIX_BYTES {
+        return Ok(None);
+    }
+    Ok(storage
+        .read(workspace)
+        .await?
+        .and_then(|stored| statefile::read(&stored).ok())
+        .and_then(|h| h.version().map(|(l, s)| (l.to_string(), s))))
+}
+
 /// A shared backend is a backend.
 impl<S: Storage> Storage for std::sync::Arc<S> {
     fn describe(&self) -> Option<Description> {

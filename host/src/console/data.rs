@@ -345,10 +345,7 @@ pub async fn restore<S: Storage>(
         .map_err(&error)?;
     let conflict = |why: String| ApiError::Message(axum::http::StatusCode::CONFLICT, why);
     let written = async {
-        let prefix = storage.read_prefix(workspace, PREFIX_BYTES).await?;
-        let current = prefix
-            .as_deref()
-            .and_then(crate::statefile::version_in_prefix);
+        let current = crate::backend::stored_version(storage, workspace).await?;
         // As the stale-write guard would: another lineage needs force.
         if let (Some((lineage, _)), Some(restored)) = (&current, &header.lineage)
             && lineage != restored

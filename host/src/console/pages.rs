@@ -5,6 +5,7 @@
 use super::data::{BackendView, Page, WorkspaceView};
 use super::diff::StateDiff;
 use crate::backend::Version;
+use crate::client::format_unix_ms;
 use crate::marketplace::store::Installed;
 use maud::{DOCTYPE, Markup, html};
 
@@ -14,16 +15,6 @@ pub struct Viewer<'a> {
     pub name: Option<&'a str>,
     /// The session's CSRF token, put in every form.
     pub csrf: &'a str,
-}
-
-fn time(ms: u64) -> String {
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| ms.to_string())
 }
 
 fn size(bytes: u64) -> String {
@@ -144,7 +135,7 @@ pub fn workspaces(backend: &str, page: &Page<WorkspaceView>, viewer: &Viewer<'_>
                         }
                         td.serial { (w.summary.serial.map(|s| s.to_string()).unwrap_or_default()) }
                         td.lineage { code { (w.summary.lineage.as_deref().unwrap_or("")) } }
-                        td { (w.last_write_unix_ms.map(time).unwrap_or_else(|| "-".into())) }
+                        td { (w.last_write_unix_ms.map(format_unix_ms).unwrap_or_else(|| "-".into())) }
                         td.lock {
                             @if let Some(lock) = &w.lock {
                                 span.holder { (lock.who) } " · " (lock.operation) " · since " (lock.created)
@@ -200,7 +191,7 @@ pub fn versions(
                     tr data-version=(v.id) {
                         td { code { (v.id) } }
                         td.serial { (v.serial.map(|s| s.to_string()).unwrap_or_default()) }
-                        td { (time(v.created_unix_ms)) }
+                        td { (format_unix_ms(v.created_unix_ms)) }
                         td { (size(v.bytes)) }
                         td {
                             a.compare href={ (here) "?from=" (query_value(&v.id)) "&to=current" } { "compare with current" }

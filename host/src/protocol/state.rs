@@ -155,28 +155,9 @@ async fn guard_stale_write<S: Storage>(
     incoming: &statefile::Header,
     body: &Bytes,
 ) -> Result<bool, ApiError> {
-    // Only the beginning is read back: Terraform and OpenTofu write serial
-    // and lineage first. Storage is asked every time (no serial remembered
-    // here), so a second host writing the same storage is seen.
-    let prefix = target
-        .storage
-        .read_prefix(target.workspace, statefile::PREFIX_BYTES)
+    let stored_version = crate::backend::stored_version(target.storage, target.workspace)
         .await
         .map_err(|e| target.error(e))?;
-    let Some(prefix) = prefix else {
-        return Ok(false);
-    };
-    let mut stored_version = statefile::version_in_prefix(&prefix);
-    if stored_version.is_none() && prefix.len() == statefile::PREFIX_BYTES {
-        // A state that keeps them further in: read it whole, once.
-        stored_version = target
-            .storage
-            .read(target.workspace)
-            .await
-            .map_err(|e| target.error(e))?
-            .and_then(|stored| statefile::read(&stored).ok())
-            .and_then(|h| h.version().map(|(l, s)| (l.to_string(), s)));
-    }
     let Some((stored_lineage, stored_serial)) = stored_version else {
         return Ok(false);
     };
