@@ -123,8 +123,15 @@ fn ensure_wasm_target() {
         .ok()
         .filter(|o| o.status.success())
         .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    let installed = sysroot.is_some_and(|s| s.join("lib/rustlib").join(TARGET).is_dir());
-    if installed {
+    let target_dir = sysroot.map(|s| s.join("lib/rustlib").join(TARGET));
+    if let Some(dir) = &target_dir {
+        // Cargo replays a build script's warnings on every build until the
+        // script runs again. Installing changes this folder, so the next
+        // build reruns the script once and the notice below is not
+        // repeated: it shows only on the build that installs.
+        println!("cargo:rerun-if-changed={}", dir.display());
+    }
+    if target_dir.is_some_and(|dir| dir.is_dir()) {
         return;
     }
     println!(

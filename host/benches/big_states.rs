@@ -8,7 +8,7 @@
 //!    byte-exact through `local` and through `s3-lockfile` on moto.
 //! 3. The real `terraform state push` and `state pull` of a 200 MiB state.
 //!
-//! `cargo bench --bench big_states`; it prints the README's table.
+//! `cargo bench --bench big_states`; it prints the table in docs/benchmarks.md.
 
 #![allow(missing_docs, dead_code)]
 

@@ -9,7 +9,7 @@
 //! - file I/O spin: 8 concurrent requests writing, syncing and reading
 //!   4 MiB files until their deadline.
 //!
-//! `cargo bench --bench isolation`; prints a Markdown table for the README.
+//! `cargo bench --bench isolation`; prints a Markdown table for docs/benchmarks.md.
 
 #![allow(missing_docs, dead_code)]
 

@@ -27,7 +27,7 @@ const FLOOD_REQUESTS: usize = 48;
 /// How slow the healthy backend's p99 may get beside a hostile one. A
 /// regression guard, not the target: requests queued behind spinning
 /// guests take their 10 ms time slices in turn, hundreds of milliseconds.
-/// The measured figures (and the 2x target) are in the README, from
+/// The measured figures (and the 2x target) are in docs/benchmarks.md, from
 /// `cargo bench --bench isolation`.
 const HEALTHY_P99_BOUND: Duration = Duration::from_millis(50);
 
