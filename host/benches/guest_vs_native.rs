@@ -5,7 +5,7 @@
 //! loopback socket as a client sees it. Also: instantiation.
 //!
 //! `cargo bench --bench guest_vs_native` prints criterion's report and, at
-//! the end, the Markdown table kept in the README.
+//! the end, the Markdown table kept in docs/benchmarks.md.
 
 #![allow(missing_docs)]
 
@@ -60,6 +60,7 @@ fn single_backend_app<S: Storage>(storage: S) -> axum::Router {
         metrics: metrics(),
         auth: Default::default(),
         allow_force_push: Default::default(),
+        gates: Default::default(),
         body_timeout: Duration::from_secs(120),
         origins: Default::default(),
         draining: Default::default(),

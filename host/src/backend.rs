@@ -9,6 +9,36 @@ use std::time::Duration;
 
 pub use wasmstate_types::LockInfo;
 
+/// A lock the host or its tools take themselves (a restore, an unlocked
+/// write), in Terraform's shape so `terraform force-unlock` and the console
+/// understand who holds it. Its id is random, as Terraform's are: nobody
+/// else can present it.
+pub fn own_lock(operation: &str, info: String, who: String) -> LockInfo {
+    use aes_gcm::aead::OsRng;
+    use aes_gcm::aead::rand_core::RngCore;
+    let mut id = [0u8; 16];
+    OsRng.fill_bytes(&mut id);
+    let hex = hex::encode(id);
+    LockInfo {
+        id: format!(
+            "{}-{}-{}-{}-{}",
+            &hex[..8],
+            &hex[8..12],
+            &hex[12..16],
+            &hex[16..20],
+            &hex[20..]
+        ),
+        operation: operation.into(),
+        info,
+        who,
+        version: env!("CARGO_PKG_VERSION").into(),
+        created: time::OffsetDateTime::now_utc()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default(),
+        path: String::new(),
+    }
+}
+
 /// One problem in a backend's configuration, reported by its guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Diagnostic {
@@ -65,6 +95,10 @@ pub enum StorageError {
     /// guest memory budget); the same request may succeed shortly.
     #[error("{0}; try again shortly")]
     Overloaded(String),
+    /// The state is larger than this server can store and read back
+    /// (sealed, it grows by a third); nothing was stored.
+    #[error("{0}; nothing was written")]
+    TooLarge(String),
     /// The backend's directory is at its disk quota; nothing was stored.
     #[error("{0}; nothing was stored")]
     NoSpace(String),

@@ -95,8 +95,9 @@ impl Client {
                  save it (GET {url}) and push it with `tofu state push -force` (the server accepts its older serial only with allow_force_push = true on the backend)"
             );
         }
-        let mut state: serde_json::Value = serde_json::from_slice(&old)
-            .with_context(|| format!("version {id} is not a JSON state"))?;
+        let old_serial = crate::statefile::read(&old)
+            .map_err(|e| anyhow::anyhow!("version {id}: {e}"))?
+            .serial;
         let info = restore_lock_info(id);
         let lock_body = info.to_json();
         let lock = reqwest::Method::from_bytes(b"LOCK").expect("valid method");
@@ -114,19 +115,18 @@ impl Client {
             let current_serial = match current.status() {
                 reqwest::StatusCode::OK => {
                     let bytes = current.bytes().await?;
-                    serde_json::from_slice::<serde_json::Value>(&bytes)
-                        .ok()
-                        .and_then(|v| v["serial"].as_u64())
+                    crate::statefile::read(&bytes).ok().and_then(|h| h.serial)
                 }
                 _ => None,
             };
-            let serial = match (current_serial, state["serial"].as_u64()) {
+            let serial = match (current_serial, old_serial) {
                 (Some(current), _) => current + 1,
                 (None, Some(old)) => old,
                 (None, None) => 1,
             };
-            state["serial"] = serial.into();
-            let body = serde_json::to_vec_pretty(&state)?;
+            // Renumbered in place: key order and every number kept as written.
+            let body = crate::statefile::with_serial(&old, serial)
+                .map_err(|e| anyhow::anyhow!("version {id}: {e}"))?;
             let md5 = base64::engine::general_purpose::STANDARD.encode(Md5::digest(&body));
             let post = format!("{base}?ID={}", info.id);
             let request = self
@@ -208,35 +208,17 @@ impl Client {
     }
 }
 
-/// The lock `state restore` takes, in Terraform's shape so `terraform
-/// force-unlock` and other clients understand who holds it.
+/// The lock `state restore` takes.
 fn restore_lock_info(version: &str) -> LockInfo {
-    use argon2::password_hash::rand_core::{OsRng, RngCore};
-    let mut id = [0u8; 16];
-    OsRng.fill_bytes(&mut id);
-    let hex = hex::encode(id);
     let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "localhost".into());
-    LockInfo {
-        id: format!(
-            "{}-{}-{}-{}-{}",
-            &hex[..8],
-            &hex[8..12],
-            &hex[12..16],
-            &hex[16..20],
-            &hex[20..]
-        ),
-        operation: "wasmstate-state-restore".into(),
-        info: format!("restoring version {version}"),
-        who: format!("{user}@{host}"),
-        version: env!("CARGO_PKG_VERSION").into(),
-        created: time::OffsetDateTime::now_utc()
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap_or_default(),
-        path: String::new(),
-    }
+    crate::backend::own_lock(
+        "wasmstate-state-restore",
+        format!("restoring version {version}"),
+        format!("{user}@{host}"),
+    )
 }
 
 /// A version's time for people: RFC 3339, UTC, to the millisecond.

@@ -155,8 +155,10 @@ pub struct ConfigSource {
 }
 
 /// What a reload did.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Reloaded {
+    /// The configuration it read.
+    pub config: Config,
     /// Backends now serving their new configuration.
     pub replaced: Vec<String>,
     /// Backends stopped, with why.
@@ -173,7 +175,11 @@ pub async fn reload<S: Storage>(
     build: impl Fn(&Config, &str, crate::runtime::GuestBackend) -> S,
 ) -> anyhow::Result<Reloaded> {
     let config = Config::load(Some(&source.path), source.overrides.clone())?;
-    let mut outcome = Reloaded::default();
+    let mut outcome = Reloaded {
+        config: config.clone(),
+        replaced: Vec::new(),
+        stopped: Vec::new(),
+    };
     for backend in &config.backends {
         let Some(slot) = served.get(&backend.name) else {
             tracing::warn!(backend = %backend.name, "new backend in the config: restart the server to serve it");

@@ -6,11 +6,12 @@ use crate::config::Config;
 use crate::listen::NetworkLimits;
 use crate::listen::timed_io::Clocks;
 use crate::metrics::Metrics;
-use crate::protocol::{self, App, OriginPolicy};
+use crate::protocol::{self, App, ForcePush, OriginPolicy};
 use crate::reload::{ConfigSource, Swappable};
 use crate::runtime::{GuestBackend, Runtime};
 use crate::store::Store;
 use crate::store::history::History;
+use crate::store::rollback::RollbackMarks;
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -18,8 +19,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// Each backend's rollback marks, made once and kept across reloads.
+type Marks = Arc<BTreeMap<String, Arc<RollbackMarks>>>;
+
 /// The host's layers around one backend's guest: encryption and history.
-fn store_for(config: &Config, name: &str, guest: GuestBackend) -> Store<GuestBackend> {
+fn store_for(
+    config: &Config,
+    name: &str,
+    guest: GuestBackend,
+    marks: &Marks,
+    max_stored_bytes: usize,
+) -> Store<GuestBackend> {
     let backend = config
         .backends
         .iter()
@@ -33,7 +43,18 @@ fn store_for(config: &Config, name: &str, guest: GuestBackend) -> Store<GuestBac
         backend.encryption_keys.clone(),
         backend.encryption_accept_plain,
         history,
+        marks.get(name).cloned().unwrap_or_default(),
+        max_stored_bytes,
     )
+}
+
+/// The backends whose stale-write guard `config` turns off.
+fn force_push_backends(config: &Config) -> impl Iterator<Item = String> + '_ {
+    config
+        .backends
+        .iter()
+        .filter(|b| b.allow_force_push)
+        .map(|b| b.name.clone())
 }
 
 /// Run the server described by `config` until a shutdown signal. With
@@ -66,10 +87,16 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
     let addr = listener.local_addr()?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     print_banner(scheme, addr, &backends);
+    let marks: Marks = Arc::new(
+        backends
+            .keys()
+            .map(|name| (name.clone(), Arc::default()))
+            .collect(),
+    );
     let backends: BTreeMap<String, Arc<Swappable<Store<GuestBackend>>>> = backends
         .into_iter()
         .map(|(name, guest)| {
-            let store = store_for(&config, &name, guest);
+            let store = store_for(&config, &name, guest, &marks, runtime.max_stored_bytes());
             (name, Arc::new(Swappable::new(store)))
         })
         .collect();
@@ -77,12 +104,15 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
     for name in backends.keys() {
         metrics.backend_up(name, true);
     }
+    let allow_force_push = Arc::new(ForcePush::new(force_push_backends(&config)));
     if let Some(source) = source {
         tokio::spawn(reload_on_sighup(
             source,
             runtime.clone(),
             backends.clone(),
             metrics.clone(),
+            allow_force_push.clone(),
+            marks,
         ));
     }
     let draining = Arc::new(AtomicBool::new(false));
@@ -98,12 +128,8 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
         body_timeout: network.body_timeout,
         metrics: metrics.clone(),
         auth,
-        allow_force_push: config
-            .backends
-            .iter()
-            .filter(|b| b.allow_force_push)
-            .map(|b| b.name.clone())
-            .collect(),
+        allow_force_push: allow_force_push.clone(),
+        gates: Default::default(),
         origins: OriginPolicy::new(network.server_names.clone(), check_host),
         draining: draining.clone(),
     });
@@ -165,7 +191,12 @@ async fn reload_on_sighup(
     runtime: Arc<Runtime>,
     served: BTreeMap<String, Arc<Swappable<Store<GuestBackend>>>>,
     metrics: Arc<Metrics>,
+    allow_force_push: Arc<ForcePush>,
+    marks: Marks,
 ) {
+    let max_stored = runtime.max_stored_bytes();
+    let build =
+        |config: &Config, name: &str, guest| store_for(config, name, guest, &marks, max_stored);
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut hangups) = signal(SignalKind::hangup()) else {
         tracing::warn!("cannot listen for SIGHUP; reloading is off");
@@ -173,8 +204,9 @@ async fn reload_on_sighup(
     };
     while hangups.recv().await.is_some() {
         tracing::info!(config = %source.path.display(), "SIGHUP: reloading backends");
-        match crate::reload::reload(&source, &runtime, &served, store_for).await {
+        match crate::reload::reload(&source, &runtime, &served, build).await {
             Ok(outcome) => {
+                allow_force_push.set(force_push_backends(&outcome.config));
                 metrics.reloaded(true);
                 tracing::info!(
                     replaced = outcome.replaced.len(),

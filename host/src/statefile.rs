@@ -67,11 +67,16 @@ pub const PREFIX_BYTES: usize = 64 << 10;
 /// does not hold both (a state that has neither, or writes them late).
 pub fn version_in_prefix(prefix: &[u8]) -> Option<(String, u64)> {
     use serde::de::{IgnoredAny, MapAccess, Visitor};
+    use serde_json::value::RawValue;
 
-    /// Walks the top-level object, leaving what it found in `.0`.
-    struct Seek<'a>(&'a mut (Option<String>, Option<u64>));
+    /// Walks the top-level object of `input`, leaving what it found in
+    /// `found`.
+    struct Seek<'a, 'de> {
+        input: &'de [u8],
+        found: &'a mut (Option<String>, Option<u64>),
+    }
 
-    impl<'de> Visitor<'de> for Seek<'_> {
+    impl<'de> Visitor<'de> for Seek<'_, 'de> {
         type Value = ();
 
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -81,13 +86,28 @@ pub fn version_in_prefix(prefix: &[u8]) -> Option<(String, u64)> {
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
             while let Some(key) = map.next_key::<String>()? {
                 match key.as_str() {
-                    "lineage" => self.0.0 = map.next_value()?,
-                    "serial" => self.0.1 = map.next_value()?,
+                    "lineage" => self.found.0 = map.next_value()?,
+                    "serial" => {
+                        // A number that runs to the end of the prefix may
+                        // have been cut (`1234` read as `12`): unknown.
+                        let raw: &RawValue = map.next_value()?;
+                        let text = raw.get();
+                        let end =
+                            text.as_ptr() as usize - self.input.as_ptr() as usize + text.len();
+                        self.found.1 = if end >= self.input.len() {
+                            None
+                        } else {
+                            serde_json::from_str(text).map_err(serde::de::Error::custom)?
+                        };
+                        if self.found.1.is_none() {
+                            return Ok(());
+                        }
+                    }
                     _ => {
                         map.next_value::<IgnoredAny>()?;
                     }
                 }
-                if self.0.0.is_some() && self.0.1.is_some() {
+                if self.found.0.is_some() && self.found.1.is_some() {
                     // Stop here: the rest may be cut off.
                     return Ok(());
                 }
@@ -100,8 +120,61 @@ pub fn version_in_prefix(prefix: &[u8]) -> Option<(String, u64)> {
     let mut json = serde_json::Deserializer::from_slice(prefix);
     // Stopping early (or a prefix cut mid-value) is an error to serde_json
     // once the visitor returns; what was found before that still counts.
-    let _ = serde::Deserializer::deserialize_map(&mut json, Seek(&mut found));
+    let seek = Seek {
+        input: prefix,
+        found: &mut found,
+    };
+    let _ = serde::Deserializer::deserialize_map(&mut json, seek);
     Some((found.0.filter(|l| !l.is_empty())?, found.1?))
+}
+
+/// `state` with its top-level `serial` set to `serial` (added first when it
+/// has none), everything else kept byte for byte: key order, numbers beyond
+/// f64's precision, the text of every other value. Written in Terraform's
+/// own layout (one top-level key a line, two spaces in). For a restore,
+/// which must not re-encode a document it only renumbers.
+pub fn with_serial(state: &[u8], serial: u64) -> Result<Vec<u8>, String> {
+    use serde::de::{MapAccess, Visitor};
+    use serde_json::value::RawValue;
+
+    /// The top-level entries in order, values as their raw text.
+    struct Entries;
+
+    impl<'de> Visitor<'de> for Entries {
+        type Value = Vec<(String, &'de RawValue)>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut entries = Vec::new();
+            while let Some(entry) = map.next_entry::<String, &'de RawValue>()? {
+                entries.push(entry);
+            }
+            Ok(entries)
+        }
+    }
+
+    let mut json = serde_json::Deserializer::from_slice(state);
+    let entries = serde::Deserializer::deserialize_map(&mut json, Entries)
+        .and_then(|entries| json.end().map(|()| entries))
+        .map_err(|e| format!("the state is not a JSON object: {e}"))?;
+    let serial_text = serial.to_string();
+    let mut lines: Vec<String> = Vec::with_capacity(entries.len() + 1);
+    if !entries.iter().any(|(key, _)| key == "serial") {
+        lines.push(format!("  \"serial\": {serial_text}"));
+    }
+    for (key, value) in &entries {
+        let key_json = serde_json::to_string(key).expect("a string serialises");
+        let value = if key == "serial" {
+            &serial_text
+        } else {
+            value.get()
+        };
+        lines.push(format!("  {key_json}: {value}"));
+    }
+    Ok(format!("{{\n{}\n}}\n", lines.join(",\n")).into_bytes())
 }
 
 /// Read a state body; `Err` says, in one line, why it is neither kind.
@@ -163,6 +236,25 @@ mod tests {
         // An empty encryption_version is not the marker (OpenTofu's rule).
         assert!(read(br#"{"serial":1,"lineage":"l","encryption_version":""}"#).is_err());
     }
+
+    #[test]
+    fn with_serial_renumbers_without_re_encoding() {
+        let state = br#"{"version":4,"terraform_version":"1.11.4","serial":7,"lineage":"l","outputs":{"big":{"value":12345678901234567890123,"type":"number"},"f":{"value":0.10000000000000000555}},"resources":[]}"#;
+        let renumbered = with_serial(state, 1234).unwrap();
+        let text = String::from_utf8(renumbered.clone()).unwrap();
+        // Key order kept: serial stays before lineage, first 64 KiB reads it.
+        assert_eq!(version_in_prefix(&renumbered), Some(("l".into(), 1234)));
+        assert!(text.find("\"serial\"").unwrap() < text.find("\"resources\"").unwrap());
+        // Numbers beyond f64 kept as written.
+        assert!(text.contains("12345678901234567890123"));
+        assert!(text.contains("0.10000000000000000555"));
+        assert_eq!(read(&renumbered).unwrap().serial, Some(1234));
+        // A state without a serial gets one; a non-object is refused.
+        let added = with_serial(br#"{"version":4,"lineage":"l"}"#, 1).unwrap();
+        assert_eq!(read(&added).unwrap().version(), Some(("l", 1)));
+        assert!(with_serial(b"[1,2]", 1).is_err());
+        assert!(with_serial(br#"{"version":4} trailing"#, 1).is_err());
+    }
 }
 
 #[cfg(test)]
@@ -175,6 +267,20 @@ mod prefix_tests {
         assert_eq!(version_in_prefix(state), Some(("abc".into(), 7)));
         let tofu = br#"{"serial":3,"lineage":"l","meta":{"key_provider":"#;
         assert_eq!(version_in_prefix(tofu), Some(("l".into(), 3)));
+    }
+
+    #[test]
+    fn a_serial_cut_by_the_prefix_is_unknown() {
+        let state = br#"{"version":4,"lineage":"abc","serial":1234,"resources":[]}"#;
+        let cut = state.iter().position(|&b| b == b'3').unwrap();
+        // `1234` cut to `12` must not read as serial 12.
+        assert_eq!(version_in_prefix(&state[..cut]), None);
+        // Whole, or cut after its comma, it is known.
+        assert_eq!(version_in_prefix(state), Some(("abc".into(), 1234)));
+        assert_eq!(
+            version_in_prefix(&state[..cut + 3]),
+            Some(("abc".into(), 1234))
+        );
     }
 
     #[test]

@@ -14,13 +14,13 @@ const TABLE: &str = "terraform-locks";
 const KEY: &str = "app/terraform.tfstate";
 
 #[derive(Clone, Copy, PartialEq)]
-enum Locking {
+pub(crate) enum Locking {
     LockFile,
     DynamoDb,
 }
 
 impl Locking {
-    fn guest(self) -> &'static str {
+    pub(crate) fn guest(self) -> &'static str {
         match self {
             Locking::LockFile => "s3-lockfile",
             Locking::DynamoDb => "dynamodb",
@@ -28,7 +28,7 @@ impl Locking {
     }
 }
 
-fn start_moto(locking: Locking) -> Moto {
+pub(crate) fn start_moto(locking: Locking) -> Moto {
     let moto = Moto::start();
     moto.create_bucket(BUCKET);
     if locking == Locking::DynamoDb {
@@ -38,7 +38,7 @@ fn start_moto(locking: Locking) -> Moto {
 }
 
 /// The guest's settings, as `KEY=VALUE` pairs.
-fn settings(moto_url: &str, locking: Locking) -> Vec<(String, String)> {
+pub(crate) fn settings(moto_url: &str, locking: Locking) -> Vec<(String, String)> {
     let mut pairs = vec![
         ("bucket", BUCKET.to_string()),
         ("key", KEY.to_string()),

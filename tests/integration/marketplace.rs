@@ -490,7 +490,7 @@ fn an_index_entry_naming_another_guest_and_keys_scoped_to_other_guests_are_refus
 }
 
 /// Send SIGHUP and wait until the server has reloaded `n` times in all.
-fn reload(server: &Server, n: usize) {
+pub(crate) fn reload(server: &Server, n: usize) {
     let pid = server.pid().to_string();
     assert!(
         Command::new("kill")

@@ -281,7 +281,28 @@ use raw::RawConfig;
 use validate::validate;
 use values::{line_col, mib};
 
+/// The most bytes a sealed envelope of a `state_len`-byte state takes:
+/// base64 of the ciphertext (state + 16-byte tag), plus 64 KiB for the
+/// envelope's fields (key id, nonce, clear serial and lineage). A state
+/// whose envelope would be larger (a lineage of tens of KiB) is refused
+/// before storage sees it.
+pub fn sealed_len_bound(state_len: usize) -> usize {
+    (state_len + 16).div_ceil(3) * 4 + (64 << 10)
+}
+
 impl Config {
+    /// The most bytes storage may hold for one state: the body limit, or
+    /// its sealed size when any backend encrypts. Reads are allowed this
+    /// much and writes refused beyond it, so a state accepted is a state
+    /// that can be read back.
+    pub fn max_stored_bytes(&self) -> usize {
+        if self.backends.iter().any(|b| !b.encryption_keys.is_empty()) {
+            sealed_len_bound(self.max_body_bytes)
+        } else {
+            self.max_body_bytes
+        }
+    }
+
     /// Load `path` (or the built-in default when `None`) and apply `overrides`.
     pub fn load(path: Option<&Path>, overrides: Overrides) -> Result<Config, ConfigError> {
         let Some(path) = path else {

@@ -288,6 +288,7 @@ pub async fn force_unlock<S: Storage>(
     let storage = storage_of(app, caller, backend, Some(workspace))?;
     caller.may(backend, Some(workspace), Role::Admin)?;
     app.refuse_while_draining()?;
+    let _gate = app.gates.enter(backend, workspace).await;
     storage
         .force_unlock(workspace)
         .await
@@ -296,7 +297,9 @@ pub async fn force_unlock<S: Storage>(
 
 /// Write version `id` back as the current state, with the next serial,
 /// under a lock of its own (admins only): refused while someone holds the
-/// lock. Returns the serial it was given.
+/// lock, and judged by the same stale-write guard as a POST (another
+/// lineage, or none where the current state has one, needs
+/// allow_force_push). Returns the serial it was given.
 pub async fn restore<S: Storage>(
     app: &App<S>,
     caller: &Caller,
@@ -311,62 +314,45 @@ pub async fn restore<S: Storage>(
     let old = version_bytes(storage, backend, workspace, id).await?;
     let header = crate::statefile::read(&old)
         .map_err(|e| ApiError::bad_request(format!("version {id}: {e}; nothing was changed")))?;
-    let mut state: serde_json::Value = serde_json::from_slice(&old)
-        .map_err(|e| ApiError::bad_request(format!("version {id} is not a JSON state: {e}")))?;
-    if !state.is_object() {
-        return Err(ApiError::bad_request(format!(
-            "version {id} is not a JSON object; nothing was changed"
-        )));
-    }
-    if state.get("encryption_version").is_some() {
+    if header.kind == crate::statefile::Kind::OpenTofuEncrypted {
         return Err(ApiError::bad_request(
             "an OpenTofu-encrypted state cannot be given a new serial without OpenTofu's key; \
              restore it with `tofu state push -force`",
         ));
     }
-    let lock = LockInfo {
-        id: format!(
-            "console-restore-{}",
-            crate::digest::sha256_hex(id.as_bytes())
-        ),
-        operation: "wasmstate-console-restore".into(),
-        info: format!("restoring version {id}"),
-        who: format!("{who}@wasmstate-console"),
-        version: env!("CARGO_PKG_VERSION").into(),
-        created: time::OffsetDateTime::now_utc()
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap_or_default(),
-        path: String::new(),
-    };
+    // A random id: nobody else (not a second admin restoring the same
+    // version) can present it.
+    let lock = crate::backend::own_lock(
+        "wasmstate-console-restore",
+        format!("restoring version {id}"),
+        format!("{who}@wasmstate-console"),
+    );
+    let _gate = app.gates.enter(backend, workspace).await;
     let error = storage_error(backend);
     storage
         .lock(workspace, lock.clone())
         .await
         .map_err(&error)?;
-    let conflict = |why: String| ApiError::Message(axum::http::StatusCode::CONFLICT, why);
+    let target = crate::protocol::Target {
+        backend,
+        workspace,
+        storage,
+    };
     let written = async {
-        let current = crate::backend::stored_version(storage, workspace).await?;
-        // As the stale-write guard would: another lineage needs force.
-        if let (Some((lineage, _)), Some(restored)) = (&current, &header.lineage)
-            && lineage != restored
-            && !app.allow_force_push.contains(backend)
-        {
-            return Ok(Err(conflict(format!(
-                "version {id} has lineage {restored:?}, the current state {lineage:?}; \
-                 nothing was changed (allow_force_push = true on backend {backend:?} allows it)"
-            ))));
-        }
-        let serial = current.map_or(1, |(_, s)| s + 1);
-        state["serial"] = serial.into();
-        let bytes = serde_json::to_vec_pretty(&state).expect("a JSON value serialises");
-        storage
-            .write(workspace, bytes.into(), Some(&lock.id))
+        let current = crate::backend::stored_version(storage, workspace)
             .await
-            .map(|()| Ok(serial))
+            .map_err(&error)?;
+        let serial = current.map_or(1, |(_, s)| s + 1);
+        let renumbered = crate::statefile::with_serial(&old, serial).map_err(|e| {
+            ApiError::bad_request(format!("version {id}: {e}; nothing was changed"))
+        })?;
+        crate::protocol::write_unless_stale(app, &target, Some(&lock.id), renumbered.into())
+            .await
+            .map(|()| serial)
     }
     .await;
     let unlocked = storage.unlock(workspace, &lock.id).await;
-    let serial = written.map_err(&error)??;
+    let serial = written?;
     unlocked.map_err(&error)?;
     Ok(serial)
 }

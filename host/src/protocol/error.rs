@@ -80,6 +80,7 @@ impl ApiError {
                 );
             }
             NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
+            TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             GuestTimedOut(_) => StatusCode::GATEWAY_TIMEOUT,
             NoHistory => StatusCode::NOT_FOUND,
             InvalidConfig(_) | Internal(_) | GuestTrapped(_) | GuestOutOfMemory(_)

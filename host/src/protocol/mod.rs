@@ -9,6 +9,8 @@
 
 mod caller;
 mod error;
+mod gate;
+mod guard;
 mod origin;
 mod state;
 mod versions;
@@ -16,6 +18,8 @@ mod workspaces;
 
 pub use caller::Caller;
 pub use error::ApiError;
+pub use gate::{Gate, WorkspaceGates};
+pub(crate) use guard::write_unless_stale;
 pub use origin::OriginPolicy;
 pub use workspaces::DEFAULT_WORKSPACE;
 
@@ -48,12 +52,40 @@ pub struct App<S> {
     pub metrics: Arc<Metrics>,
     /// Who may do what; with no users or tokens, everyone may do anything.
     pub auth: Arc<Authenticator>,
-    /// Backends that accept older or unrelated states (`state push -force`).
-    pub allow_force_push: BTreeSet<String>,
+    /// Backends that accept older or unrelated states (`state push -force`);
+    /// a reload changes it.
+    pub allow_force_push: Arc<ForcePush>,
+    /// One change at a time per workspace on this host.
+    pub gates: WorkspaceGates,
     /// Which hosts and origins browsers may reach the server through.
     pub origins: OriginPolicy,
     /// Set when the server is shutting down: no change starts any more.
     pub draining: Arc<AtomicBool>,
+}
+
+/// The backends whose stale-write guard is off (`allow_force_push`), as
+/// the config last read says: shared with the reload, which sets it anew.
+#[derive(Debug, Default)]
+pub struct ForcePush(std::sync::RwLock<BTreeSet<String>>);
+
+impl ForcePush {
+    /// The backends named by `names`.
+    pub fn new(names: impl IntoIterator<Item = String>) -> Self {
+        ForcePush(std::sync::RwLock::new(names.into_iter().collect()))
+    }
+
+    /// Whether `backend` accepts older or unrelated states.
+    pub fn allows(&self, backend: &str) -> bool {
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(backend)
+    }
+
+    /// From now on, exactly the backends named by `names`.
+    pub fn set(&self, names: impl IntoIterator<Item = String>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = names.into_iter().collect();
+    }
 }
 
 /// A validated request target: a known backend and a well-formed workspace.
@@ -283,11 +315,13 @@ async fn workspace_route<S: Storage>(
         Method::PUT => {
             caller.may(&backend, Some(&workspace), Role::Write)?;
             app.refuse_while_draining()?;
+            let _gate = app.gates.enter(&backend, &workspace).await;
             workspaces::create(target).await
         }
         Method::DELETE => {
             caller.may(&backend, Some(&workspace), Role::Admin)?;
             app.refuse_while_draining()?;
+            let _gate = app.gates.enter(&backend, &workspace).await;
             workspaces::delete(target).await
         }
         _ => Ok((

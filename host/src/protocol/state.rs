@@ -12,7 +12,6 @@ use super::error::ApiError;
 use super::{App, Caller, Target};
 use crate::auth::Role;
 use crate::backend::{LockInfo, Storage};
-use crate::statefile;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -78,9 +77,19 @@ async fn dispatch<S: Storage>(
         _ => Role::Write,
     };
     caller.may(target.backend, Some(target.workspace), role)?;
+    // Every change runs alone on its workspace here (reads never wait), so
+    // the guard's check and its write are one step on this host.
+    let _gate = match method {
+        Method::GET => None,
+        _ => Some(app.gates.enter(target.backend, target.workspace).await),
+    };
     match method.as_str() {
         "GET" => read(target).await,
-        "POST" | "PUT" => write(app, target, lock_id, &headers, body).await,
+        "POST" | "PUT" => {
+            verify_md5(&headers, &body)?;
+            super::guard::write_unless_stale(app, &target, lock_id, body).await?;
+            Ok(StatusCode::OK.into_response())
+        }
         "DELETE" => {
             target
                 .storage
@@ -114,93 +123,6 @@ async fn read<S: Storage>(target: Target<'_, S>) -> Result<Response, ApiError> {
         ))),
         Err(e) => Err(target.error(e)),
     }
-}
-
-async fn write<S: Storage>(
-    app: &App<S>,
-    target: Target<'_, S>,
-    lock_id: Option<&str>,
-    headers: &HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    verify_md5(headers, &body)?;
-    let incoming = statefile::read(&body)
-        .map_err(|e| ApiError::bad_request(format!("{e}; nothing was written")))?;
-    if !app.allow_force_push.contains(target.backend)
-        && guard_stale_write(&target, &incoming, &body).await?
-    {
-        return Ok(StatusCode::OK.into_response());
-    }
-    target
-        .storage
-        .write(target.workspace, body, lock_id)
-        .await
-        .map_err(|e| target.error(e))?;
-    Ok(StatusCode::OK.into_response())
-}
-
-/// Refuse a write that would replace the stored state with an unrelated
-/// (other lineage) or older (lower serial) one, as `terraform state push`
-/// does without `-force`. `Ok(true)`: the same serial with the same bytes
-/// is already stored, so there is nothing to write (a retried POST).
-///
-/// OpenTofu's encrypted states carry `serial` and `lineage` in the clear
-/// and are judged like plain ones, so moving between plain and encrypted
-/// (OpenTofu's fallback migration: same lineage, next serial) passes. A
-/// body without both (a state that never had them, or an envelope from
-/// OpenTofu 1.7.0-alpha1) is accepted only where the stored state has
-/// neither: it must not replace a state whose history it cannot show.
-async fn guard_stale_write<S: Storage>(
-    target: &Target<'_, S>,
-    incoming: &statefile::Header,
-    body: &Bytes,
-) -> Result<bool, ApiError> {
-    let stored_version = crate::backend::stored_version(target.storage, target.workspace)
-        .await
-        .map_err(|e| target.error(e))?;
-    let Some((stored_lineage, stored_serial)) = stored_version else {
-        return Ok(false);
-    };
-    let refuse = |why: String| {
-        Err(ApiError::Message(
-            StatusCode::CONFLICT,
-            format!(
-                "{why}; nothing was written (`terraform state push -force` needs allow_force_push = true on backend {:?})",
-                target.backend
-            ),
-        ))
-    };
-    let Some((lineage, serial)) = incoming.version() else {
-        return refuse(format!(
-            "the state has no lineage and serial, and the stored state has lineage {stored_lineage:?} and serial {stored_serial}"
-        ));
-    };
-    if lineage != stored_lineage {
-        return refuse(format!(
-            "the state's lineage {lineage:?} differs from the stored state's {stored_lineage:?}"
-        ));
-    }
-    if serial < stored_serial {
-        return refuse(format!(
-            "the state's serial {serial} is older than the stored state's {stored_serial}"
-        ));
-    }
-    if serial == stored_serial {
-        // A retried POST sends the same bytes again: compared as storage
-        // streams them, never held twice.
-        if target
-            .storage
-            .holds(target.workspace, body)
-            .await
-            .map_err(|e| target.error(e))?
-        {
-            return Ok(true);
-        }
-        return refuse(format!(
-            "the state has serial {serial} like the stored state, but different content: another writer got there first"
-        ));
-    }
-    Ok(false)
 }
 
 /// Terraform sends `Content-MD5: base64(md5(body))` with every write; a

@@ -110,7 +110,7 @@ impl Runtime {
             max_instances: config.max_instances,
             cores,
             memory,
-            max_lift_bytes: config.max_body_bytes + LIFT_MARGIN_BYTES,
+            max_lift_bytes: config.max_stored_bytes() + LIFT_MARGIN_BYTES,
             cache_dir: config.cache_dir(),
             cache_key: cache::CacheKey::load_or_create(&config.data_dir.join("cache.key"))?,
             tasks: tokio_util::task::TaskTracker::new(),
@@ -123,10 +123,8 @@ impl Runtime {
                 + OUTER_GRACE,
             aws_http: crate::capabilities::aws::http_client(),
             git: Arc::new(
-                crate::capabilities::git::GitHost::new(config.data_dir.join("git")).with_limits(
-                    config.git_clone_max_bytes,
-                    (config.max_body_bytes + LIFT_MARGIN_BYTES) as u64,
-                ),
+                crate::capabilities::git::GitHost::new(config.data_dir.join("git"))
+                    .with_limits(config.git_clone_max_bytes, config.max_stored_bytes() as u64),
             ),
         })
     }
@@ -142,6 +140,13 @@ impl Runtime {
             );
         }
         let _ = tokio::time::timeout(self.longest_call, self.tasks.wait()).await;
+    }
+
+    /// The most bytes a guest may hand back as one state: what the host
+    /// may store ([`Config::max_stored_bytes`] when the server started).
+    /// Writes beyond it are refused, so every stored state reads back.
+    pub fn max_stored_bytes(&self) -> usize {
+        self.max_lift_bytes - LIFT_MARGIN_BYTES
     }
 
     /// The server-wide guest memory budget.

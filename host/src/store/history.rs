@@ -91,9 +91,14 @@ impl History {
         .map_err(io::Error::other)?
     }
 
-    /// The serial of the newest kept version of `workspace`, if any.
-    pub async fn newest_serial(&self, workspace: &str) -> Option<u64> {
-        self.list(workspace).await.ok()?.first()?.serial
+    /// The lineage and serial of the newest kept version of `workspace`
+    /// (read from its clear fields, sealed or not), if it has a serial.
+    pub async fn newest_version(&self, workspace: &str) -> Option<(Option<String>, u64)> {
+        let newest = self.list(workspace).await.ok()?.into_iter().next()?;
+        newest.serial?;
+        let stored = self.read(workspace, &newest.id).await.ok()??;
+        let header = super::envelope::StateHeader::of(&stored);
+        Some((header.lineage, header.serial?))
     }
 
     /// The stored bytes of version `id`, `None` when it is not kept (or the

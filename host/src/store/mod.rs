@@ -8,13 +8,14 @@
 
 pub mod envelope;
 pub mod history;
+pub mod rollback;
 
 use crate::backend::{LockInfo, Storage, StorageError, StorageResult, Version};
 use bytes::Bytes;
 use envelope::{EncryptionKey, Place, Sealer, StateHeader};
 use history::History;
-use std::collections::HashMap;
-use std::sync::Mutex;
+use rollback::{ReadStart, RollbackMarks};
+use std::sync::Arc;
 
 /// A backend's storage with the host's encryption and history around it.
 pub struct Store<S> {
@@ -22,29 +23,38 @@ pub struct Store<S> {
     backend: String,
     sealer: Option<Sealer>,
     history: Option<History>,
-    /// With encryption on: the newest serial of each workspace this host has
+    /// With encryption on: the newest state of each workspace this host has
     /// written or read, so storage handing back an older envelope (a
-    /// rollback, which the seal alone cannot tell) is caught.
-    newest: Mutex<HashMap<String, u64>>,
+    /// rollback, which the seal alone cannot tell) is caught. Kept by the
+    /// server across reloads.
+    marks: Arc<RollbackMarks>,
+    /// The most bytes storage may be handed for one state: what a read
+    /// may bring back.
+    max_stored_bytes: usize,
 }
 
 impl<S: Storage> Store<S> {
     /// Wrap `inner`, the storage of `backend`. With `keys`, states are
     /// sealed with the first (`accept_plain`: also read states stored
     /// before encryption); with a `history`, every write is kept there too.
+    /// `marks` outlive the store (a reload builds a new one). Nothing
+    /// larger than `max_stored_bytes` is handed to storage.
     pub fn new(
         inner: S,
         backend: &str,
         keys: Vec<EncryptionKey>,
         accept_plain: bool,
         history: Option<History>,
+        marks: Arc<RollbackMarks>,
+        max_stored_bytes: usize,
     ) -> Self {
         Store {
+            max_stored_bytes,
             sealer: Sealer::new(keys, accept_plain),
             inner,
             backend: backend.to_string(),
             history,
-            newest: Mutex::new(HashMap::new()),
+            marks,
         }
     }
 
@@ -60,10 +70,6 @@ impl<S: Storage> Store<S> {
         }
     }
 
-    fn newest(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
-        self.newest.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Open what storage returned for `workspace`. Without keys a plain
     /// state passes and a sealed one says which key it needs, instead of
     /// reaching Terraform as ciphertext.
@@ -74,34 +80,45 @@ impl<S: Storage> Store<S> {
         }
     }
 
+    /// Before reading `workspace` under encryption: a workspace this host
+    /// has not seen yet starts from the newest version its history kept
+    /// (after a restart), then the read's start is noted.
+    async fn read_start(&self, workspace: &str) -> Option<ReadStart> {
+        self.sealer.as_ref()?;
+        if !self.marks.knows(workspace)
+            && let Some(history) = &self.history
+            && let Some((lineage, serial)) = history.newest_version(workspace).await
+        {
+            self.marks.wrote(workspace, lineage.as_deref(), serial);
+        }
+        Some(self.marks.read_start())
+    }
+
     /// Open what storage returned as the current state of `workspace`,
-    /// refusing an envelope older than one already seen here.
-    async fn open_current(&self, workspace: &str, stored: Vec<u8>) -> StorageResult<Vec<u8>> {
+    /// refusing an envelope older than one of its lineage seen here before
+    /// the read began (`start`).
+    fn open_current(
+        &self,
+        workspace: &str,
+        stored: Vec<u8>,
+        start: Option<ReadStart>,
+    ) -> StorageResult<Vec<u8>> {
         let (state, header) = self
             .open(workspace, stored)
             .map_err(|e| StorageError::Encryption(format!("state of {workspace:?}: {e}")))?;
-        if self.sealer.is_none() {
-            return Ok(state);
-        }
-        let Some(serial) = header.serial else {
+        let (Some(start), Some(serial)) = (start, header.serial) else {
             return Ok(state);
         };
-        let known = self.newest().get(workspace).copied();
-        let known = match (known, &self.history) {
-            (Some(known), _) => Some(known),
-            (None, Some(history)) => history.newest_serial(workspace).await,
-            (None, None) => None,
-        };
-        if let Some(known) = known
-            && serial < known
-        {
-            return Err(StorageError::Encryption(format!(
-                "state of {workspace:?}: storage returned serial {serial}, older than serial {known} \
-                 written or read here before; refused as a rollback (restore a version on purpose \
-                 with `wasmstate state restore`)"
-            )));
-        }
-        self.newest().insert(workspace.to_string(), serial);
+        self.marks
+            .read(workspace, header.lineage.as_deref(), serial, start)
+            .map_err(|seen| {
+                StorageError::Encryption(format!(
+                    "state of {workspace:?}: storage returned serial {serial}, older than serial {} \
+                     of the same lineage written or read here before; refused as a rollback \
+                     (restore a version on purpose with `wasmstate state restore`)",
+                    seen.newest
+                ))
+            })?;
         Ok(state)
     }
 }
@@ -123,8 +140,9 @@ impl<S: Storage> Storage for Store<S> {
     }
 
     async fn read(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
+        let start = self.read_start(workspace).await;
         match self.inner.read(workspace).await? {
-            Some(stored) => self.open_current(workspace, stored).await.map(Some),
+            Some(stored) => self.open_current(workspace, stored, start).map(Some),
             None => Ok(None),
         }
     }
@@ -167,12 +185,23 @@ impl<S: Storage> Storage for Store<S> {
                 .into(),
             None => state,
         };
+        if stored.len() > self.max_stored_bytes {
+            // Stored, it could never be read back: the workspace would be
+            // stuck until the operator raised the limit.
+            return Err(StorageError::TooLarge(format!(
+                "the state is {} bytes as stored (sealed), more than the {} this server reads back \
+                 (raise max_body_mib, which sizes both)",
+                stored.len(),
+                self.max_stored_bytes
+            )));
+        }
         let kept = self.history.as_ref().map(|_| stored.clone());
         self.inner.write(workspace, stored, lock_id).await?;
         if self.sealer.is_some()
             && let Some(serial) = header.serial
         {
-            self.newest().insert(workspace.to_string(), serial);
+            self.marks
+                .wrote(workspace, header.lineage.as_deref(), serial);
         }
         if let (Some(history), Some(kept)) = (&self.history, kept)
             && let Err(e) = history.record(workspace, kept, header.serial).await
@@ -187,7 +216,7 @@ impl<S: Storage> Storage for Store<S> {
     async fn delete(&self, workspace: &str, lock_id: Option<&str>) -> StorageResult<()> {
         self.inner.delete(workspace, lock_id).await?;
         // A new state may start its serials afresh.
-        self.newest().remove(workspace);
+        self.marks.forget(workspace);
         Ok(())
     }
 
@@ -216,7 +245,9 @@ impl<S: Storage> Storage for Store<S> {
     }
 
     async fn delete_workspace(&self, name: &str) -> StorageResult<()> {
-        self.inner.delete_workspace(name).await
+        self.inner.delete_workspace(name).await?;
+        self.marks.forget(name);
+        Ok(())
     }
 
     /// The guest's own history when its storage keeps one (git commits…),

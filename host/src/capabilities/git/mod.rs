@@ -426,13 +426,7 @@ impl RepoHandle<'_> {
             .odb()
             .and_then(|odb| odb.read_header(entry.id()))
             .or_internal(self, "cannot read a blob")?;
-        if size as u64 > self.max_file_bytes() {
-            return Err(GitError::InvalidInput(format!(
-                "{path} is {} MiB in {commit}, more than the {} MiB the host reads for a guest",
-                size >> 20,
-                self.max_file_bytes() >> 20
-            )));
-        }
+        self.check_file_size(path, size as u64, &format!("in {commit}"))?;
         let blob = repo
             .find_blob(entry.id())
             .or_internal(self, "cannot read a blob")?;
@@ -485,6 +479,13 @@ impl RepoHandle<'_> {
             return Err(GitError::InvalidInput(
                 "the commit message contains a NUL byte; remove it".into(),
             ));
+        }
+        // What read_file would refuse must not be committed: the file could
+        // never be read back through the host.
+        for change in changes {
+            if let Some(content) = &change.content {
+                self.check_file_size(&change.path, content.len() as u64, "in this commit")?;
+            }
         }
         let edits: BTreeMap<&str, Option<&[u8]>> = changes
             .iter()

@@ -238,9 +238,24 @@ impl RepoHandle<'_> {
         })
     }
 
-    /// The largest file the host reads into memory for a guest.
-    pub(super) fn max_file_bytes(&self) -> u64 {
-        self.host.max_file_bytes
+    /// Refuse a file of `size` bytes at `path` larger than the host reads
+    /// into memory for a guest: never read, and never committed (it could
+    /// not be read back). `what` says where it was met.
+    pub(super) fn check_file_size(
+        &self,
+        path: &str,
+        size: u64,
+        what: &str,
+    ) -> Result<(), GitError> {
+        let max = self.host.max_file_bytes;
+        if size <= max {
+            return Ok(());
+        }
+        Err(GitError::InvalidInput(format!(
+            "{path} is {} MiB {what}, more than the {} MiB the host reads for a guest",
+            size >> 20,
+            max >> 20
+        )))
     }
 
     pub(super) fn find_commit<'r>(

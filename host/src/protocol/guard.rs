@@ -1,0 +1,148 @@
+//! The stale-write guard and the write it allows, as one step.
+//!
+//! On one host the workspace's gate makes check and write one step. Across
+//! hosts the guest's own lock does: a write that came without a lock
+//! (`-lock=false`, a script) runs under a lock the host takes for it, so
+//! two unlocked writers on two replicas cannot both pass the guard on the
+//! same stored state. Writes under a client's lock need nothing more: the
+//! guest refuses them unless that lock still holds.
+
+use super::error::ApiError;
+use super::{App, Target};
+use crate::backend::{Storage, StorageError};
+use crate::statefile;
+use axum::body::Bytes;
+use axum::http::StatusCode;
+
+/// Write `body` as the state of `target` unless the stale-write guard
+/// refuses it (409), or it is already stored (a retried POST: nothing to
+/// do). The caller holds the workspace's gate. `lock_id`: the client's
+/// lock; without one, the host takes the lock for the write (423 while
+/// another holds it, as the guest would answer).
+pub(crate) async fn write_unless_stale<S: Storage>(
+    app: &App<S>,
+    target: &Target<'_, S>,
+    lock_id: Option<&str>,
+    body: Bytes,
+) -> Result<(), ApiError> {
+    let incoming = statefile::read(&body)
+        .map_err(|e| ApiError::bad_request(format!("{e}; nothing was written")))?;
+    if app.allow_force_push.allows(target.backend) {
+        // The guard is off: nothing to make one step with the write.
+        return write(target, body, lock_id).await;
+    }
+    if let Some(id) = lock_id {
+        return guarded_write(target, &incoming, body, id).await;
+    }
+    let own = crate::backend::own_lock(
+        "wasmstate-unlocked-write",
+        "a write sent without a lock (-lock=false), locked by the server for its duration".into(),
+        "wasmstate".into(),
+    );
+    target
+        .storage
+        .lock(target.workspace, own.clone())
+        .await
+        .map_err(|e| target.error(e))?;
+    let written = guarded_write(target, &incoming, body, &own.id).await;
+    let unlocked = target.storage.unlock(target.workspace, &own.id).await;
+    written?;
+    if let Err(e) = unlocked {
+        // The state is written; the lock stays until force-unlocked.
+        tracing::error!(
+            backend = target.backend,
+            workspace = target.workspace,
+            error = %e,
+            "state written, but the lock taken for this unlocked write was not released; force-unlock it"
+        );
+    }
+    Ok(())
+}
+
+async fn guarded_write<S: Storage>(
+    target: &Target<'_, S>,
+    incoming: &statefile::Header,
+    body: Bytes,
+    lock_id: &str,
+) -> Result<(), ApiError> {
+    if guard_stale_write(target, incoming, &body).await? {
+        return Ok(());
+    }
+    write(target, body, Some(lock_id)).await
+}
+
+async fn write<S: Storage>(
+    target: &Target<'_, S>,
+    body: Bytes,
+    lock_id: Option<&str>,
+) -> Result<(), ApiError> {
+    target
+        .storage
+        .write(target.workspace, body, lock_id)
+        .await
+        .map_err(|e: StorageError| target.error(e))
+}
+
+/// Refuse a write that would replace the stored state with an unrelated
+/// (other lineage) or older (lower serial) one, as `terraform state push`
+/// does without `-force`. `Ok(true)`: the same serial with the same bytes
+/// is already stored, so there is nothing to write (a retried POST).
+///
+/// OpenTofu's encrypted states carry `serial` and `lineage` in the clear
+/// and are judged like plain ones, so moving between plain and encrypted
+/// (OpenTofu's fallback migration: same lineage, next serial) passes. A
+/// body without both (a state that never had them, or an envelope from
+/// OpenTofu 1.7.0-alpha1) is accepted only where the stored state has
+/// neither: it must not replace a state whose history it cannot show.
+async fn guard_stale_write<S: Storage>(
+    target: &Target<'_, S>,
+    incoming: &statefile::Header,
+    body: &Bytes,
+) -> Result<bool, ApiError> {
+    let stored_version = crate::backend::stored_version(target.storage, target.workspace)
+        .await
+        .map_err(|e| target.error(e))?;
+    let Some((stored_lineage, stored_serial)) = stored_version else {
+        return Ok(false);
+    };
+    let refuse = |why: String| {
+        Err(ApiError::Message(
+            StatusCode::CONFLICT,
+            format!(
+                "{why}; nothing was written (`terraform state push -force` needs allow_force_push = true on backend {:?})",
+                target.backend
+            ),
+        ))
+    };
+    let Some((lineage, serial)) = incoming.version() else {
+        return refuse(format!(
+            "the state has no lineage and serial, and the stored state has lineage {stored_lineage:?} and serial {stored_serial}"
+        ));
+    };
+    if lineage != stored_lineage {
+        return refuse(format!(
+            "the state's lineage {lineage:?} differs from the stored state's {stored_lineage:?}"
+        ));
+    }
+    if serial < stored_serial {
+        return refuse(format!(
+            "the state's serial {serial} is older than the stored state's {stored_serial}"
+        ));
+    }
+    if serial == stored_serial {
+        // A retried POST sends the same bytes again: compared as storage
+        // streams them, never held twice.
+        if target
+            .storage
+            .holds(target.workspace, body)
+            .await
+            .map_err(|e| target.error(e))?
+        {
+            return Ok(true);
+        }
+        return refuse(format!(
+            "the state has serial {serial} like the stored state, but different content: another writer got there first"
+        ));
+    }
+    Ok(false)
+}

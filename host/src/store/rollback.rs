@@ -1,0 +1,198 @@
+//! With encryption on, the seal proves a state is ours but not that it is
+//! the newest: storage could hand back an older envelope. [`RollbackMarks`]
+//! remember, per workspace, the newest `(lineage, serial)` this host wrote
+//! or read, and refuse an older serial of the same lineage.
+//!
+//! What the marks must never do is refuse a legitimate state:
+//! - a new lineage (`terraform workspace delete` + `new`, a state deleted
+//!   and started again) replaces the mark instead of comparing with it;
+//! - a read that raced a write on this host may return the state the write
+//!   replaced: the mark it is compared with is one set before the read
+//!   began, so it is not a rollback;
+//! - marks only rise within a lineage (a late update never lowers one);
+//! - they are kept per backend across reloads (a SIGHUP does not forget).
+//!
+//! They are per host: another replica's writes are seen as they are read.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The newest state seen of each workspace of one backend.
+#[derive(Debug, Default)]
+pub struct RollbackMarks {
+    marks: Mutex<HashMap<String, Mark>>,
+    /// Counts mark updates: a read notes it before asking storage, so a
+    /// mark set later is known to be newer than the read.
+    clock: AtomicU64,
+}
+
+#[derive(Debug, Clone)]
+struct Mark {
+    lineage: Option<String>,
+    serial: u64,
+    set_at: u64,
+    /// The state was deleted here: whatever comes next starts over, and
+    /// older records (the host's history) are not consulted.
+    deleted: bool,
+}
+
+/// When a read began, in [`RollbackMarks`]' clock.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadStart(u64);
+
+/// A newest state already seen, for a refusal's message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rollback {
+    /// The serial seen before.
+    pub newest: u64,
+}
+
+impl RollbackMarks {
+    fn marks(&self) -> std::sync::MutexGuard<'_, HashMap<String, Mark>> {
+        self.marks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Note the time before a read asks storage.
+    pub fn read_start(&self) -> ReadStart {
+        ReadStart(self.clock.load(Ordering::Acquire))
+    }
+
+    /// Whether this host has seen `workspace` (a state, or its deletion).
+    pub fn knows(&self, workspace: &str) -> bool {
+        self.marks().contains_key(workspace)
+    }
+
+    /// Judge a state read (begun at `start`) of `workspace` with `lineage`
+    /// and `serial`: `Err` when it is older than a state of the same
+    /// lineage seen before the read began. Otherwise it becomes the mark
+    /// when it is newer.
+    pub fn read(
+        &self,
+        workspace: &str,
+        lineage: Option<&str>,
+        serial: u64,
+        start: ReadStart,
+    ) -> Result<(), Rollback> {
+        let mut marks = self.marks();
+        if let Some(mark) = marks.get(workspace)
+            && !mark.deleted
+            && mark.lineage.as_deref() == lineage
+            && serial < mark.serial
+        {
+            if mark.set_at <= start.0 {
+                return Err(Rollback {
+                    newest: mark.serial,
+                });
+            }
+            // Set by a write that finished after this read began: the
+            // read saw the state that write replaced.
+            return Ok(());
+        }
+        self.raise(&mut marks, workspace, lineage, serial);
+        Ok(())
+    }
+
+    /// Record a state this host wrote (or a version kept elsewhere that
+    /// stands in for one): the mark rises to it, or a new lineage replaces it.
+    pub fn wrote(&self, workspace: &str, lineage: Option<&str>, serial: u64) {
+        let mut marks = self.marks();
+        self.raise(&mut marks, workspace, lineage, serial);
+    }
+
+    fn raise(
+        &self,
+        marks: &mut HashMap<String, Mark>,
+        workspace: &str,
+        lineage: Option<&str>,
+        serial: u64,
+    ) {
+        if let Some(mark) = marks.get(workspace)
+            && !mark.deleted
+            && mark.lineage.as_deref() == lineage
+            && mark.serial >= serial
+        {
+            return;
+        }
+        let set_at = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
+        marks.insert(
+            workspace.to_string(),
+            Mark {
+                lineage: lineage.map(str::to_string),
+                serial,
+                set_at,
+                deleted: false,
+            },
+        );
+    }
+
+    /// Forget `workspace`'s states: it was deleted, a new one may start
+    /// over (with any lineage and serial).
+    pub fn forget(&self, workspace: &str) {
+        let set_at = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
+        self.marks().insert(
+            workspace.to_string(),
+            Mark {
+                lineage: None,
+                serial: 0,
+                set_at,
+                deleted: true,
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_serial_of_the_same_lineage_is_refused() {
+        let marks = RollbackMarks::default();
+        marks.wrote("w", Some("a"), 5);
+        let start = marks.read_start();
+        assert_eq!(
+            marks.read("w", Some("a"), 4, start),
+            Err(Rollback { newest: 5 })
+        );
+        assert_eq!(marks.read("w", Some("a"), 5, start), Ok(()));
+        assert_eq!(marks.read("w", Some("a"), 6, start), Ok(()));
+        assert!(marks.read("w", Some("a"), 5, marks.read_start()).is_err());
+    }
+
+    #[test]
+    fn a_new_lineage_starts_over() {
+        let marks = RollbackMarks::default();
+        marks.wrote("w", Some("a"), 40);
+        // workspace delete + new on another replica: lineage b, serial 1.
+        assert_eq!(marks.read("w", Some("b"), 1, marks.read_start()), Ok(()));
+        assert!(marks.read("w", Some("b"), 0, marks.read_start()).is_err());
+        marks.forget("w");
+        assert!(
+            marks.knows("w"),
+            "a deleted workspace does not go back to the history"
+        );
+        assert_eq!(marks.read("w", Some("b"), 0, marks.read_start()), Ok(()));
+        assert!(marks.read("w", Some("b"), 0, marks.read_start()).is_ok());
+    }
+
+    #[test]
+    fn a_read_racing_a_write_is_not_a_rollback() {
+        let marks = RollbackMarks::default();
+        marks.wrote("w", Some("a"), 5);
+        let start = marks.read_start();
+        // A write of serial 6 finishes while the read (of 5) is under way.
+        marks.wrote("w", Some("a"), 6);
+        assert_eq!(marks.read("w", Some("a"), 5, start), Ok(()));
+        // And the late read does not lower the mark.
+        assert!(marks.read("w", Some("a"), 5, marks.read_start()).is_err());
+    }
+
+    #[test]
+    fn marks_only_rise() {
+        let marks = RollbackMarks::default();
+        marks.wrote("w", Some("a"), 9);
+        marks.wrote("w", Some("a"), 3);
+        assert!(marks.read("w", Some("a"), 8, marks.read_start()).is_err());
+    }
+}

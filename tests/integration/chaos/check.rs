@@ -1,0 +1,427 @@
+//! The promise, checked over a recorded history. Each rule names what it
+//! would take to break it; an operation with no answer may or may not have
+//! taken effect, and every rule allows both. The rules only ever compare
+//! operations whose real-time order is certain (one ended before the
+//! other began), so a report is a real violation, never a race of the
+//! checker's own.
+
+use super::history::{Event, Op, Outcome, Seen};
+use std::collections::{BTreeMap, HashSet};
+
+/// One violation, with the events that show it.
+#[derive(Debug)]
+pub struct Anomaly {
+    /// What was broken, in one line.
+    pub what: String,
+    /// The events involved, as indexes into the history.
+    pub events: Vec<usize>,
+}
+
+/// Every violation in `events` (a whole run's history).
+pub fn check(events: &[Event]) -> Vec<Anomaly> {
+    let mut anomalies = Vec::new();
+    let mut by_workspace: BTreeMap<&str, Vec<&Event>> = BTreeMap::new();
+    for event in events {
+        by_workspace
+            .entry(&event.workspace)
+            .or_default()
+            .push(event);
+    }
+    for events in by_workspace.values() {
+        torn_or_unknown_states(events, &mut anomalies);
+        older_states(events, &mut anomalies);
+        lost_writes(events, &mut anomalies);
+        double_locks(events, &mut anomalies);
+    }
+    anomalies
+}
+
+fn seen(event: &Event) -> Option<&Seen> {
+    match (&event.op, &event.outcome) {
+        (Op::Get, Outcome::Answered(200, Some(seen))) => Some(seen),
+        _ => None,
+    }
+}
+
+/// A delete of the workspace that may have taken effect after `after` did
+/// and before `before` did: what came before it may be gone.
+fn deleted_between(events: &[&Event], after: &Event, before: &Event) -> bool {
+    events.iter().any(|d| {
+        d.op == Op::DeleteWorkspace
+            && d.outcome.may_have_applied()
+            && d.end > after.start
+            && d.start < before.end
+    })
+}
+
+/// Writes under a lock that a force-unlock may have broken while they ran
+/// (the force-unlock ended after the lock was granted and began before the
+/// write was answered). A force-unlock hands the state to someone else
+/// while its holder may still be writing, as it does with Terraform's own
+/// backends: such a write may land after a newer one, and a newer one may
+/// land over it. The promise is kept for every other write.
+fn overridden<'a>(events: &[&'a Event]) -> HashSet<usize> {
+    let forced: Vec<&Event> = events
+        .iter()
+        .copied()
+        .filter(|e| e.op == Op::ForceUnlock && e.outcome.may_have_applied())
+        .collect();
+    let granted = |id: &str| {
+        events
+            .iter()
+            .find(|e| matches!(&e.op, Op::Lock(l) if l == id) && e.outcome.is(200))
+            .map(|e| e.start)
+    };
+    events
+        .iter()
+        .filter_map(|post| {
+            let Op::Post(w) = &post.op else { return None };
+            let since = granted(w.lock_id.as_deref()?)?;
+            forced
+                .iter()
+                .any(|f| f.end > since && f.start < post.end)
+                .then_some(post.index)
+        })
+        .collect()
+}
+
+fn digest_of<'a>(events: &[&'a Event], indexes: &HashSet<usize>) -> HashSet<&'a str> {
+    events
+        .iter()
+        .filter(|e| indexes.contains(&e.index))
+        .filter_map(|e| match &e.op {
+            Op::Post(w) => Some(w.digest.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// (d) Every state a GET returns is one a client sent whole; a body cut
+/// short by its client never is.
+fn torn_or_unknown_states(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
+    let whole: HashSet<&str> = events
+        .iter()
+        .filter_map(|e| match &e.op {
+            Op::Post(w) => Some(w.digest.as_str()),
+            _ => None,
+        })
+        .collect();
+    for get in events {
+        let Some(seen) = seen(get) else { continue };
+        if !whole.contains(seen.digest.as_str()) {
+            let partial = events
+                .iter()
+                .find(|e| matches!(&e.op, Op::PartialPost(w) if w.digest == seen.digest));
+            let what = match partial {
+                Some(_) => "a GET returned a state whose body its client never finished sending",
+                None => "a GET returned a state no client wrote (torn or invented)",
+            };
+            anomalies.push(Anomaly {
+                what: what.into(),
+                events: std::iter::once(get.index)
+                    .chain(partial.map(|p| p.index))
+                    .collect(),
+            });
+        }
+    }
+}
+
+/// (b) No older state comes back: a GET never returns a lower serial of a
+/// lineage than a write acknowledged, or a read answered, before it began
+/// (unless the workspace was deleted in between).
+fn older_states(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
+    let overridden = overridden(events);
+    let forced_states = digest_of(events, &overridden);
+    for get in events {
+        let Some(now) = seen(get) else { continue };
+        if forced_states.contains(now.digest.as_str()) {
+            continue;
+        }
+        for before in events
+            .iter()
+            .filter(|e| e.end < get.start && !overridden.contains(&e.index))
+        {
+            let (lineage, serial) = match (&before.op, &before.outcome) {
+                (Op::Post(w), outcome) if outcome.is(200) => (&w.lineage, w.serial),
+                _ => match seen(before) {
+                    Some(s) => (&s.lineage, s.serial),
+                    None => continue,
+                },
+            };
+            if *lineage == now.lineage
+                && serial > now.serial
+                && !deleted_between(events, before, get)
+            {
+                anomalies.push(Anomaly {
+                    what: format!(
+                        "an older state came back: serial {} of {lineage} after serial {serial} was {}",
+                        now.serial,
+                        if matches!(before.op, Op::Post(_)) { "acknowledged" } else { "read" }
+                    ),
+                    events: vec![before.index, get.index],
+                });
+            }
+        }
+    }
+}
+
+/// (a) No acknowledged write is lost: a GET that begins after a POST was
+/// answered 200 returns that state, or a later one of its lineage; never
+/// nothing, another state of the same serial, or another lineage (unless
+/// the workspace was deleted in between).
+fn lost_writes(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
+    let overridden = overridden(events);
+    let forced_states = digest_of(events, &overridden);
+    for post in events {
+        let (Op::Post(written), true) = (&post.op, post.outcome.is(200)) else {
+            continue;
+        };
+        if overridden.contains(&post.index) {
+            continue;
+        }
+        for get in events
+            .iter()
+            .filter(|g| g.op == Op::Get && g.start > post.end)
+        {
+            if deleted_between(events, post, get) {
+                continue;
+            }
+            let what = match &get.outcome {
+                Outcome::Answered(404, _) => "an acknowledged write is gone: GET answered 404",
+                Outcome::Answered(200, Some(now))
+                    if now.digest == written.digest
+                        || forced_states.contains(now.digest.as_str()) =>
+                {
+                    continue;
+                }
+                Outcome::Answered(200, Some(now)) if now.lineage != written.lineage => {
+                    "an acknowledged write was replaced by another lineage"
+                }
+                Outcome::Answered(200, Some(now)) if now.serial == written.serial => {
+                    "an acknowledged write was replaced by another state of the same serial"
+                }
+                // Older serials: reported by `older_states`; newer: fine.
+                _ => continue,
+            };
+            anomalies.push(Anomaly {
+                what: what.into(),
+                events: vec![post.index, get.index],
+            });
+        }
+    }
+}
+
+/// (c) Never two lock holders at once. A holder surely holds the lock from
+/// its LOCK's answer to its UNLOCK's start, or to the start of the first
+/// force-unlock or workspace delete that may have applied after the grant;
+/// two such spans must not overlap.
+fn double_locks(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
+    let mut spans: Vec<(u64, u64, usize)> = Vec::new();
+    for lock in events {
+        let (Op::Lock(id), true) = (&lock.op, lock.outcome.is(200)) else {
+            continue;
+        };
+        // Anything that may have released it after it was granted (its
+        // effect can follow the grant's) ends the span, at the earliest
+        // when it began.
+        let released = events
+            .iter()
+            .filter(|e| e.end > lock.start)
+            .filter(|e| match &e.op {
+                Op::Unlock(other) => other == id,
+                Op::ForceUnlock | Op::DeleteWorkspace => e.outcome.may_have_applied(),
+                _ => false,
+            })
+            .map(|e| e.start.max(lock.end))
+            .min()
+            .unwrap_or(u64::MAX);
+        if released > lock.end {
+            spans.push((lock.end, released, lock.index));
+        }
+    }
+    spans.sort();
+    for (i, &(_, end, index)) in spans.iter().enumerate() {
+        for &(other_start, _, other) in &spans[i + 1..] {
+            // Sorted by start: every later span that begins before this
+            // one ends overlaps it.
+            if other_start >= end {
+                break;
+            }
+            anomalies.push(Anomaly {
+                what: "the lock was granted to two holders at once".into(),
+                events: vec![index, other],
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Each rule fails on a history that breaks it, and passes the same
+    //! history with the break taken out.
+
+    use super::super::history::Written;
+    use super::*;
+
+    fn event(index: usize, start: u64, end: u64, op: Op, outcome: Outcome) -> Event {
+        Event {
+            index,
+            client: index,
+            host: 0,
+            workspace: "w".into(),
+            op,
+            start,
+            end,
+            outcome,
+        }
+    }
+
+    fn post(serial: u64, digest: &str) -> Op {
+        Op::Post(Written {
+            lineage: "l".into(),
+            serial,
+            digest: digest.into(),
+            lock_id: None,
+        })
+    }
+
+    fn got(serial: u64, digest: &str) -> Outcome {
+        Outcome::Answered(
+            200,
+            Some(Seen {
+                lineage: "l".into(),
+                serial,
+                digest: digest.into(),
+            }),
+        )
+    }
+
+    const OK: Outcome = Outcome::Answered(200, None);
+
+    #[test]
+    fn two_writes_of_one_serial_both_acknowledged_is_a_lost_write() {
+        let history = [
+            event(0, 0, 10, post(2, "a"), OK),
+            event(1, 5, 15, post(2, "b"), OK),
+            event(2, 20, 30, Op::Get, got(2, "b")),
+        ];
+        let found = check(&history);
+        assert!(
+            found.iter().any(|a| a.what.contains("same serial")),
+            "{found:?}"
+        );
+        let guarded = [
+            event(0, 0, 10, post(2, "a"), OK),
+            event(1, 5, 15, post(2, "b"), Outcome::Answered(409, None)),
+            event(2, 20, 30, Op::Get, got(2, "a")),
+        ];
+        assert!(check(&guarded).is_empty());
+    }
+
+    #[test]
+    fn an_older_serial_after_a_newer_one_is_caught_unless_deleted() {
+        let history = [
+            event(0, 0, 10, post(1, "a"), OK),
+            event(1, 11, 20, post(2, "b"), OK),
+            event(2, 30, 40, Op::Get, got(1, "a")),
+        ];
+        let found = check(&history);
+        assert!(
+            found.iter().any(|a| a.what.contains("older state")),
+            "{found:?}"
+        );
+        let deleted = [
+            event(0, 0, 10, post(1, "a"), OK),
+            event(1, 11, 20, post(2, "b"), OK),
+            event(2, 21, 22, Op::DeleteWorkspace, OK),
+            event(3, 23, 24, post(1, "a"), OK),
+            event(4, 30, 40, Op::Get, got(1, "a")),
+        ];
+        assert!(check(&deleted).is_empty(), "{:?}", check(&deleted));
+    }
+
+    #[test]
+    fn an_unanswered_write_may_or_may_not_show() {
+        let history = [
+            event(0, 0, 10, post(1, "a"), OK),
+            event(1, 11, 20, post(2, "b"), Outcome::Unknown("killed".into())),
+            event(2, 30, 40, Op::Get, got(2, "b")),
+            event(3, 41, 50, Op::Get, got(2, "b")),
+        ];
+        assert!(check(&history).is_empty());
+        let lost = [
+            event(0, 0, 10, post(1, "a"), OK),
+            event(1, 30, 40, Op::Get, Outcome::Answered(404, None)),
+        ];
+        assert!(check(&lost)[0].what.contains("gone"));
+    }
+
+    #[test]
+    fn a_write_whose_lock_was_forced_open_may_land_either_way() {
+        let locked = |serial, digest: &str| {
+            Op::Post(Written {
+                lineage: "l".into(),
+                serial,
+                digest: digest.into(),
+                lock_id: Some("a".into()),
+            })
+        };
+        let raced = |force_end| {
+            [
+                event(0, 0, 5, Op::Lock("a".into()), OK),
+                event(1, 6, 7, Op::ForceUnlock, OK),
+                event(2, 6, force_end, locked(2, "a"), OK),
+                event(3, 8, 12, post(2, "b"), OK),
+                event(4, 20, 30, Op::Get, got(2, "b")),
+            ]
+        };
+        // The force-unlock came while the holder was writing: not a loss.
+        assert!(check(&raced(10)).is_empty(), "{:?}", check(&raced(10)));
+        let clean = [
+            event(0, 0, 5, Op::Lock("a".into()), OK),
+            event(2, 6, 7, locked(2, "a"), OK),
+            event(3, 8, 12, post(2, "b"), OK),
+            event(4, 20, 30, Op::Get, got(2, "b")),
+        ];
+        assert!(!check(&clean).is_empty());
+    }
+
+    #[test]
+    fn a_state_nobody_finished_sending_is_torn() {
+        let partial = Op::PartialPost(Written {
+            lineage: "l".into(),
+            serial: 2,
+            digest: "half".into(),
+            lock_id: None,
+        });
+        let history = [
+            event(0, 0, 10, partial, Outcome::Unknown("client hung up".into())),
+            event(1, 20, 30, Op::Get, got(2, "half")),
+        ];
+        assert!(check(&history)[0].what.contains("never finished"));
+    }
+
+    #[test]
+    fn overlapping_holders_are_caught_and_force_unlock_ends_a_hold() {
+        let lock = |id: &str| Op::Lock(id.into());
+        let history = [
+            event(0, 0, 10, lock("a"), OK),
+            event(1, 5, 15, lock("b"), OK),
+            event(2, 20, 30, Op::Unlock("a".into()), OK),
+        ];
+        assert!(check(&history)[0].what.contains("two holders"));
+        let forced = [
+            event(0, 0, 10, lock("a"), OK),
+            event(1, 11, 12, Op::ForceUnlock, OK),
+            event(2, 13, 15, lock("b"), OK),
+            event(
+                3,
+                20,
+                30,
+                Op::Unlock("a".into()),
+                Outcome::Answered(409, None),
+            ),
+        ];
+        assert!(check(&forced).is_empty());
+    }
+}

@@ -1,0 +1,332 @@
+//! Terraform-like clients: each picks a workspace and a host at random for
+//! every step (replicas behind a load balancer), and records every step.
+
+use super::history::{Op, Outcome, Recorder, Seen, Written};
+use sha2::{Digest, Sha256};
+use std::io::Write;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+/// A small seeded generator (splitmix64): the same seed makes the same
+/// choices, so a failing run's schedule replays.
+#[derive(Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded with `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// The hosts being served right now: `None` while one is down.
+#[derive(Default)]
+pub struct Hosts(RwLock<Vec<Option<String>>>);
+
+impl Hosts {
+    /// `count` hosts, none up yet.
+    pub fn new(count: usize) -> Hosts {
+        Hosts(RwLock::new(vec![None; count]))
+    }
+
+    /// Host `i` is at `url` (`None`: down).
+    pub fn set(&self, i: usize, url: Option<String>) {
+        self.0.write().unwrap()[i] = url;
+    }
+
+    /// A host that is up, at random: (index, base URL).
+    fn pick(&self, rng: &mut Rng) -> (usize, String) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let hosts = self.0.read().unwrap().clone();
+            let up: Vec<(usize, String)> = hosts
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, url)| Some((i, url?)))
+                .collect();
+            if !up.is_empty() {
+                return up[rng.below(up.len())].clone();
+            }
+            assert!(Instant::now() < deadline, "no host came back within 120 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// sha256 of `bytes`, shortened for the report.
+pub fn digest(bytes: &[u8]) -> String {
+    hex::encode(&Sha256::digest(bytes)[..8])
+}
+
+/// What the checker needs of a state body.
+fn seen(body: &[u8]) -> Seen {
+    let value: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    Seen {
+        lineage: value["lineage"].as_str().unwrap_or_default().to_string(),
+        serial: value["serial"].as_u64().unwrap_or_default(),
+        digest: digest(body),
+    }
+}
+
+/// A state body unique to its writer: `pad` bytes of filler make some
+/// states cross the 64 KiB the stale-write guard reads first.
+pub fn state_body(lineage: &str, serial: u64, writer: &str, pad: usize) -> Vec<u8> {
+    format!(
+        r#"{{"version":4,"terraform_version":"1.11.4","serial":{serial},"lineage":"{lineage}","outputs":{{"writer":{{"type":"string","value":"{writer}"}},"pad":{{"type":"string","value":"{}"}}}},"resources":[]}}"#,
+        "x".repeat(pad)
+    )
+    .into_bytes()
+}
+
+/// One client: its own generator, the shared history and hosts.
+pub struct Client {
+    /// Its number in the history.
+    pub id: usize,
+    /// Its choices.
+    pub rng: Rng,
+    /// Where it records.
+    pub recorder: Arc<Recorder>,
+    /// Where it sends.
+    pub hosts: Arc<Hosts>,
+    /// The backend it writes.
+    pub backend: String,
+    /// The workspaces it picks from.
+    pub workspaces: Vec<String>,
+    http: reqwest::blocking::Client,
+    ops: u64,
+}
+
+impl Client {
+    /// Client `id` with `seed`.
+    pub fn new(
+        id: usize,
+        seed: u64,
+        recorder: Arc<Recorder>,
+        hosts: Arc<Hosts>,
+        backend: &str,
+        workspaces: Vec<String>,
+    ) -> Client {
+        Client {
+            id,
+            rng: Rng::new(seed),
+            recorder,
+            hosts,
+            backend: backend.into(),
+            workspaces,
+            http: reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+            ops: 0,
+        }
+    }
+
+    /// Act until `until`: mostly Terraform's lock → read → write → unlock,
+    /// with unlocked writers, plain reads, force-unlocks, workspace deletes
+    /// and bodies cut short mixed in.
+    pub fn run(&mut self, until: Instant) {
+        while Instant::now() < until {
+            let workspace = self.workspaces[self.rng.below(self.workspaces.len())].clone();
+            match self.rng.below(100) {
+                0..50 => self.locked_write(&workspace),
+                50..75 => self.unlocked_write(&workspace),
+                75..88 => {
+                    self.get(&workspace);
+                }
+                88..93 => self.force_unlock(&workspace),
+                93..96 => self.delete_workspace(&workspace),
+                _ => self.partial_post(&workspace),
+            }
+        }
+    }
+
+    fn next_name(&mut self) -> String {
+        self.ops += 1;
+        format!("c{}-{}", self.id, self.ops)
+    }
+
+    /// Terraform's apply: lock, read, write the next serial, unlock.
+    pub fn locked_write(&mut self, workspace: &str) {
+        let id = self.next_name();
+        let lock = self.send(
+            workspace,
+            Op::Lock(id.clone()),
+            "LOCK",
+            Some(lock_info(&id)),
+        );
+        if !lock.is(200) {
+            return;
+        }
+        if let Some(base) = self.get(workspace) {
+            self.post(workspace, &base, Some(&id));
+        }
+        self.send(
+            workspace,
+            Op::Unlock(id.clone()),
+            "UNLOCK",
+            Some(lock_info(&id)),
+        );
+    }
+
+    /// `terraform force-unlock`: UNLOCK without a body.
+    pub fn force_unlock(&mut self, workspace: &str) {
+        self.send(workspace, Op::ForceUnlock, "UNLOCK", None);
+    }
+
+    /// `-lock=false`: read, write the next serial.
+    fn unlocked_write(&mut self, workspace: &str) {
+        if let Some(base) = self.get(workspace) {
+            self.post(workspace, &base, None);
+        }
+    }
+
+    /// The state now, as (lineage, serial) to write on top of: a new
+    /// lineage when there is none. `None` when the read failed.
+    pub fn get(&mut self, workspace: &str) -> Option<(String, u64)> {
+        match self.send(workspace, Op::Get, "GET", None) {
+            Outcome::Answered(200, Some(seen)) => Some((seen.lineage, seen.serial)),
+            Outcome::Answered(404, _) => Some((format!("l-{}", self.next_name()), 0)),
+            _ => None,
+        }
+    }
+
+    fn written(
+        &mut self,
+        workspace: &str,
+        base: &(String, u64),
+        lock_id: Option<&str>,
+    ) -> (Written, Vec<u8>) {
+        let writer = format!("{}@{workspace}", self.next_name());
+        // Now and then a state past the 64 KiB the guard reads first.
+        let pad = if self.rng.below(8) == 0 {
+            70 << 10
+        } else {
+            self.rng.below(512)
+        };
+        let body = state_body(&base.0, base.1 + 1, &writer, pad);
+        let written = Written {
+            lineage: base.0.clone(),
+            serial: base.1 + 1,
+            digest: digest(&body),
+            lock_id: lock_id.map(str::to_string),
+        };
+        (written, body)
+    }
+
+    /// POST the next serial on top of `base`.
+    pub fn post(
+        &mut self,
+        workspace: &str,
+        base: &(String, u64),
+        lock_id: Option<&str>,
+    ) -> Outcome {
+        let (written, body) = self.written(workspace, base, lock_id);
+        let query = lock_id.map(|id| format!("?ID={id}")).unwrap_or_default();
+        self.send_to(workspace, Op::Post(written), "POST", &query, Some(body))
+    }
+
+    fn delete_workspace(&mut self, workspace: &str) {
+        let (host, base) = self.hosts.pick(&mut self.rng);
+        let url = format!("{base}/workspaces/{}/{workspace}", self.backend);
+        let http = self.http.clone();
+        self.recorder
+            .record(self.id, host, workspace, Op::DeleteWorkspace, || {
+                answer(http.delete(&url).send(), false)
+            });
+    }
+
+    /// A POST whose client sends half the body and hangs up.
+    fn partial_post(&mut self, workspace: &str) {
+        let base = (format!("partial-{}", self.next_name()), 0);
+        let (written, body) = self.written(workspace, &base, None);
+        let (host, url) = self.hosts.pick(&mut self.rng);
+        let path = format!("/states/{}/{workspace}", self.backend);
+        self.recorder.record(self.id, host, workspace, Op::PartialPost(written), || {
+            let address = url.trim_start_matches("http://");
+            let sent = std::net::TcpStream::connect(address).and_then(|mut stream| {
+                // The fault itself: a request line and half a body, then
+                // the connection closes.
+                write!(
+                    stream,
+                    "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                )?;
+                stream.write_all(&body[..body.len() / 2])?;
+                stream.shutdown(std::net::Shutdown::Both)
+            });
+            Outcome::Unknown(match sent {
+                Ok(()) => "client hung up half-way".into(),
+                Err(e) => format!("could not connect: {e}"),
+            })
+        });
+    }
+
+    fn send(&mut self, workspace: &str, op: Op, method: &str, body: Option<Vec<u8>>) -> Outcome {
+        self.send_to(workspace, op, method, "", body)
+    }
+
+    fn send_to(
+        &mut self,
+        workspace: &str,
+        op: Op,
+        method: &str,
+        query: &str,
+        body: Option<Vec<u8>>,
+    ) -> Outcome {
+        let (host, base) = self.hosts.pick(&mut self.rng);
+        let url = format!("{base}/states/{}/{workspace}{query}", self.backend);
+        let is_get = op == Op::Get;
+        let request = self.http.request(
+            reqwest::Method::from_bytes(method.as_bytes()).unwrap(),
+            &url,
+        );
+        let request = match body {
+            Some(body) => request
+                .header("Content-Type", "application/json")
+                .body(body),
+            None => request,
+        };
+        self.recorder.record(self.id, host, workspace, op, || {
+            answer(request.send(), is_get)
+        })
+    }
+}
+
+/// A lock's body as Terraform sends it.
+fn lock_info(id: &str) -> Vec<u8> {
+    crate::common::lock_info(id, "chaos@checker")
+}
+
+/// The outcome of a request: for a GET answered 200, the state it returned.
+fn answer(sent: reqwest::Result<reqwest::blocking::Response>, is_get: bool) -> Outcome {
+    let response = match sent {
+        Ok(response) => response,
+        Err(e) => return Outcome::Unknown(one_line(&e)),
+    };
+    let status = response.status().as_u16();
+    match response.bytes() {
+        Ok(body) if is_get && status == 200 => Outcome::Answered(200, Some(seen(&body))),
+        Ok(_) => Outcome::Answered(status, None),
+        // The status came, the body did not: for a GET, no state was seen.
+        Err(e) if is_get => Outcome::Unknown(one_line(&e)),
+        Err(_) => Outcome::Answered(status, None),
+    }
+}
+
+fn one_line(error: &dyn std::fmt::Display) -> String {
+    error.to_string().replace('\n', " ")
+}

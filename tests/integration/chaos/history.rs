@@ -1,0 +1,191 @@
+//! What the clients did and what they were told: one [`Event`] per
+//! operation, with its real-time interval, so the checker can reason about
+//! which operations could have seen which.
+
+use std::fmt;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// One operation a client invoked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// LOCK with this lock id.
+    Lock(String),
+    /// UNLOCK with this lock id.
+    Unlock(String),
+    /// UNLOCK without a body (Terraform's force-unlock).
+    ForceUnlock,
+    /// GET of the state.
+    Get,
+    /// POST of a whole state.
+    Post(Written),
+    /// A POST whose body the client stopped sending half-way, then closed
+    /// the connection: its state must never be stored.
+    PartialPost(Written),
+    /// DELETE /workspaces/{backend}/{workspace}.
+    DeleteWorkspace,
+}
+
+/// A state a client sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// Its lineage.
+    pub lineage: String,
+    /// Its serial.
+    pub serial: u64,
+    /// sha256 of its bytes, shortened.
+    pub digest: String,
+    /// The lock id sent with it (`?ID=`), if any.
+    pub lock_id: Option<String>,
+}
+
+/// A state a GET returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// Its lineage (empty when it had none).
+    pub lineage: String,
+    /// Its serial.
+    pub serial: u64,
+    /// sha256 of its bytes, shortened.
+    pub digest: String,
+}
+
+/// What came back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// An HTTP answer; for a GET that answered 200, the state it returned.
+    Answered(u16, Option<Seen>),
+    /// No answer (timeout, connection dropped, host killed): it may or may
+    /// not have taken effect.
+    Unknown(String),
+}
+
+impl Outcome {
+    /// Answered with `status`.
+    pub fn is(&self, status: u16) -> bool {
+        matches!(self, Outcome::Answered(s, _) if *s == status)
+    }
+
+    /// It may have taken effect: answered 200, or no answer at all. A 5xx
+    /// counts too: the storage may have applied it before failing.
+    pub fn may_have_applied(&self) -> bool {
+        match self {
+            Outcome::Answered(status, _) => *status == 200 || *status >= 500,
+            Outcome::Unknown(_) => true,
+        }
+    }
+}
+
+/// One operation: who, where, what, when, and what came back.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// Its index in the history.
+    pub index: usize,
+    /// The client that ran it.
+    pub client: usize,
+    /// The host it was sent to.
+    pub host: usize,
+    /// The workspace.
+    pub workspace: String,
+    /// What it did.
+    pub op: Op,
+    /// Microseconds since the run began, when it was sent…
+    pub start: u64,
+    /// …and when its answer (or failure) came.
+    pub end: u64,
+    /// The answer.
+    pub outcome: Outcome,
+}
+
+impl fmt::Display for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let op = match &self.op {
+            Op::Lock(id) => format!("LOCK {id}"),
+            Op::Unlock(id) => format!("UNLOCK {id}"),
+            Op::ForceUnlock => "FORCE-UNLOCK".into(),
+            Op::Get => "GET".into(),
+            Op::Post(w) => format!(
+                "POST {}#{} {}{}",
+                w.lineage,
+                w.serial,
+                w.digest,
+                w.lock_id
+                    .as_ref()
+                    .map(|id| format!(" ?ID={id}"))
+                    .unwrap_or_default()
+            ),
+            Op::PartialPost(w) => format!("PARTIAL POST {}#{} {}", w.lineage, w.serial, w.digest),
+            Op::DeleteWorkspace => "DELETE WORKSPACE".into(),
+        };
+        let outcome = match &self.outcome {
+            Outcome::Answered(status, Some(seen)) => {
+                format!("{status} {}#{} {}", seen.lineage, seen.serial, seen.digest)
+            }
+            Outcome::Answered(status, None) => status.to_string(),
+            Outcome::Unknown(why) => format!("unknown ({why})"),
+        };
+        write!(
+            f,
+            "#{:<5} [{:>9.3} s – {:>9.3} s] client {} → host {} {}: {op} ⇒ {outcome}",
+            self.index,
+            self.start as f64 / 1e6,
+            self.end as f64 / 1e6,
+            self.client,
+            self.host,
+            self.workspace,
+        )
+    }
+}
+
+/// The history being recorded, shared by the clients.
+pub struct Recorder {
+    began: Instant,
+    events: Mutex<Vec<Event>>,
+}
+
+impl Recorder {
+    /// A history that begins now.
+    pub fn new() -> Recorder {
+        Recorder {
+            began: Instant::now(),
+            events: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Microseconds since the run began.
+    pub fn now(&self) -> u64 {
+        self.began.elapsed().as_micros() as u64
+    }
+
+    /// Run `op` and record it, with the time around it.
+    pub fn record(
+        &self,
+        client: usize,
+        host: usize,
+        workspace: &str,
+        op: Op,
+        run: impl FnOnce() -> Outcome,
+    ) -> Outcome {
+        let start = self.now();
+        let outcome = run();
+        let end = self.now();
+        let mut events = self.events.lock().unwrap();
+        let index = events.len();
+        events.push(Event {
+            index,
+            client,
+            host,
+            workspace: workspace.to_string(),
+            op,
+            start,
+            end,
+            outcome: outcome.clone(),
+        });
+        outcome
+    }
+
+    /// Every event, in the order they were recorded.
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().unwrap().clone()
+    }
+}

@@ -1,0 +1,390 @@
+//! The fault-injection checker: concurrent Terraform-like clients against
+//! several hosts sharing one storage, while hosts are killed (`kill -9`)
+//! and restarted, reloaded (SIGHUP) and sent bodies cut short; then a check
+//! of the whole history for lost writes, older states coming back, double
+//! lock holders, torn states and workspaces left stuck ([`check`]).
+//!
+//! Each run prints its seed; `WASMSTATE_CHAOS_SEED=N` replays the same
+//! schedule of choices (which client does what, where, which fault when;
+//! the threads' interleaving is the machine's). `WASMSTATE_CHAOS_SECONDS`
+//! makes runs longer than the suite's short ones:
+//!
+//! ```sh
+//! WASMSTATE_CHAOS_SECONDS=300 cargo test --release chaos -- --nocapture
+//! ```
+
+mod check;
+mod clients;
+mod history;
+
+use crate::common::*;
+use check::Anomaly;
+use clients::{Client, Hosts, Rng};
+use history::{Event, Op, Outcome, Recorder};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The backend every run writes.
+const BACKEND: &str = "chaos";
+
+/// One run: the backend's config, how many of everything, how long.
+struct Setup {
+    /// `[backends.chaos]` and what follows.
+    config: String,
+    hosts: usize,
+    clients: usize,
+    workspaces: usize,
+    seconds: u64,
+    faults: bool,
+}
+
+impl Setup {
+    fn new(config: String) -> Setup {
+        Setup {
+            config,
+            hosts: 3,
+            clients: 6,
+            workspaces: 2,
+            seconds: std::env::var("WASMSTATE_CHAOS_SECONDS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(10),
+            faults: true,
+        }
+    }
+}
+
+/// What a run did and found.
+struct Report {
+    seed: u64,
+    events: Vec<Event>,
+    faults: Vec<String>,
+    anomalies: Vec<Anomaly>,
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let unknown = self
+            .events
+            .iter()
+            .filter(|e| matches!(e.outcome, Outcome::Unknown(_)))
+            .count();
+        let acknowledged = self
+            .events
+            .iter()
+            .filter(|e| matches!(e.op, Op::Post(_)) && e.outcome.is(200))
+            .count();
+        writeln!(
+            f,
+            "seed {} (replay: WASMSTATE_CHAOS_SEED={}): {} operations ({acknowledged} writes acknowledged, {unknown} without an answer), {} faults, {} anomalies",
+            self.seed,
+            self.seed,
+            self.events.len(),
+            self.faults.len(),
+            self.anomalies.len()
+        )?;
+        for anomaly in self.anomalies.iter().take(5) {
+            writeln!(f, "\nANOMALY: {}", anomaly.what)?;
+            for event in context(&self.events, anomaly) {
+                let mark = if anomaly.events.contains(&event.index) {
+                    ">>"
+                } else {
+                    "  "
+                };
+                writeln!(f, "{mark} {event}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The events of an anomaly's workspace around it: from shortly before
+/// the first involved event began to its last one's end.
+fn context<'a>(events: &'a [Event], anomaly: &Anomaly) -> Vec<&'a Event> {
+    let involved: Vec<&Event> = anomaly.events.iter().map(|&i| &events[i]).collect();
+    let Some(workspace) = involved.first().map(|e| e.workspace.as_str()) else {
+        return Vec::new();
+    };
+    let from = involved.iter().map(|e| e.start).min().unwrap_or(0);
+    let to = involved.iter().map(|e| e.end).max().unwrap_or(0);
+    let mut shown: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.workspace == workspace && e.end + 200_000 >= from && e.start <= to)
+        .collect();
+    shown.sort_by_key(|e| (e.start, e.index));
+    if shown.len() > 40 {
+        shown.retain(|e| anomaly.events.contains(&e.index) || !matches!(e.op, Op::Get));
+    }
+    shown
+}
+
+/// The seed: `WASMSTATE_CHAOS_SEED`, or a new one.
+fn seed() -> u64 {
+    std::env::var("WASMSTATE_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        })
+}
+
+/// The hosts of a run: each with its own data directory (history, cache
+/// key), all serving one config, so they share only the guest's storage.
+struct Cluster {
+    dir: PathBuf,
+    config: PathBuf,
+    servers: Vec<Option<Server>>,
+    hosts: Arc<Hosts>,
+}
+
+impl Cluster {
+    fn start(dir: &Path, setup: &Setup) -> Cluster {
+        let config = dir.join("wasmstate.toml");
+        std::fs::write(&config, &setup.config).unwrap();
+        let mut cluster = Cluster {
+            dir: dir.to_path_buf(),
+            config,
+            servers: (0..setup.hosts).map(|_| None).collect(),
+            hosts: Arc::new(Hosts::new(setup.hosts)),
+        };
+        for i in 0..setup.hosts {
+            cluster.restart(i);
+        }
+        cluster
+    }
+
+    /// Start host `i` (again).
+    fn restart(&mut self, i: usize) {
+        let server = Server::with_config_file(&self.dir.join(format!("host-{i}")), &self.config);
+        self.hosts.set(i, Some(server.url.clone()));
+        self.servers[i] = Some(server);
+    }
+
+    /// `kill -9` host `i` with whatever it had under way, then start it again.
+    fn kill_and_restart(&mut self, i: usize) {
+        self.hosts.set(i, None);
+        // Dropping a server kills it with SIGKILL and reaps it.
+        drop(self.servers[i].take());
+        self.restart(i);
+    }
+
+    /// SIGHUP host `i`: it reloads its config while serving.
+    fn reload(&self, i: usize) {
+        if let Some(server) = &self.servers[i] {
+            let _ = std::process::Command::new("kill")
+                .args(["-HUP", &server.pid().to_string()])
+                .status();
+        }
+    }
+}
+
+/// Inject faults until `stop`: every 0.3–1.5 s (seeded) a host is killed
+/// and restarted, or reloaded. Returns what it did.
+fn inject_faults(cluster: &mut Cluster, mut rng: Rng, stop: &AtomicBool) -> Vec<String> {
+    let mut done = Vec::new();
+    let mut next = Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        if Instant::now() < next {
+            // The fault schedule's clock, not a wait for anything.
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        let host = rng.below(cluster.servers.len());
+        if rng.below(10) < 6 {
+            cluster.kill_and_restart(host);
+            done.push(format!("kill -9 host {host}, restarted"));
+        } else {
+            cluster.reload(host);
+            done.push(format!("SIGHUP host {host}"));
+        }
+        next = Instant::now() + Duration::from_millis(300 + rng.next() % 1200);
+    }
+    done
+}
+
+/// After the faults: every workspace, through every host, must take the
+/// lock, read, write and unlock again within a minute (a lock left behind
+/// by a client whose host was killed is force-unlocked, as an operator
+/// would). What does not is stuck.
+fn settle(setup: &Setup, recorder: &Arc<Recorder>, cluster: &Cluster, seed: u64) -> Vec<Anomaly> {
+    let mut stuck = Vec::new();
+    let workspaces = workspace_names(setup);
+    for (i, server) in cluster.servers.iter().enumerate() {
+        // A client that reaches only host `i`.
+        let only = Arc::new(Hosts::new(setup.hosts));
+        only.set(i, server.as_ref().map(|s| s.url.clone()));
+        let mut client = Client::new(
+            setup.clients + i,
+            seed + i as u64,
+            recorder.clone(),
+            only,
+            BACKEND,
+            workspaces.clone(),
+        );
+        for workspace in &workspaces {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let settled = loop {
+                let from = recorder.events().len();
+                client.locked_write(workspace);
+                let wrote = recorder.events()[from..]
+                    .iter()
+                    .any(|e| matches!(e.op, Op::Post(_)) && e.outcome.is(200));
+                if wrote {
+                    break true;
+                }
+                if Instant::now() > deadline {
+                    break false;
+                }
+                client.force_unlock(workspace);
+            };
+            if !settled {
+                let last = recorder.events().len() - 1;
+                stuck.push(Anomaly {
+                    what: format!(
+                        "workspace {workspace} is stuck on host {i}: no write within 60 s of the faults stopping"
+                    ),
+                    events: vec![last],
+                });
+            }
+        }
+    }
+    stuck
+}
+
+fn workspace_names(setup: &Setup) -> Vec<String> {
+    (0..setup.workspaces).map(|i| format!("ws{i}")).collect()
+}
+
+/// Run `setup`: clients and faults for its time, then settle and check.
+fn run(setup: Setup) -> Report {
+    let seed = seed();
+    let dir = tempdir();
+    let mut cluster = Cluster::start(dir.path(), &setup);
+    let recorder = Arc::new(Recorder::new());
+    let mut rng = Rng::new(seed);
+    let until = Instant::now() + Duration::from_secs(setup.seconds);
+    let stop = AtomicBool::new(false);
+    let faults_done = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..setup.clients)
+            .map(|id| {
+                let mut client = Client::new(
+                    id,
+                    rng.next(),
+                    recorder.clone(),
+                    cluster.hosts.clone(),
+                    BACKEND,
+                    workspace_names(&setup),
+                );
+                scope.spawn(move || client.run(until))
+            })
+            .collect();
+        let fault_rng = Rng::new(rng.next());
+        let cluster = &mut cluster;
+        let stop = &stop;
+        let faults = setup
+            .faults
+            .then(|| scope.spawn(move || inject_faults(cluster, fault_rng, stop)));
+        for client in clients {
+            client.join().unwrap();
+        }
+        stop.store(true, Ordering::Release);
+        faults.map(|f| f.join().unwrap()).unwrap_or_default()
+    });
+    let mut anomalies = settle(&setup, &recorder, &cluster, rng.next());
+    let events = recorder.events();
+    anomalies.splice(0..0, check::check(&events));
+    Report {
+        seed,
+        events,
+        faults: faults_done,
+        anomalies,
+    }
+}
+
+/// Run and require a clean history, printing the report either way.
+fn run_clean(setup: Setup) {
+    let report = run(setup);
+    println!("{report}");
+    assert!(report.anomalies.is_empty(), "{report}");
+    assert!(!report.faults.is_empty(), "no fault was injected: {report}");
+}
+
+fn sealed(key: &Path) -> String {
+    format!("encryption = {{ keys = [{{ id = \"k1\", file = {key:?} }}] }}\n")
+}
+
+#[test]
+fn chaos_local_on_a_shared_directory_sealed_and_plain() {
+    let dir = tempdir();
+    let key = key_file(dir.path());
+    for encryption in [sealed(&key), String::new()] {
+        let store = dir.path().join(format!("store-{}", unique()));
+        run_clean(Setup::new(format!(
+            "[backends.{BACKEND}]\nguest = \"local\"\ndir = {store:?}\n{encryption}"
+        )));
+    }
+}
+
+#[test]
+fn chaos_s3_lockfile_and_dynamodb_on_moto() {
+    let dir = tempdir();
+    let key = key_file(dir.path());
+    for (locking, encryption) in [
+        (crate::aws::Locking::LockFile, sealed(&key)),
+        (crate::aws::Locking::DynamoDb, String::new()),
+    ] {
+        let moto = crate::aws::start_moto(locking);
+        let settings: Vec<String> = crate::aws::settings(&moto.url, locking)
+            .iter()
+            .map(|(k, v)| format!("{k:?} = {v:?}"))
+            .collect();
+        run_clean(Setup::new(format!(
+            "[backends.{BACKEND}]\nguest = \"{}\"\n{encryption}[backends.{BACKEND}.config]\n{}\n",
+            locking.guest(),
+            settings.join("\n")
+        )));
+    }
+}
+
+#[test]
+fn chaos_git_on_git_daemon() {
+    let dir = tempdir();
+    let daemon = GitDaemon::start(dir.path());
+    bare_repo(dir.path(), "chaos");
+    let key = key_file(dir.path());
+    run_clean(Setup::new(format!(
+        "[backends.{BACKEND}]\nguest = \"git\"\n{}[backends.{BACKEND}.config]\nrepository = {:?}\n",
+        sealed(&key),
+        daemon.url("chaos")
+    )));
+}
+
+/// The checker finds what it is for: with the stale-write guard off
+/// (`allow_force_push`), unlocked writers from one serial overwrite each
+/// other, and the history shows the lost write.
+#[test]
+fn chaos_finds_lost_writes_when_the_guard_is_off() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let mut setup = Setup::new(format!(
+        "[backends.{BACKEND}]\nguest = \"local\"\ndir = {store:?}\nallow_force_push = true\n"
+    ));
+    setup.faults = false;
+    setup.workspaces = 1;
+    setup.seconds = 8;
+    let report = run(setup);
+    println!("{report}");
+    assert!(
+        report
+            .anomalies
+            .iter()
+            .any(|a| a.what.contains("same serial") || a.what.contains("older state")),
+        "the checker found no anomaly with the guard off: {report}"
+    );
+    assert!(report.to_string().contains(">> #"), "{report}");
+}

@@ -1,0 +1,295 @@
+//! An acknowledged state is never lost, stuck or replaced by an older one:
+//! one test per way a review found to break that promise, each failing on
+//! the code before its fix (commit b0cb279).
+
+use crate::common::*;
+use crate::marketplace::reload;
+use std::path::Path;
+use std::time::Duration;
+
+/// A state of `bytes` bytes (padded in an output) with `lineage` and `serial`.
+fn padded_state(lineage: &str, serial: u64, bytes: usize) -> Vec<u8> {
+    let head = format!(
+        r#"{{"version":4,"terraform_version":"1.11.4","serial":{serial},"lineage":"{lineage}","outputs":{{"pad":{{"type":"string","value":""#
+    );
+    let tail = r#""}},"resources":[]}"#;
+    let mut state = head.into_bytes();
+    state.resize(bytes - tail.len(), b'x');
+    state.extend_from_slice(tail.as_bytes());
+    state
+}
+
+fn sealed_config(store: &Path, key: &Path, extra: &str) -> String {
+    format!(
+        "max_body_mib = 8\n[backends.default]\nguest = \"local\"\ndir = {store:?}\nhistory = 3\n\
+         encryption = {{ keys = [{{ id = \"k1\", file = {key:?} }}] }}\n{extra}"
+    )
+}
+
+/// Finding 1: sealed, a state grows by a third. One just under the body
+/// limit was answered 200 and then unreadable (500 on every GET, and the
+/// next POST failed too), until the operator raised the limit.
+#[test]
+fn a_sealed_state_near_the_body_limit_reads_back_and_takes_the_next_write() {
+    let data = tempdir();
+    let key = key_file(data.path());
+    let server = Server::with_config(
+        data.path(),
+        &sealed_config(&data.path().join("store"), &key, ""),
+    );
+    let url = server.state_url("default", "big");
+    // 7.5 MiB of an 8 MiB limit: 10 MiB sealed, past the 9 MiB reads allowed.
+    let near_limit = (15 << 20) / 2;
+    let first = padded_state("big", 1, near_limit);
+    let answer = send("POST", &url, Some(&first));
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let read = send("GET", &url, None);
+    assert_eq!(read.status, 200, "{}", read.text());
+    assert!(
+        read.body == first,
+        "the state read back is not the one written"
+    );
+    let second = padded_state("big", 2, near_limit);
+    let answer = send("POST", &url, Some(&second));
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert!(send("GET", &url, None).body == second);
+}
+
+/// Finding 2: the rollback check remembered serials without their lineage,
+/// per host, and read the host's history after a restart. A workspace
+/// deleted through another replica and started again (new lineage, serial
+/// 1) answered 500 "refused as a rollback" on the first replica, even after
+/// it restarted.
+#[test]
+fn a_state_started_again_through_another_replica_is_not_a_rollback() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let key = key_file(dir.path());
+    let config = sealed_config(&store, &key, "");
+    let (first_data, second_data) = (dir.path().join("a"), dir.path().join("b"));
+    let first = Server::with_config(&first_data, &config);
+    let second = Server::with_config(&second_data, &config);
+    let (url_a, url_b) = (
+        first.state_url("default", "ws"),
+        second.state_url("default", "ws"),
+    );
+    for serial in 38..=40 {
+        let answer = send("POST", &url_a, Some(&padded_state("old", serial, 512)));
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    assert_eq!(send("GET", &url_a, None).status, 200);
+    // terraform workspace delete + new, through the other replica.
+    let workspace_b = format!("{}/workspaces/default/ws", second.url);
+    assert_eq!(send("DELETE", &workspace_b, None).status, 200);
+    let fresh = padded_state("new", 1, 512);
+    assert_eq!(send("POST", &url_b, Some(&fresh)).status, 200);
+    let read = send("GET", &url_a, None);
+    assert_eq!(read.status, 200, "{}", read.text());
+    assert!(read.body == fresh);
+    // After a restart the first replica's history still holds serial 40 of
+    // the old lineage: not a reason to refuse the new one.
+    drop(first);
+    let first = Server::with_config(&first_data, &config);
+    let read = send("GET", &first.state_url("default", "ws"), None);
+    assert_eq!(read.status, 200, "{}", read.text());
+    assert!(read.body == fresh);
+    // A real rollback (an older envelope of the same lineage) is still caught.
+    let state_file = store.join("ws/terraform.tfstate");
+    let sealed_one = std::fs::read(&state_file).unwrap();
+    assert_eq!(
+        send("POST", &url_b, Some(&padded_state("new", 2, 512))).status,
+        200
+    );
+    assert_eq!(
+        send("GET", &first.state_url("default", "ws"), None).status,
+        200
+    );
+    std::fs::write(&state_file, &sealed_one).unwrap();
+    let refused = send("GET", &first.state_url("default", "ws"), None);
+    assert_eq!(refused.status, 500, "{}", refused.text());
+    assert!(refused.text().contains("rollback"), "{}", refused.text());
+}
+
+/// Finding 5: the stale-write guard checked, then wrote. Two `-lock=false`
+/// writers from the same serial could both get 200, the first write lost.
+/// On one host every round must acknowledge exactly one of them.
+#[test]
+fn two_unlocked_writers_from_the_same_serial_are_never_both_acknowledged() {
+    let data = tempdir();
+    let server = Server::start(&data.path().join("data"));
+    let url = server.state_url("default", "race");
+    assert_eq!(send("POST", &url, Some(&state(1))).status, 200);
+    for serial in 2..=25u64 {
+        let writers: Vec<_> = ["left", "right"]
+            .into_iter()
+            .map(|who| {
+                let url = url.clone();
+                let body =
+                    padded_state(&format!("test-lineage\",\"who\":\"{who}"), serial, 64 << 10);
+                std::thread::spawn(move || (send("POST", &url, Some(&body)).status, body))
+            })
+            .collect();
+        let answers: Vec<(u16, Vec<u8>)> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+        let acknowledged: Vec<&Vec<u8>> = answers
+            .iter()
+            .filter(|(status, _)| *status == 200)
+            .map(|(_, body)| body)
+            .collect();
+        let statuses: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
+        assert_eq!(
+            acknowledged.len(),
+            1,
+            "round {serial}: answers {statuses:?}"
+        );
+        assert!(
+            statuses.contains(&409),
+            "round {serial}: answers {statuses:?}"
+        );
+        assert!(
+            send("GET", &url, None).body == *acknowledged[0],
+            "round {serial}: the stored state is not the acknowledged one"
+        );
+    }
+}
+
+/// Finding 7: allow_force_push was read once at start; a SIGHUP that turned
+/// it on (or off) changed nothing.
+#[test]
+fn a_reload_turns_allow_force_push_on_and_off() {
+    let data = tempdir();
+    let config = |force: bool| {
+        format!("[backends.default]\nguest = \"local\"\nallow_force_push = {force}\n")
+    };
+    let server = Server::with_config(data.path(), &config(false));
+    let url = server.state_url("default", "force");
+    assert_eq!(send("POST", &url, Some(&state(5))).status, 200);
+    assert_eq!(send("POST", &url, Some(&state(3))).status, 409);
+    std::fs::write(data.path().join("wasmstate.toml"), config(true)).unwrap();
+    reload(&server, 1);
+    let forced = send("POST", &url, Some(&state(3)));
+    assert_eq!(forced.status, 200, "{}", forced.text());
+    std::fs::write(data.path().join("wasmstate.toml"), config(false)).unwrap();
+    reload(&server, 2);
+    assert_eq!(send("POST", &url, Some(&state(2))).status, 409);
+}
+
+/// Findings 8 and 13: a restore re-encoded the state (keys sorted, so
+/// `serial` landed after everything else), and the console's restore
+/// skipped the lineage check when the old version had no lineage.
+#[test]
+fn restores_keep_the_document_and_pass_the_stale_write_guard() {
+    let data = tempdir();
+    let server = Server::with_config(
+        data.path(),
+        "[backends.default]\nguest = \"local\"\nhistory = 5\n",
+    );
+    let url = server.state_url("default", "restore");
+    let unlineaged = br#"{"version":4,"serial":1,"zeta":1,"big":123456789012345678901234567890}"#;
+    assert_eq!(send("POST", &url, Some(unlineaged)).status, 200);
+    let lineaged = br#"{"version":4,"serial":2,"lineage":"l","zeta":2,"outputs":{}}"#;
+    assert_eq!(send("POST", &url, Some(lineaged)).status, 200);
+    let (versions, serials) = versions(&url);
+    assert_eq!(serials, [2, 1]);
+    let (newest, oldest) = (
+        versions[0]["id"].as_str().unwrap().to_string(),
+        versions[1]["id"].as_str().unwrap().to_string(),
+    );
+
+    // The console may not put a state without lineage over one with it.
+    let console = ConsoleSession::open(&server, "restore");
+    let refused = console.restore(&oldest);
+    assert_eq!(refused.0, 409, "{}", refused.1);
+    assert!(refused.1.contains("no lineage"), "{}", refused.1);
+    assert_eq!(send("GET", &url, None).body, lineaged.to_vec());
+
+    // The CLI's restore renumbers in place: key order and numbers kept.
+    let (ok, out) = wasmstate(&[
+        "state",
+        "restore",
+        "restore",
+        &newest,
+        "--server",
+        &server.url,
+    ]);
+    assert!(ok && out.contains("as serial 3"), "{out}");
+    let restored = String::from_utf8(send("GET", &url, None).body).unwrap();
+    let at = |key: &str| {
+        restored
+            .find(key)
+            .unwrap_or_else(|| panic!("{key} in {restored}"))
+    };
+    assert!(
+        at("\"serial\": 3") < at("\"lineage\"") && at("\"lineage\"") < at("\"zeta\""),
+        "{restored}"
+    );
+    // And the console's the same way.
+    let answer = console.restore(&newest);
+    assert_eq!(answer.0, 200, "{}", answer.1);
+    let restored = String::from_utf8(send("GET", &url, None).body).unwrap();
+    assert!(
+        restored.find("\"serial\": 4").unwrap() < restored.find("\"zeta\"").unwrap(),
+        "{restored}"
+    );
+    // The restore's lock is gone.
+    assert_eq!(
+        send("LOCK", &url, Some(&lock_info("after", "ops"))).status,
+        200
+    );
+}
+
+/// A console session on a server without users (signing in is automatic).
+struct ConsoleSession {
+    client: reqwest::blocking::Client,
+    base: String,
+    cookie: String,
+    csrf: String,
+    workspace: String,
+}
+
+impl ConsoleSession {
+    fn open(server: &Server, workspace: &str) -> ConsoleSession {
+        let client = reqwest::blocking::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let login = client
+            .get(format!("{}/ui/login", server.url))
+            .send()
+            .unwrap();
+        let cookie = login.headers()["set-cookie"].to_str().unwrap();
+        let cookie = cookie.split(';').next().unwrap().to_string();
+        let page = client
+            .get(format!("{}/ui/backends/default/{workspace}", server.url))
+            .header("cookie", &cookie)
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        let marker = "name=\"csrf\" value=\"";
+        let start = page.find(marker).expect("a form with the CSRF token") + marker.len();
+        let csrf = page[start..].split('"').next().unwrap().to_string();
+        ConsoleSession {
+            client,
+            base: server.url.clone(),
+            cookie,
+            csrf,
+            workspace: workspace.into(),
+        }
+    }
+
+    /// Restore version `id` through the console's form: (status, page).
+    fn restore(&self, id: &str) -> (u16, String) {
+        let answer = self
+            .client
+            .post(format!(
+                "{}/ui/backends/default/{}/restore",
+                self.base, self.workspace
+            ))
+            .header("cookie", &self.cookie)
+            .form(&[("csrf", self.csrf.as_str()), ("version", id)])
+            .send()
+            .unwrap();
+        (answer.status().as_u16(), answer.text().unwrap())
+    }
+}
