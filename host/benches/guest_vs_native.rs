@@ -61,6 +61,7 @@ fn single_backend_app<S: Storage>(storage: S) -> axum::Router {
         auth: Default::default(),
         allow_force_push: Default::default(),
         gates: Default::default(),
+        changes: Default::default(),
         body_timeout: Duration::from_secs(120),
         origins: Default::default(),
         draining: Default::default(),

@@ -46,6 +46,7 @@ fn store_for(
         marks.get(name).cloned().unwrap_or_default(),
         max_stored_bytes,
     )
+    .allowing_older_states(backend.allow_force_push)
 }
 
 /// The backends whose stale-write guard `config` turns off.
@@ -130,6 +131,7 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
         auth,
         allow_force_push: allow_force_push.clone(),
         gates: Default::default(),
+        changes: Default::default(),
         origins: OriginPolicy::new(network.server_names.clone(), check_host),
         draining: draining.clone(),
     });
@@ -137,6 +139,7 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
         secure_cookies: tls.is_some(),
         data_dir: config.data_dir.clone(),
     };
+    let app_state = app.clone();
     let app = protocol::router_with(app.clone(), crate::console::routes(app, console));
     let limits = NetworkLimits {
         clocks: Clocks {
@@ -152,7 +155,12 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
         shutdown_signal().await;
         draining.store(true, Ordering::Release);
     };
+    let changes = app_state.changes.clone();
     crate::listen::serve(listener, tls, app, limits, metrics, signal).await;
+    // Changes whose client went away still finish (a lock taken for an
+    // unlocked write is released); each guest call ends by its deadline.
+    changes.close();
+    let _ = tokio::time::timeout(runtime.longest_call() * 4, changes.wait()).await;
     // Guest calls already under way finish (a write completes or never
     // started); each ends by its own deadline.
     runtime.drain().await;

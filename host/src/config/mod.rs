@@ -291,16 +291,12 @@ pub fn sealed_len_bound(state_len: usize) -> usize {
 }
 
 impl Config {
-    /// The most bytes storage may hold for one state: the body limit, or
-    /// its sealed size when any backend encrypts. Reads are allowed this
-    /// much and writes refused beyond it, so a state accepted is a state
-    /// that can be read back.
+    /// The most bytes storage may hold for one state: the sealed size of
+    /// the largest body, whether or not a backend encrypts now (a reload
+    /// may turn encryption on). Reads are allowed this much and writes
+    /// refused beyond it, so a state accepted is a state that reads back.
     pub fn max_stored_bytes(&self) -> usize {
-        if self.backends.iter().any(|b| !b.encryption_keys.is_empty()) {
-            sealed_len_bound(self.max_body_bytes)
-        } else {
-            self.max_body_bytes
-        }
+        sealed_len_bound(self.max_body_bytes)
     }
 
     /// Load `path` (or the built-in default when `None`) and apply `overrides`.

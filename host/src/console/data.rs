@@ -9,6 +9,7 @@ use crate::backend::{Description, LockInfo, Storage, StorageError, Version};
 use crate::protocol::{ApiError, App, Caller};
 use crate::statefile::PREFIX_BYTES;
 use serde::Serialize;
+use std::sync::Arc;
 
 /// Rows per page of a long list.
 pub const PAGE_SIZE: usize = 20;
@@ -280,19 +281,23 @@ pub async fn version_diff<S: Storage>(
 /// Release the lock of `workspace` whoever holds it (admins only);
 /// returns the holder removed.
 pub async fn force_unlock<S: Storage>(
-    app: &App<S>,
+    app: &Arc<App<S>>,
     caller: &Caller,
     backend: &str,
     workspace: &str,
 ) -> Result<Option<LockInfo>, ApiError> {
-    let storage = storage_of(app, caller, backend, Some(workspace))?;
+    storage_of(app, caller, backend, Some(workspace))?;
     caller.may(backend, Some(workspace), Role::Admin)?;
     app.refuse_while_draining()?;
-    let _gate = app.gates.enter(backend, workspace).await;
-    storage
-        .force_unlock(workspace)
-        .await
-        .map_err(storage_error(backend))
+    app.change(backend, workspace, |app, backend, workspace| async move {
+        let target = app.target(&backend, &workspace)?;
+        target
+            .storage
+            .force_unlock(&workspace)
+            .await
+            .map_err(|e| target.error(e))
+    })
+    .await
 }
 
 /// Write version `id` back as the current state, with the next serial,
@@ -301,7 +306,7 @@ pub async fn force_unlock<S: Storage>(
 /// lineage, or none where the current state has one, needs
 /// allow_force_push). Returns the serial it was given.
 pub async fn restore<S: Storage>(
-    app: &App<S>,
+    app: &Arc<App<S>>,
     caller: &Caller,
     backend: &str,
     workspace: &str,
@@ -327,32 +332,41 @@ pub async fn restore<S: Storage>(
         format!("restoring version {id}"),
         format!("{who}@wasmstate-console"),
     );
-    let _gate = app.gates.enter(backend, workspace).await;
-    let error = storage_error(backend);
-    storage
-        .lock(workspace, lock.clone())
-        .await
-        .map_err(&error)?;
-    let target = crate::protocol::Target {
-        backend,
-        workspace,
-        storage,
-    };
-    let written = async {
-        let current = crate::backend::stored_version(storage, workspace)
+    let max_body = app.max_body_bytes;
+    let id = id.to_string();
+    app.change(backend, workspace, move |app, backend, workspace| async move {
+        let target = app.target(&backend, &workspace)?;
+        target
+            .storage
+            .lock(&workspace, lock.clone())
             .await
-            .map_err(&error)?;
-        let serial = current.map_or(1, |(_, s)| s + 1);
-        let renumbered = crate::statefile::with_serial(&old, serial).map_err(|e| {
-            ApiError::bad_request(format!("version {id}: {e}; nothing was changed"))
-        })?;
-        crate::protocol::write_unless_stale(app, &target, Some(&lock.id), renumbered.into())
-            .await
-            .map(|()| serial)
-    }
-    .await;
-    let unlocked = storage.unlock(workspace, &lock.id).await;
-    let serial = written?;
-    unlocked.map_err(&error)?;
-    Ok(serial)
+            .map_err(|e| target.error(e))?;
+        let written = async {
+            let current = crate::backend::stored_version(target.storage, &workspace)
+                .await
+                .map_err(|e| target.error(e))?;
+            let serial = current.map_or(1, |(_, s)| s + 1);
+            let renumbered = crate::statefile::with_serial(&old, serial).map_err(|e| {
+                ApiError::bad_request(format!("version {id}: {e}; nothing was changed"))
+            })?;
+            // What Terraform could not POST, a restore does not write either.
+            if renumbered.len() > max_body {
+                return Err(ApiError::Message(
+                    axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "version {id} is larger than this server accepts (max_body_mib); nothing was changed"
+                    ),
+                ));
+            }
+            crate::protocol::write_unless_stale(&app, &target, Some(&lock.id), renumbered.into())
+                .await
+                .map(|()| serial)
+        }
+        .await;
+        let unlocked = target.storage.unlock(&workspace, &lock.id).await;
+        let serial = written?;
+        unlocked.map_err(|e| target.error(e))?;
+        Ok(serial)
+    })
+    .await
 }

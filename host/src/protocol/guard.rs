@@ -34,29 +34,55 @@ pub(crate) async fn write_unless_stale<S: Storage>(
     if let Some(id) = lock_id {
         return guarded_write(target, &incoming, body, id).await;
     }
+    // A stale or repeated state is answered before any lock is taken, so
+    // it never holds the workspace from others; the guard runs again
+    // under the lock.
+    if guard_stale_write(target, &incoming, &body).await? {
+        return Ok(());
+    }
     let own = crate::backend::own_lock(
-        "wasmstate-unlocked-write",
+        UNLOCKED_WRITE,
         "a write sent without a lock (-lock=false), locked by the server for its duration".into(),
         "wasmstate".into(),
     );
-    target
-        .storage
-        .lock(target.workspace, own.clone())
-        .await
-        .map_err(|e| target.error(e))?;
+    if let Err(e) = target.storage.lock(target.workspace, own.clone()).await {
+        if !matches!(e, StorageError::Locked(_)) {
+            // The lock may have been taken all the same (an answer lost on
+            // the way back): do not leave it behind.
+            release(target, &own.id).await;
+        }
+        return Err(target.error(e));
+    }
     let written = guarded_write(target, &incoming, body, &own.id).await;
-    let unlocked = target.storage.unlock(target.workspace, &own.id).await;
-    written?;
-    if let Err(e) = unlocked {
-        // The state is written; the lock stays until force-unlocked.
+    release(target, &own.id).await;
+    written
+}
+
+/// The operation named in the lock the host takes for an unlocked write.
+const UNLOCKED_WRITE: &str = "wasmstate-unlocked-write";
+
+/// Release the host's own lock `id`, trying a few times; what still fails
+/// is logged with what to do.
+async fn release<S: Storage>(target: &Target<'_, S>, id: &str) {
+    let mut last = None;
+    for _ in 0..3 {
+        match target.storage.unlock(target.workspace, id).await {
+            Ok(()) => return,
+            // Someone else holds it now (a force-unlock came first): not ours.
+            Err(StorageError::LockMismatch(_)) => return,
+            Err(e) => last = Some(e),
+        }
+    }
+    if let Some(e) = last {
         tracing::error!(
             backend = target.backend,
             workspace = target.workspace,
+            lock = id,
             error = %e,
-            "state written, but the lock taken for this unlocked write was not released; force-unlock it"
+            "the lock taken for an unlocked write was not released; if it is still held by \
+             operation {UNLOCKED_WRITE} with this id, force-unlock it"
         );
     }
-    Ok(())
 }
 
 async fn guarded_write<S: Storage>(

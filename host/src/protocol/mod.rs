@@ -57,6 +57,9 @@ pub struct App<S> {
     pub allow_force_push: Arc<ForcePush>,
     /// One change at a time per workspace on this host.
     pub gates: WorkspaceGates,
+    /// Changes under way, each run to its end even when its client goes
+    /// away; the server waits for them when it stops.
+    pub changes: tokio_util::task::TaskTracker,
     /// Which hosts and origins browsers may reach the server through.
     pub origins: OriginPolicy,
     /// Set when the server is shutting down: no change starts any more.
@@ -176,13 +179,46 @@ async fn collect(
 }
 
 impl<S: Storage> App<S> {
+    /// Run `change` on `backend`/`workspace` alone on this host (its gate
+    /// held) and to its end, whether or not the caller still waits: a
+    /// client that hangs up mid-change must not leave half of it done (a
+    /// lock taken and never released, a write detached from its gate).
+    /// Callers refuse new changes while draining before they read a body;
+    /// one accepted before that completes, as the server promises.
+    pub async fn change<T, F, Fut>(
+        self: &Arc<Self>,
+        backend: &str,
+        workspace: &str,
+        change: F,
+    ) -> Result<T, ApiError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Self>, String, String) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+    {
+        let app = self.clone();
+        let (backend, workspace) = (backend.to_string(), workspace.to_string());
+        let task = self.changes.spawn(async move {
+            let _gate = app.gates.enter(&backend, &workspace).await;
+            change(app.clone(), backend, workspace).await
+        });
+        task.await.map_err(|e| {
+            ApiError::Message(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the change stopped unexpectedly: {e}"),
+            )
+        })?
+    }
+
     fn storage(&self, backend: &str) -> Result<&S, ApiError> {
         self.backends
             .get(backend)
             .ok_or_else(|| ApiError::not_found(format!("no backend named {backend:?}")))
     }
 
-    fn target<'a>(
+    /// The target `backend`/`workspace`: 404 for an unknown backend, 400
+    /// for a malformed workspace name.
+    pub(crate) fn target<'a>(
         &'a self,
         backend: &'a str,
         workspace: &'a str,
@@ -315,14 +351,20 @@ async fn workspace_route<S: Storage>(
         Method::PUT => {
             caller.may(&backend, Some(&workspace), Role::Write)?;
             app.refuse_while_draining()?;
-            let _gate = app.gates.enter(&backend, &workspace).await;
-            workspaces::create(target).await
+            drop(target);
+            app.change(&backend, &workspace, |app, backend, workspace| async move {
+                workspaces::create(app.target(&backend, &workspace)?).await
+            })
+            .await
         }
         Method::DELETE => {
             caller.may(&backend, Some(&workspace), Role::Admin)?;
             app.refuse_while_draining()?;
-            let _gate = app.gates.enter(&backend, &workspace).await;
-            workspaces::delete(target).await
+            drop(target);
+            app.change(&backend, &workspace, |app, backend, workspace| async move {
+                workspaces::delete(app.target(&backend, &workspace)?).await
+            })
+            .await
         }
         _ => Ok((
             StatusCode::METHOD_NOT_ALLOWED,

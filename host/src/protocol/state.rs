@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use md5::{Digest, Md5};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Methods served on a state URL (for 405 answers).
 pub const ALLOWED: &str = "GET, POST, PUT, DELETE, LOCK, UNLOCK";
@@ -27,7 +28,7 @@ pub const ALLOWED: &str = "GET, POST, PUT, DELETE, LOCK, UNLOCK";
 /// one, and only then is the role checked, since an UNLOCK without a body
 /// (force-unlock) needs more than one with.
 pub async fn handle<S: Storage>(
-    app: &App<S>,
+    app: &Arc<App<S>>,
     target: Target<'_, S>,
     caller: &Caller,
     method: Method,
@@ -42,7 +43,7 @@ pub async fn handle<S: Storage>(
 }
 
 async fn dispatch<S: Storage>(
-    app: &App<S>,
+    app: &Arc<App<S>>,
     target: Target<'_, S>,
     caller: &Caller,
     method: Method,
@@ -77,36 +78,48 @@ async fn dispatch<S: Storage>(
         _ => Role::Write,
     };
     caller.may(target.backend, Some(target.workspace), role)?;
-    // Every change runs alone on its workspace here (reads never wait), so
-    // the guard's check and its write are one step on this host.
-    let _gate = match method {
-        Method::GET => None,
-        _ => Some(app.gates.enter(target.backend, target.workspace).await),
-    };
-    match method.as_str() {
-        "GET" => read(target).await,
-        "POST" | "PUT" => {
-            verify_md5(&headers, &body)?;
-            super::guard::write_unless_stale(app, &target, lock_id, body).await?;
-            Ok(StatusCode::OK.into_response())
-        }
-        "DELETE" => {
-            target
-                .storage
-                .delete(target.workspace, lock_id)
-                .await
-                .map_err(|e| target.error(e))?;
-            Ok(StatusCode::OK.into_response())
-        }
-        "LOCK" => lock(app, target, body).await,
-        "UNLOCK" => unlock(app, target, body).await,
-        _ => Ok((
-            StatusCode::METHOD_NOT_ALLOWED,
-            [(header::ALLOW, ALLOWED)],
-            format!("method {method} is not supported here; use one of {ALLOWED}\n"),
-        )
-            .into_response()),
+    if method == Method::GET {
+        return read(target).await;
     }
+    if matches!(method.as_str(), "POST" | "PUT") {
+        verify_md5(&headers, &body)?;
+    }
+    // Every change runs alone on its workspace here (reads never wait), so
+    // the guard's check and its write are one step on this host, and runs
+    // to its end even if the client hangs up.
+    let lock_id = lock_id.map(str::to_string);
+    let (backend, workspace) = (target.backend, target.workspace);
+    app.change(
+        backend,
+        workspace,
+        move |app, backend, workspace| async move {
+            let target = app.target(&backend, &workspace)?;
+            let lock_id = lock_id.as_deref();
+            match method.as_str() {
+                "POST" | "PUT" => {
+                    super::guard::write_unless_stale(&app, &target, lock_id, body).await?;
+                    Ok(StatusCode::OK.into_response())
+                }
+                "DELETE" => {
+                    target
+                        .storage
+                        .delete(target.workspace, lock_id)
+                        .await
+                        .map_err(|e| target.error(e))?;
+                    Ok(StatusCode::OK.into_response())
+                }
+                "LOCK" => lock(&app, target, body).await,
+                "UNLOCK" => unlock(&app, target, body).await,
+                _ => Ok((
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    [(header::ALLOW, ALLOWED)],
+                    format!("method {method} is not supported here; use one of {ALLOWED}\n"),
+                )
+                    .into_response()),
+            }
+        },
+    )
+    .await
 }
 
 async fn read<S: Storage>(target: Target<'_, S>) -> Result<Response, ApiError> {

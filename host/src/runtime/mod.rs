@@ -149,6 +149,12 @@ impl Runtime {
         self.max_lift_bytes - LIFT_MARGIN_BYTES
     }
 
+    /// The longest a guest call may take (the longest `timeout_ms` of any
+    /// backend, and the grace after it).
+    pub fn longest_call(&self) -> std::time::Duration {
+        self.longest_call
+    }
+
     /// The server-wide guest memory budget.
     pub fn memory_budget(&self) -> &Budget {
         &self.memory

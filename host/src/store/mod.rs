@@ -31,6 +31,10 @@ pub struct Store<S> {
     /// The most bytes storage may be handed for one state: what a read
     /// may bring back.
     max_stored_bytes: usize,
+    /// `allow_force_push`: older states are written on purpose, and a
+    /// replica cannot tell one written that way elsewhere from storage
+    /// rolling back, so rollbacks are not refused.
+    older_states_allowed: bool,
 }
 
 impl<S: Storage> Store<S> {
@@ -50,12 +54,20 @@ impl<S: Storage> Store<S> {
     ) -> Self {
         Store {
             max_stored_bytes,
+            older_states_allowed: false,
             sealer: Sealer::new(keys, accept_plain),
             inner,
             backend: backend.to_string(),
             history,
             marks,
         }
+    }
+
+    /// With `allowed` (the backend's `allow_force_push`), an older state
+    /// read back is served, not refused as a rollback.
+    pub fn allowing_older_states(mut self, allowed: bool) -> Self {
+        self.older_states_allowed = allowed;
+        self
     }
 
     /// The wrapped storage.
@@ -80,16 +92,25 @@ impl<S: Storage> Store<S> {
         }
     }
 
+    /// A state was deleted: a new one may start its serials afresh.
+    fn forget(&self, workspace: &str) {
+        if self.sealer.is_some() {
+            self.marks.forget(workspace);
+        }
+    }
+
     /// Before reading `workspace` under encryption: a workspace this host
     /// has not seen yet starts from the newest version its history kept
     /// (after a restart), then the read's start is noted.
     async fn read_start(&self, workspace: &str) -> Option<ReadStart> {
-        self.sealer.as_ref()?;
+        if self.sealer.is_none() || self.older_states_allowed {
+            return None;
+        }
         if !self.marks.knows(workspace)
             && let Some(history) = &self.history
             && let Some((lineage, serial)) = history.newest_version(workspace).await
         {
-            self.marks.wrote(workspace, lineage.as_deref(), serial);
+            self.marks.seed(workspace, lineage.as_deref(), serial);
         }
         Some(self.marks.read_start())
     }
@@ -215,8 +236,7 @@ impl<S: Storage> Storage for Store<S> {
 
     async fn delete(&self, workspace: &str, lock_id: Option<&str>) -> StorageResult<()> {
         self.inner.delete(workspace, lock_id).await?;
-        // A new state may start its serials afresh.
-        self.marks.forget(workspace);
+        self.forget(workspace);
         Ok(())
     }
 
@@ -246,7 +266,7 @@ impl<S: Storage> Storage for Store<S> {
 
     async fn delete_workspace(&self, name: &str) -> StorageResult<()> {
         self.inner.delete_workspace(name).await?;
-        self.marks.forget(name);
+        self.forget(name);
         Ok(())
     }
 

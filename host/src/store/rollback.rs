@@ -75,29 +75,50 @@ impl RollbackMarks {
         start: ReadStart,
     ) -> Result<(), Rollback> {
         let mut marks = self.marks();
-        if let Some(mark) = marks.get(workspace)
-            && !mark.deleted
-            && mark.lineage.as_deref() == lineage
-            && serial < mark.serial
-        {
-            if mark.set_at <= start.0 {
+        if let Some(mark) = marks.get(workspace) {
+            if mark.set_at > start.0 {
+                // Set by a change that finished after this read began (a
+                // write, a delete): the read may have seen what that change
+                // replaced, which must neither be refused nor become the mark.
+                return Ok(());
+            }
+            if !mark.deleted && mark.lineage.as_deref() == lineage && serial < mark.serial {
                 return Err(Rollback {
                     newest: mark.serial,
                 });
             }
-            // Set by a write that finished after this read began: the
-            // read saw the state that write replaced.
-            return Ok(());
         }
         self.raise(&mut marks, workspace, lineage, serial);
         Ok(())
     }
 
-    /// Record a state this host wrote (or a version kept elsewhere that
-    /// stands in for one): the mark rises to it, or a new lineage replaces it.
+    /// Record a state this host wrote: the mark is set to it exactly (a
+    /// force push may go back on purpose; this host's writes to a
+    /// workspace run one at a time).
     pub fn wrote(&self, workspace: &str, lineage: Option<&str>, serial: u64) {
+        let set_at = self.tick();
+        self.marks().insert(
+            workspace.to_string(),
+            Mark {
+                lineage: lineage.map(str::to_string),
+                serial,
+                set_at,
+                deleted: false,
+            },
+        );
+    }
+
+    /// Start from a version kept elsewhere (the host's history after a
+    /// restart), unless this host has seen the workspace since.
+    pub fn seed(&self, workspace: &str, lineage: Option<&str>, serial: u64) {
         let mut marks = self.marks();
-        self.raise(&mut marks, workspace, lineage, serial);
+        if !marks.contains_key(workspace) {
+            self.raise(&mut marks, workspace, lineage, serial);
+        }
+    }
+
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::AcqRel) + 1
     }
 
     fn raise(
@@ -114,7 +135,7 @@ impl RollbackMarks {
         {
             return;
         }
-        let set_at = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
+        let set_at = self.tick();
         marks.insert(
             workspace.to_string(),
             Mark {
@@ -129,7 +150,7 @@ impl RollbackMarks {
     /// Forget `workspace`'s states: it was deleted, a new one may start
     /// over (with any lineage and serial).
     pub fn forget(&self, workspace: &str) {
-        let set_at = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
+        let set_at = self.tick();
         self.marks().insert(
             workspace.to_string(),
             Mark {
@@ -189,10 +210,28 @@ mod tests {
     }
 
     #[test]
-    fn marks_only_rise() {
+    fn reads_only_raise_marks_and_writes_set_them() {
         let marks = RollbackMarks::default();
         marks.wrote("w", Some("a"), 9);
+        assert_eq!(marks.read("w", Some("a"), 12, marks.read_start()), Ok(()));
+        assert!(marks.read("w", Some("a"), 9, marks.read_start()).is_err());
+        // A force push back to serial 3 through this host: its new newest.
         marks.wrote("w", Some("a"), 3);
-        assert!(marks.read("w", Some("a"), 8, marks.read_start()).is_err());
+        assert_eq!(marks.read("w", Some("a"), 3, marks.read_start()), Ok(()));
+        // A seed never lowers what this host has seen.
+        marks.seed("w", Some("a"), 1);
+        assert!(marks.read("w", Some("a"), 2, marks.read_start()).is_err());
+    }
+
+    #[test]
+    fn a_read_that_began_before_a_delete_does_not_undo_it() {
+        let marks = RollbackMarks::default();
+        marks.wrote("w", Some("a"), 40);
+        let start = marks.read_start();
+        marks.forget("w");
+        // The read saw serial 40 of the deleted state.
+        assert_eq!(marks.read("w", Some("a"), 40, start), Ok(()));
+        // A backup of serial 5 pushed after the delete is not a rollback.
+        assert_eq!(marks.read("w", Some("a"), 5, marks.read_start()), Ok(()));
     }
 }

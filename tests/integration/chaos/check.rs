@@ -55,8 +55,9 @@ fn deleted_between(events: &[&Event], after: &Event, before: &Event) -> bool {
 }
 
 /// Writes under a lock that a force-unlock may have broken while they ran
-/// (the force-unlock ended after the lock was granted and began before the
-/// write was answered). A force-unlock hands the state to someone else
+/// (the force-unlock ended after the lock was granted, or after an
+/// unlocked write began and the server locked for it, and began before
+/// the write was answered). A force-unlock hands the state to someone else
 /// while its holder may still be writing, as it does with Terraform's own
 /// backends: such a write may land after a newer one, and a newer one may
 /// land over it. The promise is kept for every other write.
@@ -76,7 +77,12 @@ fn overridden<'a>(events: &[&'a Event]) -> HashSet<usize> {
         .iter()
         .filter_map(|post| {
             let Op::Post(w) = &post.op else { return None };
-            let since = granted(w.lock_id.as_deref()?)?;
+            // Its own lock, or (sent without one) the lock the server took
+            // for it while it ran.
+            let since = match w.lock_id.as_deref() {
+                Some(id) => granted(id)?,
+                None => post.start,
+            };
             forced
                 .iter()
                 .any(|f| f.end > since && f.start < post.end)

@@ -149,7 +149,8 @@ impl Client {
                 }
                 88..93 => self.force_unlock(&workspace),
                 93..96 => self.delete_workspace(&workspace),
-                _ => self.partial_post(&workspace),
+                96..98 => self.hang_up(&workspace, true),
+                _ => self.hang_up(&workspace, false),
             }
         }
     }
@@ -249,27 +250,39 @@ impl Client {
             });
     }
 
-    /// A POST whose client sends half the body and hangs up.
-    fn partial_post(&mut self, workspace: &str) {
-        let base = (format!("partial-{}", self.next_name()), 0);
+    /// A POST whose client hangs up: after half its body (which must never
+    /// be stored), or after all of it without waiting for the answer (an
+    /// unlocked write the server must finish whole, lock released).
+    fn hang_up(&mut self, workspace: &str, whole: bool) {
+        let base = match whole {
+            true => match self.get(workspace) {
+                Some(base) => base,
+                None => return,
+            },
+            false => (format!("partial-{}", self.next_name()), 0),
+        };
         let (written, body) = self.written(workspace, &base, None);
+        let (op, sent) = match whole {
+            true => (Op::Post(written), body.len()),
+            false => (Op::PartialPost(written), body.len() / 2),
+        };
         let (host, url) = self.hosts.pick(&mut self.rng);
         let path = format!("/states/{}/{workspace}", self.backend);
-        self.recorder.record(self.id, host, workspace, Op::PartialPost(written), || {
+        self.recorder.record(self.id, host, workspace, op, || {
             let address = url.trim_start_matches("http://");
-            let sent = std::net::TcpStream::connect(address).and_then(|mut stream| {
-                // The fault itself: a request line and half a body, then
-                // the connection closes.
+            let result = std::net::TcpStream::connect(address).and_then(|mut stream| {
+                // The fault itself: a request, all or half of its body,
+                // then the connection closes without reading the answer.
                 write!(
                     stream,
                     "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
                     body.len()
                 )?;
-                stream.write_all(&body[..body.len() / 2])?;
+                stream.write_all(&body[..sent])?;
                 stream.shutdown(std::net::Shutdown::Both)
             });
-            Outcome::Unknown(match sent {
-                Ok(()) => "client hung up half-way".into(),
+            Outcome::Unknown(match result {
+                Ok(()) => "client hung up".into(),
                 Err(e) => format!("could not connect: {e}"),
             })
         });
