@@ -20,12 +20,16 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
 
 CONFIG = json.loads(Path(sys.argv[1]).read_text())
 BASE = CONFIG["base"]
 SHOTS = Path(CONFIG["screenshots"])
 SHOTS.mkdir(parents=True, exist_ok=True)
+# How long any page may take to load or change: generous, since the whole
+# suite (and Chromium starting) may share two cores with this script.
+DEADLINE = 60
 
 
 def fail(reason):
@@ -50,17 +54,35 @@ def browser():
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
 
 
+def body_text(driver):
+    bodies = driver.find_elements(By.TAG_NAME, "body")
+    return bodies[0].text if bodies else ""
+
+
+def wait_for(driver, condition, what):
+    """Poll `condition` until it holds, or fail naming `what` and the page."""
+    try:
+        return WebDriverWait(driver, DEADLINE).until(condition)
+    except TimeoutException:
+        fail(f"{what}: not within {DEADLINE} s; at {driver.current_url}: {body_text(driver)!r}")
+
+
+def click_then(driver, element, locator, what):
+    """Click `element`, which loads another page, and return `locator` on
+    that page: a click returns before the page has loaded, so wait until
+    the old page is gone (`element` stale) and the new one has `locator`."""
+    element.click()
+    wait_for(driver, EC.staleness_of(element), what)
+    return wait_for(driver, EC.presence_of_element_located(locator), what)
+
+
 def sign_in(driver, user, password):
     driver.get(f"{BASE}/ui/login")
     driver.find_element(By.ID, "user").send_keys(user)
     driver.find_element(By.ID, "password").send_keys(password)
     driver.find_element(By.ID, "sign-in").click()
-    # The click returns before the next page has loaded: poll, with a deadline.
-    try:
-        WebDriverWait(driver, 20).until(lambda d: d.current_url.endswith("/ui/backends"))
-    except TimeoutException:
-        fail(f"{user} did not land on the backends page: at {driver.current_url}: "
-             f"{driver.find_element(By.TAG_NAME, 'body').text!r}")
+    wait_for(driver, lambda d: d.current_url.endswith("/ui/backends"),
+             f"{user} lands on the backends page after signing in")
     check(True, f"{user} signs in and lands on the backends page")
 
 
@@ -140,9 +162,9 @@ try:
     target = f"{BASE}/ui/backends/{backend}/{workspace}/force-unlock"
     url, server = attacker_page(target)
     admin.get(url)
-    admin.find_element(By.ID, "go").click()
+    refused = click_then(admin, admin.find_element(By.ID, "go"), (By.TAG_NAME, "body"),
+                         "the forged POST's answer").text
     shot(admin, "forged-post")
-    refused = admin.find_element(By.TAG_NAME, "body").text
     check("may not change anything" in refused or "nothing was changed" in refused,
           f"the forged POST is refused ({refused!r})")
     server.shutdown()
@@ -152,8 +174,8 @@ try:
 
     # The admin's own force-unlock, from the page.
     shot(admin, "workspaces-admin")
-    admin.find_element(By.CSS_SELECTOR, f"{row} button.force-unlock").click()
-    message = admin.find_element(By.ID, "message").text
+    message = click_then(admin, admin.find_element(By.CSS_SELECTOR, f"{row} button.force-unlock"),
+                         (By.ID, "message"), "the force-unlock's answer").text
     shot(admin, "force-unlocked")
     check("Released the lock" in message and CONFIG["holder"] in message, f"force-unlock reports the holder ({message!r})")
     admin.get(f"{BASE}/ui/backends/{backend}")
@@ -162,8 +184,8 @@ try:
 
     # Restore the first apply's version: written back with the next serial.
     admin.get(f"{BASE}/ui/backends/{backend}/{workspace}")
-    admin.find_element(By.CSS_SELECTOR, f'tr[data-version="{CONFIG["from_version"]}"] button.restore').click()
-    message = admin.find_element(By.ID, "message").text
+    restore = admin.find_element(By.CSS_SELECTOR, f'tr[data-version="{CONFIG["from_version"]}"] button.restore')
+    message = click_then(admin, restore, (By.ID, "message"), "the restore's answer").text
     restored = CONFIG["serial"] + 1
     shot(admin, "restored")
     check(f"as serial {restored}" in message, f"restore reports serial {restored} ({message!r})")
