@@ -87,7 +87,12 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
     let scheme = if tls.is_some() { "https" } else { "http" };
-    print_banner(scheme, addr, &backends);
+    // Signals are taken before the banner: scripts (and tests) signal the
+    // server once it says it listens, and a SIGHUP or SIGTERM that came
+    // before its handler would kill the process outright.
+    use tokio::signal::unix::{SignalKind, signal};
+    let terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    let hangups = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
     let marks: Marks = Arc::new(
         backends
             .keys()
@@ -108,6 +113,7 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
     let allow_force_push = Arc::new(ForcePush::new(force_push_backends(&config)));
     if let Some(source) = source {
         tokio::spawn(reload_on_sighup(
+            hangups,
             source,
             runtime.clone(),
             backends.clone(),
@@ -152,9 +158,10 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
         shutdown_timeout: network.shutdown_timeout,
     };
     let signal = async {
-        shutdown_signal().await;
+        shutdown_signal(terminate).await;
         draining.store(true, Ordering::Release);
     };
+    print_banner(scheme, addr, app_state.backends.keys().map(String::as_str));
     let changes = app_state.changes.clone();
     crate::listen::serve(listener, tls, app, limits, metrics, signal).await;
     // Changes whose client went away still finish (a lock taken for an
@@ -170,18 +177,18 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
 
 /// What an operator needs to point Terraform here. The first line is stable
 /// (`wasmstate listening on http[s]://ADDR`): scripts and tests read it.
-fn print_banner(scheme: &str, addr: SocketAddr, backends: &BTreeMap<String, GuestBackend>) {
-    let name = backends
-        .keys()
+fn print_banner<'a>(scheme: &str, addr: SocketAddr, backends: impl Iterator<Item = &'a str>) {
+    let names: Vec<&str> = backends.collect();
+    let name = names
+        .iter()
+        .copied()
         .find(|n| *n == "default")
-        .or_else(|| backends.keys().next())
-        .map(String::as_str)
+        .or_else(|| names.first().copied())
         .unwrap_or("default");
     let url = format!(
         "{scheme}://{addr}/states/{name}/{}",
         protocol::DEFAULT_WORKSPACE
     );
-    let names: Vec<&str> = backends.keys().map(String::as_str).collect();
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
         out,
@@ -195,6 +202,7 @@ fn print_banner(scheme: &str, addr: SocketAddr, backends: &BTreeMap<String, Gues
 }
 
 async fn reload_on_sighup(
+    mut hangups: tokio::signal::unix::Signal,
     source: ConfigSource,
     runtime: Arc<Runtime>,
     served: BTreeMap<String, Arc<Swappable<Store<GuestBackend>>>>,
@@ -205,17 +213,16 @@ async fn reload_on_sighup(
     let max_stored = runtime.max_stored_bytes();
     let build =
         |config: &Config, name: &str, guest| store_for(config, name, guest, &marks, max_stored);
-    use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
-        tracing::warn!("cannot listen for SIGHUP; reloading is off");
-        return;
-    };
     while hangups.recv().await.is_some() {
         tracing::info!(config = %source.path.display(), "SIGHUP: reloading backends");
         match crate::reload::reload(&source, &runtime, &served, build).await {
             Ok(outcome) => {
                 allow_force_push.set(force_push_backends(&outcome.config));
                 metrics.reloaded(true);
+                // Metrics first: whoever reads the log line reads them true.
+                for (name, slot) in &served {
+                    metrics.backend_up(name, slot.is_up());
+                }
                 tracing::info!(
                     replaced = outcome.replaced.len(),
                     stopped = outcome.stopped.len(),
@@ -227,23 +234,15 @@ async fn reload_on_sighup(
                 tracing::error!("reload failed, nothing changed: {e:#}")
             }
         }
-        for (name, slot) in &served {
-            metrics.backend_up(name, slot.is_up());
-        }
     }
 }
 
-async fn shutdown_signal() {
+async fn shutdown_signal(mut terminate: tokio::signal::unix::Signal) {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
     let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+        terminate.recv().await;
     };
     tokio::select! {
         () = ctrl_c => {},

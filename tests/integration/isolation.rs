@@ -28,8 +28,19 @@ const FLOOD_REQUESTS: usize = 48;
 /// regression guard, not the target: requests queued behind spinning
 /// guests take their 10 ms time slices in turn, hundreds of milliseconds.
 /// The measured figures (and the 2x target) are in docs/benchmarks.md, from
-/// `cargo bench --bench isolation`.
+/// `cargo bench --bench isolation`. On a machine the rest of the suite
+/// keeps busy, the bound grows with the idle p99 ([`latency_bound`]).
 const HEALTHY_P99_BOUND: Duration = Duration::from_millis(50);
+/// The flooding git guest's deadline (`timeout_ms`): long enough for its
+/// 8 MiB commits to take the clone past `git_clone_max_mib` (five of them)
+/// on a machine busy with the rest of the suite.
+const GIT_FLOOD_TIMEOUT: Duration = Duration::from_secs(10);
+/// How late after its deadline the flood's answer may come: the guest is
+/// stopped at the deadline, and the host's git work with it; the rest is
+/// the machine's (a busy one takes seconds to schedule and unwind that
+/// work). Without a deadline the flood would run until the client's 60 s
+/// timeout.
+const DEADLINE_SLACK: Duration = Duration::from_secs(10);
 
 /// The cores one backend may keep busy by default: all but one.
 fn default_cores() -> f64 {
@@ -211,9 +222,10 @@ fn a_memory_flood_keeps_the_server_within_its_budget_and_the_healthy_backend_ans
         "healthy p99: idle {idle:?}, during the flood {under_attack:?}; peak RSS {} MiB",
         peak / MIB
     );
+    let bound = latency_bound(HEALTHY_P99_BOUND, idle);
     assert!(
-        under_attack <= HEALTHY_P99_BOUND,
-        "the healthy backend's p99 went from {idle:?} idle to {under_attack:?} during the flood"
+        under_attack <= bound,
+        "the healthy backend's p99 went from {idle:?} idle to {under_attack:?} during the flood (bound {bound:?})"
     );
     assert_eq!(terraform::stored_output(&tf_url), "one");
     assert_eq!(send("GET", &healthy, None).body, state(1));
@@ -350,10 +362,11 @@ fn git_work_for_a_guest_stops_at_its_deadline_and_the_clone_stays_bounded() {
         &data,
         &format!(
             "git_clone_max_mib = 32\n\
-             [backends.flood]\nguest = {HOSTILE_WASM:?}\nallow_git = [{repo:?}]\ntimeout_ms = 4000\n\
+             [backends.flood]\nguest = {HOSTILE_WASM:?}\nallow_git = [{repo:?}]\ntimeout_ms = {}\n\
              git_paths = [\"flood-*.bin\"]\n\
              [backends.flood.config]\nattack = \"git-flood\"\ntarget = {repo:?}\n\
-             [backends.infra]\nguest = \"git\"\n[backends.infra.config]\nrepository = {repo:?}\n"
+             [backends.infra]\nguest = \"git\"\n[backends.infra.config]\nrepository = {repo:?}\n",
+            GIT_FLOOD_TIMEOUT.as_millis()
         ),
     );
     let started = Instant::now();
@@ -361,8 +374,8 @@ fn git_work_for_a_guest_stops_at_its_deadline_and_the_clone_stays_bounded() {
     let took = started.elapsed();
     assert_eq!(answer.status, 504, "{}", answer.text());
     assert!(
-        took < Duration::from_secs(7),
-        "the flood's answer took {took:?}"
+        took < GIT_FLOOD_TIMEOUT + DEADLINE_SLACK,
+        "the flood's answer took {took:?}; its deadline is {GIT_FLOOD_TIMEOUT:?}"
     );
     // The repository is free at once for the other backend on it.
     let started = Instant::now();
@@ -434,8 +447,9 @@ fn a_guest_busy_with_file_io_leaves_the_other_backends_answering() {
         default_cores()
     );
     eprintln!("healthy p99: idle {idle:?}, during file I/O spin {busy:?}");
+    let bound = latency_bound(HEALTHY_P99_BOUND, idle);
     assert!(
-        busy <= HEALTHY_P99_BOUND,
-        "the healthy backend's p99 went from {idle:?} idle to {busy:?} while another guest spun in file I/O"
+        busy <= bound,
+        "the healthy backend's p99 went from {idle:?} idle to {busy:?} while another guest spun in file I/O (bound {bound:?})"
     );
 }

@@ -509,6 +509,17 @@ fn backend_up(server: &Server, name: &str) -> f64 {
     server.metric(&format!("wasmstate_backend_up{{backend=\"{name}\"}}"))
 }
 
+/// Wait until `wasmstate_backend_up{backend="NAME"}` is `up` after a
+/// reload: the server sets it only after logging "reload done", which is
+/// all [`reload`] waits for.
+fn assert_backend_up_after_reload(server: &Server, name: &str, up: f64) {
+    wait_until(
+        &format!("wasmstate_backend_up{{backend=\"{name}\"}} to be {up} after the reload"),
+        Duration::from_secs(30),
+        || backend_up(server, name) == up,
+    );
+}
+
 #[test]
 fn a_reload_that_narrows_grants_removes_a_key_or_a_backend_stops_what_it_no_longer_allows() {
     let etcd = Etcd::start();
@@ -570,25 +581,25 @@ fn a_reload_that_narrows_grants_removes_a_key_or_a_backend_stops_what_it_no_long
     write(&public, false, false);
     reload(&server, 1);
     stopped(&kv, "has not granted");
-    assert_eq!(backend_up(&server, "kv"), 0.0);
+    assert_backend_up_after_reload(&server, "kv", 0.0);
     serving(&gone);
     // Granted again: serving again.
     write(&public, true, false);
     reload(&server, 2);
     serving(&kv);
-    assert_eq!(backend_up(&server, "kv"), 1.0);
+    assert_backend_up_after_reload(&server, "kv", 1.0);
 
     // 2. The publisher's key is no longer trusted: stopped.
     write(&stranger, true, false);
     reload(&server, 3);
     stopped(&kv, "trusted");
-    assert_eq!(backend_up(&server, "kv"), 0.0);
+    assert_backend_up_after_reload(&server, "kv", 0.0);
 
     // 3. A backend removed from the config: stopped.
     write(&public, true, true);
     reload(&server, 4);
     stopped(&gone, "removed from the config");
-    assert_eq!(backend_up(&server, "gone"), 0.0);
+    assert_backend_up_after_reload(&server, "gone", 0.0);
     serving(&kv);
     let log = server.log_text();
     assert!(log.contains("backend stopped"), "{log}");

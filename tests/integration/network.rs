@@ -12,8 +12,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// A token client's p95 during a flood may not pass this. A regression
-/// guard: with password checks on the async executor it was 217 ms.
+/// guard: with password checks on the async executor it was 217 ms. On a
+/// machine the rest of the suite keeps busy, the bound grows with the same
+/// client's p95 before the flood ([`latency_bound`]).
 const TOKEN_P95_BOUND: Duration = Duration::from_millis(50);
+
+/// The 95th percentile of `samples`.
+fn p95(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() * 95 / 100]
+}
 
 fn hash(password: &str) -> String {
     use std::process::{Command, Stdio};
@@ -125,6 +133,27 @@ fn a_wrong_password_flood_slows_no_token_client_and_is_throttled() {
         "refusing a known name took {known:?}, an unknown one {unknown:?}"
     );
 
+    // The token client's latencies, and what this machine gives it before
+    // the flood.
+    let client = reqwest::blocking::Client::new();
+    let token_latencies = |n: usize| -> Vec<Duration> {
+        (0..n)
+            .map(|_| {
+                let started = Instant::now();
+                let answer = client
+                    .get(&url)
+                    .header("Authorization", &bearer)
+                    .send()
+                    .unwrap();
+                assert_eq!(answer.status(), 200);
+                answer.bytes().unwrap();
+                started.elapsed()
+            })
+            .collect()
+    };
+    token_latencies(50); // warm up
+    let quiet = p95(token_latencies(300));
+
     let flooding = Arc::new(AtomicBool::new(true));
     let throttled = Arc::new(AtomicUsize::new(0));
     let flooders: Vec<_> = (0..16)
@@ -153,20 +182,7 @@ fn a_wrong_password_flood_slows_no_token_client_and_is_throttled() {
             })
         })
         .collect();
-    let client = reqwest::blocking::Client::new();
-    let mut latencies: Vec<Duration> = (0..300)
-        .map(|_| {
-            let started = Instant::now();
-            let answer = client
-                .get(&url)
-                .header("Authorization", &bearer)
-                .send()
-                .unwrap();
-            assert_eq!(answer.status(), 200);
-            answer.bytes().unwrap();
-            started.elapsed()
-        })
-        .collect();
+    let latencies = token_latencies(300);
     // The token client is fast; the flood's first refusals wait for argon2
     // on a loaded machine. Keep flooding until it is throttled.
     wait_until("the flood to be throttled", Duration::from_secs(30), || {
@@ -176,12 +192,12 @@ fn a_wrong_password_flood_slows_no_token_client_and_is_throttled() {
     for f in flooders {
         f.join().unwrap();
     }
-    latencies.sort();
-    let p95 = latencies[latencies.len() * 95 / 100];
-    eprintln!("token client p95 during the flood: {p95:?}");
+    let p95 = p95(latencies);
+    eprintln!("token client p95: {quiet:?} before the flood, {p95:?} during it");
+    let bound = latency_bound(TOKEN_P95_BOUND, quiet);
     assert!(
-        p95 <= TOKEN_P95_BOUND,
-        "the token client's p95 was {p95:?} during the flood"
+        p95 <= bound,
+        "the token client's p95 was {p95:?} during the flood, {quiet:?} before it (bound {bound:?})"
     );
     assert!(
         throttled.load(Ordering::SeqCst) > 0,

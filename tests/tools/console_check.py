@@ -11,14 +11,13 @@ Prints one line per check; exits 1 with the reason on the first failure.
 
 import http.server
 import json
-import socket
 import sys
 import threading
 from pathlib import Path
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import TimeoutException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
@@ -55,8 +54,13 @@ def browser():
 
 
 def body_text(driver):
-    bodies = driver.find_elements(By.TAG_NAME, "body")
-    return bodies[0].text if bodies else ""
+    """The page's text ("" while it has none); never raises, as failure
+    messages use it whatever state the page is in."""
+    try:
+        bodies = driver.find_elements(By.TAG_NAME, "body")
+        return bodies[0].text if bodies else ""
+    except WebDriverException as e:
+        return f"(no page text: {e.__class__.__name__})"
 
 
 def wait_for(driver, condition, what):
@@ -67,20 +71,37 @@ def wait_for(driver, condition, what):
         fail(f"{what}: not within {DEADLINE} s; at {driver.current_url}: {body_text(driver)!r}")
 
 
-def click_then(driver, element, locator, what):
-    """Click `element`, which loads another page, and return `locator` on
-    that page: a click returns before the page has loaded, so wait until
-    the old page is gone (`element` stale) and the new one has `locator`."""
-    element.click()
-    wait_for(driver, EC.staleness_of(element), what)
+def loaded(driver, locator, what):
+    """Wait until the current page has loaded whole and holds `locator`;
+    that element."""
+    wait_for(driver, lambda d: d.execute_script("return document.readyState") == "complete",
+             f"{what} (page still loading)")
     return wait_for(driver, EC.presence_of_element_located(locator), what)
 
 
+def click_then(driver, element, locator, what):
+    """Click `element`, which loads another page, and return `locator` on
+    that page: a click returns before the page has loaded, so wait until
+    the old page is gone (`element` stale) and the new one has loaded with
+    `locator`."""
+    element.click()
+    wait_for(driver, EC.staleness_of(element), f"{what} (the old page stayed)")
+    return loaded(driver, locator, what)
+
+
+def open_page(driver, url, locator, what):
+    """Load `url` and return `locator` on it, once the page has it: checks
+    that something is absent mean nothing on a page that is not there."""
+    driver.get(url)
+    return loaded(driver, locator, what)
+
+
 def sign_in(driver, user, password):
-    driver.get(f"{BASE}/ui/login")
+    button = open_page(driver, f"{BASE}/ui/login", (By.ID, "sign-in"), "the login form")
     driver.find_element(By.ID, "user").send_keys(user)
     driver.find_element(By.ID, "password").send_keys(password)
-    driver.find_element(By.ID, "sign-in").click()
+    # A refused sign-in shows the login form again: the wait's failure says so.
+    click_then(driver, button, (By.ID, "backends"), f"{user}'s backends page after signing in")
     wait_for(driver, lambda d: d.current_url.endswith("/ui/backends"),
              f"{user} lands on the backends page after signing in")
     check(True, f"{user} signs in and lands on the backends page")
@@ -114,16 +135,19 @@ def attacker_page(target):
         def log_message(self, *args):
             pass
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = http.server.HTTPServer(("127.0.0.1", port), Handler)
+    # Port 0, then read back the port it bound: choosing a free port and
+    # binding it later would leave a moment for another process to take it.
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{port}/", server
 
 
 backend, workspace = CONFIG["backend"], CONFIG["workspace"]
 row = f'tr[data-workspace="{workspace}"]'
+workspaces_page = f"{BASE}/ui/backends/{backend}"
+versions_page = f"{BASE}/ui/backends/{backend}/{workspace}"
+diff_page = f"{versions_page}?from={CONFIG['from_version']}&to=current"
 
 # A reader: sees states, the lock's holder, no admin buttons.
 reader = browser()
@@ -132,14 +156,14 @@ try:
     shot(reader, "backends")
     check(backend in texts(reader, "#backends td a"), "the backends page lists the backend")
     check("local (embedded)" not in reader.page_source, "a reader is not shown what a backend is made of")
-    reader.get(f"{BASE}/ui/backends/{backend}")
+    open_page(reader, workspaces_page, (By.CSS_SELECTOR, row), "the workspace's row")
     shot(reader, "workspaces-reader")
     serial = reader.find_element(By.CSS_SELECTOR, f"{row} td.serial").text
     check(serial == str(CONFIG["serial"]), f"the workspace shows serial {CONFIG['serial']} (shown: {serial!r})")
     holder = reader.find_element(By.CSS_SELECTOR, f"{row} td.lock").text
     check(CONFIG["holder"] in holder, f"the lock's holder is shown ({holder!r})")
     check(not reader.find_elements(By.CSS_SELECTOR, "button.force-unlock"), "a reader sees no force-unlock button")
-    reader.get(f"{BASE}/ui/backends/{backend}/{workspace}")
+    open_page(reader, versions_page, (By.ID, "versions"), "the versions table")
     check(not reader.find_elements(By.CSS_SELECTOR, "button.restore"), "a reader sees no restore button")
 finally:
     reader.quit()
@@ -147,11 +171,11 @@ finally:
 admin = browser()
 try:
     sign_in(admin, *CONFIG["admin"])
-    admin.get(f"{BASE}/ui/guests")
+    open_page(admin, f"{BASE}/ui/guests", (By.ID, "guests"), "the guests table")
     shot(admin, "guests")
     check("local (embedded)" in admin.page_source, "the guests page shows an admin the guest")
     # The diff between the first apply's version and the current state.
-    admin.get(f"{BASE}/ui/backends/{backend}/{workspace}?from={CONFIG['from_version']}&to=current")
+    open_page(admin, diff_page, (By.ID, "diff"), "the diff")
     shot(admin, "diff")
     changed = texts(admin, "#changed li")
     check(changed == [CONFIG["changed"]], f"the diff shows exactly {CONFIG['changed']} changed (shown: {changed})")
@@ -161,14 +185,15 @@ try:
     # A forged admin POST from another origin, without the token.
     target = f"{BASE}/ui/backends/{backend}/{workspace}/force-unlock"
     url, server = attacker_page(target)
-    admin.get(url)
-    refused = click_then(admin, admin.find_element(By.ID, "go"), (By.TAG_NAME, "body"),
-                         "the forged POST's answer").text
+    go = open_page(admin, url, (By.ID, "go"), "the attacker's page")
+    click_then(admin, go, (By.TAG_NAME, "body"), "the forged POST's answer")
+    refused = body_text(admin)
     shot(admin, "forged-post")
     check("may not change anything" in refused or "nothing was changed" in refused,
           f"the forged POST is refused ({refused!r})")
     server.shutdown()
-    admin.get(f"{BASE}/ui/backends/{backend}")
+    server.server_close()
+    open_page(admin, workspaces_page, (By.CSS_SELECTOR, row), "the workspace's row")
     holder = admin.find_element(By.CSS_SELECTOR, f"{row} td.lock").text
     check(CONFIG["holder"] in holder, "the lock is still held after the forged POST")
 
@@ -178,18 +203,19 @@ try:
                          (By.ID, "message"), "the force-unlock's answer").text
     shot(admin, "force-unlocked")
     check("Released the lock" in message and CONFIG["holder"] in message, f"force-unlock reports the holder ({message!r})")
-    admin.get(f"{BASE}/ui/backends/{backend}")
+    open_page(admin, workspaces_page, (By.CSS_SELECTOR, row), "the workspace's row")
     lock = admin.find_element(By.CSS_SELECTOR, f"{row} td.lock").text
     check(lock == "unlocked", f"the workspace shows unlocked ({lock!r})")
 
     # Restore the first apply's version: written back with the next serial.
-    admin.get(f"{BASE}/ui/backends/{backend}/{workspace}")
-    restore = admin.find_element(By.CSS_SELECTOR, f'tr[data-version="{CONFIG["from_version"]}"] button.restore')
+    restore = open_page(admin, versions_page,
+                        (By.CSS_SELECTOR, f'tr[data-version="{CONFIG["from_version"]}"] button.restore'),
+                        "the restore button of the first apply's version")
     message = click_then(admin, restore, (By.ID, "message"), "the restore's answer").text
     restored = CONFIG["serial"] + 1
     shot(admin, "restored")
     check(f"as serial {restored}" in message, f"restore reports serial {restored} ({message!r})")
-    admin.get(f"{BASE}/ui/backends/{backend}/{workspace}?from={CONFIG['from_version']}&to=current")
+    open_page(admin, diff_page, (By.ID, "diff"), "the diff after the restore")
     check(not texts(admin, "#changed li"), "the restored state equals the first apply's, serial aside")
 finally:
     admin.quit()

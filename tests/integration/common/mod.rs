@@ -345,6 +345,19 @@ pub fn wait_until(what: &str, deadline: Duration, mut condition: impl FnMut() ->
     }
 }
 
+/// How many times its quiet latency a client may take under the load a
+/// test puts on the server, when the machine is already slow without it.
+pub const BUSY_MACHINE_FACTOR: u32 = 10;
+
+/// A latency bound that holds on a machine busy with other work (the rest
+/// of the suite): `fixed`, the regression guard for a quiet machine, or
+/// [`BUSY_MACHINE_FACTOR`] times `quiet`, the same client's latency measured
+/// just before without the load under test, when other work alone already
+/// makes it that slow. On a quiet machine it is `fixed`.
+pub fn latency_bound(fixed: Duration, quiet: Duration) -> Duration {
+    fixed.max(quiet * BUSY_MACHINE_FACTOR)
+}
+
 /// Read everything a child wrote to a pipe, on a thread, into a shared buffer
 /// that tests can poll while the child runs.
 pub fn capture(pipe: impl Read + Send + 'static) -> std::sync::Arc<std::sync::Mutex<String>> {
@@ -370,8 +383,9 @@ pub const ETCD_GUEST_WASM: &str = env!("WASMSTATE_EXAMPLE_ETCD");
 /// A guest built for a WIT version the host does not support.
 pub const FUTURE_VERSION_WASM: &str = env!("WASMSTATE_FIXTURE_FUTURE_VERSION");
 
-/// A free TCP port on 127.0.0.1 (for servers that cannot report the port
-/// they bound).
+/// A TCP port on 127.0.0.1 that was free a moment ago. Another process may
+/// take it before whoever is told it binds it: start helpers with
+/// [`process::Helper::start_on_free_ports`], which tries other ports then.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -2,11 +2,14 @@
 //! stopped on drop: moto (S3, DynamoDB), etcd, `git daemon`, `git
 //! http-backend` behind lighttpd, an OCI registry and a static file server.
 //! Each is installed and version-checked by [`super::tools`] and supervised
-//! by [`Helper`], so a peer that cannot start says why in one line.
+//! by [`Helper`], so a peer that cannot start says why in one line. None can
+//! bind port 0 and report its port, so each is started on ports that were
+//! free a moment before, and again on others if one was taken meanwhile
+//! ([`Helper::start_on_free_ports`]).
 
 use super::process::Helper;
 use super::tools::{self, DOCKER_REGISTRY, ETCD, GIT, LIGHTTPD};
-use super::{free_port, send, send_with, tempdir};
+use super::{send, send_with, tempdir};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -54,18 +57,28 @@ impl Moto {
     /// answers.
     pub fn start() -> Moto {
         let python = tools::python_env().python();
-        let port = free_port();
-        let mut command = Command::new(python);
-        command.args(["-c", MOTO_SINGLE_THREADED, "127.0.0.1", &port.to_string()]);
-        let mut helper = Helper::start("moto", command);
-        let url = format!("http://127.0.0.1:{port}");
-        let api = format!("{url}/moto-api/");
-        helper.wait_until("answering HTTP", START_DEADLINE, || {
-            reqwest::blocking::get(&api).is_ok()
-        });
+        let (helper, ports) = Helper::start_on_free_ports(
+            "moto",
+            1,
+            "answering HTTP",
+            START_DEADLINE,
+            |ports: &[u16]| {
+                let mut command = Command::new(&python);
+                command.args([
+                    "-c",
+                    MOTO_SINGLE_THREADED,
+                    "127.0.0.1",
+                    &ports[0].to_string(),
+                ]);
+                command
+            },
+            |ports: &[u16]| {
+                reqwest::blocking::get(format!("http://127.0.0.1:{}/moto-api/", ports[0])).is_ok()
+            },
+        );
         Moto {
             _helper: helper,
-            url,
+            url: format!("http://127.0.0.1:{}", ports[0]),
         }
     }
 
@@ -164,33 +177,41 @@ impl Etcd {
     pub fn start() -> Etcd {
         tools::require(&ETCD);
         let dir = tempdir();
-        let (client, peer) = (free_port(), free_port());
-        let url = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let mut command = Command::new("etcd");
-        command
-            .arg("--data-dir")
-            .arg(dir.path().join("etcd"))
-            .args([
-                "--listen-client-urls",
-                &url,
-                "--advertise-client-urls",
-                &url,
-            ])
-            .args(["--listen-peer-urls", &peer_url])
-            .args(["--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("default={peer_url}")]);
-        let mut helper = Helper::start("etcd", command);
-        let health = format!("{url}/health");
-        helper.wait_until("reporting healthy", START_DEADLINE, || {
-            reqwest::blocking::get(&health)
-                .ok()
-                .and_then(|r| r.text().ok())
-                .is_some_and(|t| t.contains("true"))
-        });
+        let (helper, ports) = Helper::start_on_free_ports(
+            "etcd",
+            2,
+            "reporting healthy",
+            START_DEADLINE,
+            |ports: &[u16]| {
+                let url = format!("http://127.0.0.1:{}", ports[0]);
+                let peer_url = format!("http://127.0.0.1:{}", ports[1]);
+                let mut command = Command::new("etcd");
+                command
+                    // A data directory per attempt: one that bootstrapped
+                    // with other peer URLs would not start on these.
+                    .arg("--data-dir")
+                    .arg(dir.path().join(format!("etcd-{}", ports[0])))
+                    .args([
+                        "--listen-client-urls",
+                        &url,
+                        "--advertise-client-urls",
+                        &url,
+                    ])
+                    .args(["--listen-peer-urls", &peer_url])
+                    .args(["--initial-advertise-peer-urls", &peer_url])
+                    .args(["--initial-cluster", &format!("default={peer_url}")]);
+                command
+            },
+            |ports: &[u16]| {
+                reqwest::blocking::get(format!("http://127.0.0.1:{}/health", ports[0]))
+                    .ok()
+                    .and_then(|r| r.text().ok())
+                    .is_some_and(|t| t.contains("true"))
+            },
+        );
         Etcd {
             _helper: helper,
-            url,
+            url: format!("http://127.0.0.1:{}", ports[0]),
             _dir: dir,
         }
     }
@@ -249,11 +270,34 @@ pub struct GitDaemon {
 impl GitDaemon {
     /// Serve `base` on a free port.
     pub fn start(base: &Path) -> GitDaemon {
-        GitDaemon::start_on(base, free_port())
+        let (helper, ports) = Helper::start_on_free_ports(
+            "git daemon",
+            1,
+            "accepting connections",
+            START_DEADLINE,
+            |ports: &[u16]| GitDaemon::command(base, ports[0]),
+            |ports: &[u16]| std::net::TcpStream::connect(("127.0.0.1", ports[0])).is_ok(),
+        );
+        GitDaemon {
+            helper,
+            base: base.to_path_buf(),
+            port: ports[0],
+        }
     }
 
     /// Serve `base` on `port` (to bring a stopped remote back).
     pub fn start_on(base: &Path, port: u16) -> GitDaemon {
+        let mut helper = Helper::start("git daemon", GitDaemon::command(base, port));
+        helper.wait_for_port(port, START_DEADLINE);
+        GitDaemon {
+            helper,
+            base: base.to_path_buf(),
+            port,
+        }
+    }
+
+    /// The command serving `base` on `port`.
+    fn command(base: &Path, port: u16) -> Command {
         // Run git-daemon itself: `git daemon` is a wrapper that would
         // leave the real daemon listening when killed.
         let exec_path = git(base, &["--exec-path"]);
@@ -268,13 +312,7 @@ impl GitDaemon {
             .arg(format!("--port={port}"))
             .arg(format!("--base-path={}", base.display()))
             .arg(base);
-        let mut helper = Helper::start("git daemon", command);
-        helper.wait_for_port(port, START_DEADLINE);
-        GitDaemon {
-            helper,
-            base: base.to_path_buf(),
-            port,
-        }
+        command
     }
 
     /// `git://127.0.0.1:PORT/<name>.git`
@@ -306,28 +344,35 @@ impl Registry {
     pub fn start() -> Registry {
         tools::require(&DOCKER_REGISTRY);
         let dir = tempdir();
-        let port = free_port();
-        let address = format!("127.0.0.1:{port}");
         let config = dir.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {address}\n",
-                dir.path().join("data").display()
-            ),
-        )
-        .unwrap();
-        let mut command = Command::new("docker-registry");
-        command.arg("serve").arg(&config);
-        let mut helper = Helper::start("docker-registry", command);
-        let url = format!("http://{address}/v2/");
-        helper.wait_until("answering /v2/", START_DEADLINE, || {
-            reqwest::blocking::get(&url).is_ok_and(|r| r.status().is_success())
-        });
+        let (helper, ports) = Helper::start_on_free_ports(
+            "docker-registry",
+            1,
+            "answering /v2/",
+            START_DEADLINE,
+            |ports: &[u16]| {
+                std::fs::write(
+                    &config,
+                    format!(
+                        "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{}\n",
+                        dir.path().join("data").display(),
+                        ports[0]
+                    ),
+                )
+                .unwrap();
+                let mut command = Command::new("docker-registry");
+                command.arg("serve").arg(&config);
+                command
+            },
+            |ports: &[u16]| {
+                reqwest::blocking::get(format!("http://127.0.0.1:{}/v2/", ports[0]))
+                    .is_ok_and(|r| r.status().is_success())
+            },
+        );
         Registry {
             _helper: helper,
             _dir: dir,
-            address,
+            address: format!("127.0.0.1:{}", ports[0]),
         }
     }
 }
@@ -348,12 +393,12 @@ impl GitHttp {
         std::fs::create_dir_all(&repos).unwrap();
         std::fs::write(dir.join("users"), format!("{user}:{password}\n")).unwrap();
         let backend = Path::new(git(dir, &["--exec-path"]).trim()).join("git-http-backend");
-        let port = free_port();
         let config = dir.join("lighttpd.conf");
-        std::fs::write(
-            &config,
-            format!(
-                r#"server.modules = ("mod_alias", "mod_auth", "mod_authn_file", "mod_cgi", "mod_setenv")
+        let write_config = |port: u16| {
+            std::fs::write(
+                &config,
+                format!(
+                    r#"server.modules = ("mod_alias", "mod_auth", "mod_authn_file", "mod_cgi", "mod_setenv")
 server.document-root = "{root}"
 server.bind = "127.0.0.1"
 server.port = {port}
@@ -366,19 +411,29 @@ auth.backend = "plain"
 auth.backend.plain.userfile = "{root}/users"
 auth.require = ("/git" => ("method" => "basic", "realm" => "git", "require" => "valid-user"))
 "#,
-                root = dir.display(),
-                repos = repos.display(),
-                backend = backend.display(),
-            ),
-        )
-        .unwrap();
-        let mut command = Command::new("lighttpd");
-        command.arg("-D").arg("-f").arg(&config);
-        let mut helper = Helper::start("lighttpd", command);
-        helper.wait_for_port(port, START_DEADLINE);
+                    root = dir.display(),
+                    repos = repos.display(),
+                    backend = backend.display(),
+                ),
+            )
+            .unwrap();
+        };
+        let (helper, ports) = Helper::start_on_free_ports(
+            "lighttpd",
+            1,
+            "accepting connections",
+            START_DEADLINE,
+            |ports: &[u16]| {
+                write_config(ports[0]);
+                let mut command = Command::new("lighttpd");
+                command.arg("-D").arg("-f").arg(&config);
+                command
+            },
+            |ports: &[u16]| std::net::TcpStream::connect(("127.0.0.1", ports[0])).is_ok(),
+        );
         GitHttp {
             _helper: helper,
-            port,
+            port: ports[0],
         }
     }
 
@@ -399,22 +454,30 @@ pub struct FileServer {
 impl FileServer {
     /// Serve `dir`.
     pub fn start(dir: &Path) -> FileServer {
-        let port = free_port();
-        let mut command = Command::new(tools::python_env().python());
-        command
-            .args([
-                "-m",
-                "http.server",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-            ])
-            .current_dir(dir);
-        let mut helper = Helper::start("file server", command);
-        helper.wait_for_port(port, START_DEADLINE);
+        let python = tools::python_env().python();
+        let (helper, ports) = Helper::start_on_free_ports(
+            "file server",
+            1,
+            "accepting connections",
+            START_DEADLINE,
+            |ports: &[u16]| {
+                let mut command = Command::new(&python);
+                command
+                    .args([
+                        "-m",
+                        "http.server",
+                        &ports[0].to_string(),
+                        "--bind",
+                        "127.0.0.1",
+                    ])
+                    .current_dir(dir);
+                command
+            },
+            |ports: &[u16]| std::net::TcpStream::connect(("127.0.0.1", ports[0])).is_ok(),
+        );
         FileServer {
             _helper: helper,
-            url: format!("http://127.0.0.1:{port}"),
+            url: format!("http://127.0.0.1:{}", ports[0]),
         }
     }
 }

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 /// Lines of a helper's log shown under a failure.
 const TAIL_LINES: usize = 20;
+/// How many sets of ports [`Helper::start_on_free_ports`] tries.
+const PORT_ATTEMPTS: usize = 5;
 
 /// A running helper process, killed on drop.
 pub struct Helper {
@@ -43,25 +45,88 @@ impl Helper {
         }
     }
 
+    /// Start the helper `name` on `count` loopback ports, which it must be
+    /// told (it cannot bind port 0 and report what it got): `command(ports)`
+    /// makes its command, `ready(ports)` tells when it serves. The ports
+    /// were free a moment before it starts, but on a busy machine another
+    /// process (another test's helper, a client's ephemeral port) can take
+    /// one in between; the helper then exits, unable to bind, and is started
+    /// again on other ports, up to [`PORT_ATTEMPTS`] times. Otherwise fails
+    /// the test as [`Helper::wait_until`] does.
+    pub fn start_on_free_ports(
+        name: &str,
+        count: usize,
+        what: &str,
+        deadline: Duration,
+        mut command: impl FnMut(&[u16]) -> Command,
+        mut ready: impl FnMut(&[u16]) -> bool,
+    ) -> (Helper, Vec<u16>) {
+        let mut attempt = 1;
+        loop {
+            // All held open at once, so the `count` ports differ.
+            let listeners: Vec<std::net::TcpListener> = (0..count)
+                .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+                .collect();
+            let ports: Vec<u16> = listeners
+                .iter()
+                .map(|l| l.local_addr().unwrap().port())
+                .collect();
+            drop(listeners);
+            let mut helper = Helper::start(name, command(&ports));
+            let what = format!("{what} on port(s) {ports:?}");
+            let result = helper.poll(&what, deadline, || ready(&ports));
+            let exited = result.is_err() && helper.exited();
+            match result {
+                Ok(()) => return (helper, ports),
+                Err(why) if exited && attempt < PORT_ATTEMPTS => {
+                    eprintln!("{name} {why}; starting it again on other ports");
+                    helper.stop();
+                    attempt += 1;
+                }
+                Err(why) => helper.fail(&why),
+            }
+        }
+    }
+
     /// Poll `ready` until it holds. The test fails, naming the cause in
     /// one line, when the helper exits first or `deadline` passes.
-    pub fn wait_until(&mut self, what: &str, deadline: Duration, mut ready: impl FnMut() -> bool) {
+    pub fn wait_until(&mut self, what: &str, deadline: Duration, ready: impl FnMut() -> bool) {
+        if let Err(why) = self.poll(what, deadline, ready) {
+            self.fail(&why);
+        }
+    }
+
+    /// Poll `ready` until it holds while the helper runs; why not, when it
+    /// exits first (even if something else answers in its place) or
+    /// `deadline` passes.
+    fn poll(
+        &mut self,
+        what: &str,
+        deadline: Duration,
+        mut ready: impl FnMut() -> bool,
+    ) -> Result<(), String> {
         let until = Instant::now() + deadline;
         loop {
-            if ready() {
-                return;
-            }
+            let is_ready = ready();
             if let Some(status) = self.child.try_wait().unwrap() {
-                self.fail(&format!("exited ({}) before {what}", describe(status)));
+                return Err(format!("exited ({}) before {what}", describe(status)));
+            }
+            if is_ready {
+                return Ok(());
             }
             if Instant::now() >= until {
-                self.fail(&format!(
+                return Err(format!(
                     "did not get to {what} within {} s (still running)",
                     deadline.as_secs()
                 ));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Whether it has exited.
+    fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
     }
 
     /// Wait until something accepts TCP connections on `port` (loopback).
