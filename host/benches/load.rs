@@ -73,7 +73,13 @@ fn main() {
             .map(|client| {
                 let base = format!("{}/states/default/load-{client}", server.1);
                 scope.spawn(move || {
-                    let http = reqwest::blocking::Client::new();
+                    // Terraform's content type: the server refuses others (415).
+                    let mut headers = reqwest::header::HeaderMap::new();
+                    headers.insert("content-type", "application/json".parse().unwrap());
+                    let http = reqwest::blocking::Client::builder()
+                        .default_headers(headers)
+                        .build()
+                        .unwrap();
                     let method = |m: &str| reqwest::Method::from_bytes(m.as_bytes()).unwrap();
                     let (mut requests, mut cycles) = (0u64, Vec::new());
                     let mut serial = 0;

@@ -4,6 +4,7 @@
 use crate::common::*;
 use base64::Engine as _;
 use std::path::PathBuf;
+use std::time::Duration;
 
 const ADMIN: (&str, &str) = ("olivia", "admin password for the console");
 const READER: (&str, &str) = ("rita", "reader password for the console");
@@ -165,16 +166,7 @@ fn admin_forms_without_the_token_change_nothing() {
         200
     );
     // A session (no users: signing in is automatic) without its token.
-    let client = reqwest::blocking::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let login = client
-        .get(format!("{}/ui/login", server.url))
-        .send()
-        .unwrap();
-    let cookie = login.headers()["set-cookie"].to_str().unwrap();
-    let cookie = cookie.split(';').next().unwrap().to_string();
+    let ConsoleSession { client, cookie, .. } = ConsoleSession::open(&server);
     let forged = client
         .post(format!(
             "{}/ui/backends/default/default/force-unlock",
@@ -230,4 +222,72 @@ fn installed_guests_are_listed_for_admins() {
         .collect();
     assert_eq!(names, ["etcd"], "{listed}");
     assert_eq!(listed[0]["signed_by"], serde_json::Value::Null);
+}
+
+/// A console session on a server without users (signing in is automatic).
+pub(crate) struct ConsoleSession {
+    /// A client that does not follow redirects.
+    pub client: reqwest::blocking::Client,
+    base: String,
+    /// The session's cookie, `name=value`.
+    pub cookie: String,
+    csrf: String,
+    workspace: String,
+}
+
+impl ConsoleSession {
+    /// Sign in (automatic without users).
+    pub fn open(server: &Server) -> ConsoleSession {
+        let client = reqwest::blocking::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let login = client
+            .get(format!("{}/ui/login", server.url))
+            .send()
+            .unwrap();
+        let cookie = login.headers()["set-cookie"].to_str().unwrap();
+        let cookie = cookie.split(';').next().unwrap().to_string();
+        ConsoleSession {
+            client,
+            base: server.url.clone(),
+            cookie,
+            csrf: String::new(),
+            workspace: String::new(),
+        }
+    }
+
+    /// Ready to act on `workspace` of backend `default`, with the CSRF token
+    /// its page carries.
+    pub fn for_workspace(mut self, workspace: &str) -> ConsoleSession {
+        let page = self
+            .client
+            .get(format!("{}/ui/backends/default/{workspace}", self.base))
+            .header("cookie", &self.cookie)
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        let marker = "name=\"csrf\" value=\"";
+        let start = page.find(marker).expect("a form with the CSRF token") + marker.len();
+        self.csrf = page[start..].split('"').next().unwrap().to_string();
+        self.workspace = workspace.into();
+        self
+    }
+
+    /// Restore version `id` through the console's form: (status, page).
+    pub fn restore(&self, id: &str) -> (u16, String) {
+        let answer = self
+            .client
+            .post(format!(
+                "{}/ui/backends/default/{}/restore",
+                self.base, self.workspace
+            ))
+            .header("cookie", &self.cookie)
+            .form(&[("csrf", self.csrf.as_str()), ("version", id)])
+            .send()
+            .unwrap();
+        (answer.status().as_u16(), answer.text().unwrap())
+    }
 }

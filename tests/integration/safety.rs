@@ -3,9 +3,9 @@
 //! the code before its fix (commit b0cb279).
 
 use crate::common::*;
+use crate::console::ConsoleSession;
 use crate::marketplace::reload;
 use std::path::Path;
-use std::time::Duration;
 
 /// A state of `bytes` bytes (padded in an output) with `lineage` and `serial`.
 fn padded_state(lineage: &str, serial: u64, bytes: usize) -> Vec<u8> {
@@ -58,8 +58,8 @@ fn a_sealed_state_near_the_body_limit_reads_back_and_takes_the_next_write() {
 /// Finding 2: the rollback check remembered serials without their lineage,
 /// per host, and read the host's history after a restart. A workspace
 /// deleted through another replica and started again (new lineage, serial
-/// 1) answered 500 "refused as a rollback" on the first replica, even after
-/// it restarted.
+/// one) answered 500 "refused as a rollback" on the first replica, even
+/// after it restarted.
 #[test]
 fn a_state_started_again_through_another_replica_is_not_a_rollback() {
     let dir = tempdir();
@@ -196,7 +196,7 @@ fn restores_keep_the_document_and_pass_the_stale_write_guard() {
     );
 
     // The console may not put a state without lineage over one with it.
-    let console = ConsoleSession::open(&server, "restore");
+    let console = ConsoleSession::open(&server).for_workspace("restore");
     let refused = console.restore(&oldest);
     assert_eq!(refused.0, 409, "{}", refused.1);
     assert!(refused.1.contains("no lineage"), "{}", refused.1);
@@ -235,61 +235,4 @@ fn restores_keep_the_document_and_pass_the_stale_write_guard() {
         send("LOCK", &url, Some(&lock_info("after", "ops"))).status,
         200
     );
-}
-
-/// A console session on a server without users (signing in is automatic).
-struct ConsoleSession {
-    client: reqwest::blocking::Client,
-    base: String,
-    cookie: String,
-    csrf: String,
-    workspace: String,
-}
-
-impl ConsoleSession {
-    fn open(server: &Server, workspace: &str) -> ConsoleSession {
-        let client = reqwest::blocking::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(Duration::from_secs(60))
-            .build()
-            .unwrap();
-        let login = client
-            .get(format!("{}/ui/login", server.url))
-            .send()
-            .unwrap();
-        let cookie = login.headers()["set-cookie"].to_str().unwrap();
-        let cookie = cookie.split(';').next().unwrap().to_string();
-        let page = client
-            .get(format!("{}/ui/backends/default/{workspace}", server.url))
-            .header("cookie", &cookie)
-            .send()
-            .unwrap()
-            .text()
-            .unwrap();
-        let marker = "name=\"csrf\" value=\"";
-        let start = page.find(marker).expect("a form with the CSRF token") + marker.len();
-        let csrf = page[start..].split('"').next().unwrap().to_string();
-        ConsoleSession {
-            client,
-            base: server.url.clone(),
-            cookie,
-            csrf,
-            workspace: workspace.into(),
-        }
-    }
-
-    /// Restore version `id` through the console's form: (status, page).
-    fn restore(&self, id: &str) -> (u16, String) {
-        let answer = self
-            .client
-            .post(format!(
-                "{}/ui/backends/default/{}/restore",
-                self.base, self.workspace
-            ))
-            .header("cookie", &self.cookie)
-            .form(&[("csrf", self.csrf.as_str()), ("version", id)])
-            .send()
-            .unwrap();
-        (answer.status().as_u16(), answer.text().unwrap())
-    }
 }

@@ -15,8 +15,11 @@ use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 /// their number follows the workspaces being changed right now.
 #[derive(Default)]
 pub struct WorkspaceGates {
-    gates: Mutex<HashMap<(String, String), Weak<AsyncMutex<()>>>>,
+    gates: Mutex<HashMap<WorkspaceKey, Weak<AsyncMutex<()>>>>,
 }
+
+/// (backend, workspace).
+type WorkspaceKey = (String, String);
 
 /// Held while one change to a workspace runs; dropping it lets the next in.
 pub struct Gate {

@@ -346,12 +346,12 @@ async fn workspace_route<S: Storage>(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let caller = app.identify(&headers, client).await?;
-    let target = app.target(&backend, &workspace)?;
+    // 404 for an unknown backend, 400 for a bad name, before anything else.
+    app.target(&backend, &workspace)?;
     match method {
         Method::PUT => {
             caller.may(&backend, Some(&workspace), Role::Write)?;
             app.refuse_while_draining()?;
-            drop(target);
             app.change(&backend, &workspace, |app, backend, workspace| async move {
                 workspaces::create(app.target(&backend, &workspace)?).await
             })
@@ -360,7 +360,6 @@ async fn workspace_route<S: Storage>(
         Method::DELETE => {
             caller.may(&backend, Some(&workspace), Role::Admin)?;
             app.refuse_while_draining()?;
-            drop(target);
             app.change(&backend, &workspace, |app, backend, workspace| async move {
                 workspaces::delete(app.target(&backend, &workspace)?).await
             })

@@ -61,7 +61,7 @@ fn deleted_between(events: &[&Event], after: &Event, before: &Event) -> bool {
 /// while its holder may still be writing, as it does with Terraform's own
 /// backends: such a write may land after a newer one, and a newer one may
 /// land over it. The promise is kept for every other write.
-fn overridden<'a>(events: &[&'a Event]) -> HashSet<usize> {
+fn overridden(events: &[&Event]) -> HashSet<usize> {
     let forced: Vec<&Event> = events
         .iter()
         .copied()
