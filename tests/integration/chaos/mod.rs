@@ -271,6 +271,8 @@ fn workspace_names(setup: &Setup) -> Vec<String> {
 /// Run `setup`: clients and faults for its time, then settle and check.
 fn run(setup: Setup) -> Report {
     let seed = seed();
+    // Said before anything runs, so a run that hangs can be replayed too.
+    println!("chaos run: seed {seed} (replay: WASMSTATE_CHAOS_SEED={seed})");
     let dir = tempdir();
     let mut cluster = Cluster::start(dir.path(), &setup);
     let recorder = Arc::new(Recorder::new());
