@@ -127,6 +127,8 @@ fn the_console_shows_states_diffs_and_locks_in_a_real_browser() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    // Shown with --nocapture: each step's time since the browser started.
+    println!("{text}");
     assert!(
         out.status.success() && text.contains("ALL PASSED"),
         "{text}"

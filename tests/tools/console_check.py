@@ -13,6 +13,7 @@ import http.server
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 
 from selenium import webdriver
@@ -36,10 +37,14 @@ def fail(reason):
     sys.exit(1)
 
 
+STARTED = time.monotonic()
+
+
 def check(condition, reason):
     if not condition:
         fail(reason)
-    print(f"ok   {reason}", flush=True)
+    # The time since start shows which step a slow run spent its time on.
+    print(f"ok   {time.monotonic() - STARTED:5.1f}s  {reason}", flush=True)
 
 
 def browser():
@@ -74,18 +79,39 @@ def wait_for(driver, condition, what):
 def loaded(driver, locator, what):
     """Wait until the current page has loaded whole and holds `locator`;
     that element."""
-    wait_for(driver, lambda d: d.execute_script("return document.readyState") == "complete",
-             f"{what} (page still loading)")
+    wait_for(driver, page_complete, f"{what} (page still loading)")
     return wait_for(driver, EC.presence_of_element_located(locator), what)
+
+
+def page_complete(driver):
+    """True once the current page has loaded whole; an error from a page
+    between loads means "not yet"."""
+    try:
+        return driver.execute_script("return document.readyState") == "complete"
+    except WebDriverException:
+        return False
+
+
+def old_page_gone(driver):
+    """True once the page marked by `click_then` has been replaced. Asked
+    mid-navigation, the browser may answer with any WebDriverException (not
+    only StaleElementReference: Chrome 156 says "Node with given id does
+    not belong to the document"), which means only "not yet"."""
+    try:
+        return driver.execute_script("return window.__wasmstate_old_page !== true")
+    except WebDriverException:
+        return False
 
 
 def click_then(driver, element, locator, what):
     """Click `element`, which loads another page, and return `locator` on
-    that page: a click returns before the page has loaded, so wait until
-    the old page is gone (`element` stale) and the new one has loaded with
-    `locator`."""
+    that page: a click returns before the page has loaded, so mark the old
+    page's window (a new page has a new window object), wait until the mark
+    is gone, then until the new page has loaded with `locator`. No element
+    of the old page is asked anything after the click."""
+    driver.execute_script("window.__wasmstate_old_page = true")
     element.click()
-    wait_for(driver, EC.staleness_of(element), f"{what} (the old page stayed)")
+    wait_for(driver, old_page_gone, f"{what} (the old page stayed)")
     return loaded(driver, locator, what)
 
 
@@ -137,7 +163,11 @@ def attacker_page(target):
 
     # Port 0, then read back the port it bound: choosing a free port and
     # binding it later would leave a moment for another process to take it.
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    # Threaded: Chrome opens speculative connections it may never send a
+    # request on, and a one-at-a-time server blocks reading one until
+    # Chrome drops it (a minute), which held up `shutdown`.
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
     port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{port}/", server
