@@ -177,6 +177,29 @@ impl Dir {
         Ok(())
     }
 
+    /// Flush directory `path` (`"."` for this one) to stable storage: its
+    /// entries, so a rename, link or new file inside it survives a power
+    /// loss (a file's own sync does not cover the name pointing at it).
+    pub fn sync_dir(&self, path: &str) -> Result<()> {
+        let synced = if path == "." {
+            self.fd.sync()
+        } else {
+            self.open(path, OpenFlags::DIRECTORY, DescriptorFlags::READ)?
+                .sync()
+        };
+        synced.map_err(|e| io_error(e, "syncing directory", path))
+    }
+
+    /// Modification time of `path` in seconds since the epoch; `None` when
+    /// it does not exist or the clock is unknown.
+    pub fn modified_secs(&self, path: &str) -> Result<Option<u64>> {
+        match self.fd.stat_at(PathFlags::empty(), path) {
+            Ok(stat) => Ok(stat.data_modification_timestamp.map(|t| t.seconds)),
+            Err(ErrorCode::NoEntry) => Ok(None),
+            Err(e) => Err(io_error(e, "inspecting", path)),
+        }
+    }
+
     /// Atomically replace `to` with `from`.
     pub fn rename(&self, from: &str, to: &str) -> Result<()> {
         self.fd

@@ -268,6 +268,12 @@ mod body_guard {
     }
 }
 
+/// `len` random bytes from the host (WASI's secure random source): for
+/// names of temporary objects and tags that must not collide across hosts.
+pub fn random_bytes(len: u64) -> Vec<u8> {
+    wasip2::random::random::get_random_bytes(len)
+}
+
 /// The lock rule of [`Backend::write`] and [`Backend::delete`]: a change is
 /// allowed when `lock_id` is the holder's, or when nothing is locked and no
 /// id is presented; otherwise the right refusal, naming the holder.

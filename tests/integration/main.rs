@@ -25,5 +25,6 @@ mod production;
 mod protocol;
 mod safety;
 mod sandbox;
+mod storage_faults;
 mod terraform;
 mod trust;

@@ -10,9 +10,10 @@
 //! ```
 
 mod s3;
+mod state;
 
 pub use aws_smithy_wasm::wasi::WasiSleep;
-pub use s3::S3State;
+pub use s3::{Condition, S3State, WRITE_TAG};
 
 use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::config::{Region, SharedHttpClient};

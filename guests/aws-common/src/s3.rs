@@ -15,10 +15,39 @@ const FIRST_RANGE: u64 = 1 << 20;
 /// Bytes fetched by each later ranged GET, and the size of each part of
 /// an upload: what the guest holds of a state at once.
 pub const PART_BYTES: u64 = 8 << 20;
+/// Age past which an unfinished multipart upload is abandoned: longer than
+/// any request may run (the host caps a backend's `timeout_ms` at an hour).
+const ABANDONED_AFTER_SECS: u64 = 2 * 3600;
+
+/// User metadata (`x-amz-meta-wasmstate-write`) naming the write that put
+/// a state object: the dynamodb guest's way to tell a write that landed
+/// without its digest from a state changed behind its back.
+pub const WRITE_TAG: &str = "wasmstate-write";
+
+/// When a PUT may replace what is at its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Condition {
+    /// Whatever is there.
+    Always,
+    /// Only if nothing is (`If-None-Match: *`).
+    IfAbsent,
+    /// Only if the object is still this ETag (`If-Match`): a write whose
+    /// request is applied late, after a newer one, is refused then.
+    IfMatch(String),
+}
+
+/// An object read by [`S3State::get_to`].
+#[derive(Debug, Clone, Default)]
+pub struct Got {
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its [`WRITE_TAG`] metadata, if any.
+    pub tag: Option<String>,
+}
 
 /// An S3 client bound to the configured bucket and layout.
 pub struct S3State {
-    client: Client,
+    pub(crate) client: Client,
     /// The settings it was built from.
     pub settings: AwsSettings,
 }
@@ -49,7 +78,7 @@ impl S3State {
         }
     }
 
-    fn url(&self, key: &str) -> String {
+    pub(crate) fn url(&self, key: &str) -> String {
         format!("s3://{}/{key}", self.settings.bucket)
     }
 
@@ -85,9 +114,14 @@ impl S3State {
     /// the first one's ETag (a state replaced mid-read fails, to be
     /// retried, instead of mixing two states); its size, `None` when there
     /// is no object.
-    pub fn get_to(&self, key: &str, out: &mut dyn std::io::Write) -> Result<Option<u64>, Error> {
+    pub(crate) fn get_to(
+        &self,
+        key: &str,
+        out: &mut dyn std::io::Write,
+    ) -> Result<Option<Got>, Error> {
         block_on(async {
             let (mut start, mut want, mut etag) = (0u64, FIRST_RANGE, None::<String>);
+            let mut tag = None;
             loop {
                 let mut request = self
                     .client
@@ -110,7 +144,9 @@ impl S3State {
                         return Ok(None);
                     }
                     // An empty object has no byte to range over.
-                    Err(e) if start == 0 && status_of(&e) == Some(416) => return Ok(Some(0)),
+                    Err(e) if start == 0 && status_of(&e) == Some(416) => {
+                        return Ok(Some(Got::default()));
+                    }
                     Err(e) if status_of(&e) == Some(412) => {
                         return Err(Error::Unavailable(format!(
                             "{} was replaced while it was read; retry",
@@ -128,6 +164,9 @@ impl S3State {
                     .or(answer.content_length().and_then(|l| u64::try_from(l).ok()))
                     .unwrap_or(0);
                 etag = answer.e_tag().map(str::to_string);
+                if start == 0 {
+                    tag = answer.metadata().and_then(|m| m.get(WRITE_TAG)).cloned();
+                }
                 let bytes = answer
                     .body
                     .collect()
@@ -138,7 +177,7 @@ impl S3State {
                     .map_err(|e| Error::io("handing the state to the host", e))?;
                 start += bytes.len() as u64;
                 if bytes.is_empty() || start >= total {
-                    return Ok(Some(total));
+                    return Ok(Some(Got { size: total, tag }));
                 }
                 want = PART_BYTES;
             }
@@ -147,6 +186,11 @@ impl S3State {
 
     /// Whether an object exists at `key` (a HEAD: nothing is downloaded).
     pub fn exists(&self, key: &str) -> Result<bool, Error> {
+        Ok(self.etag_of(key)?.is_some())
+    }
+
+    /// The ETag of the object at `key` (a HEAD), `None` when there is none.
+    pub fn etag_of(&self, key: &str) -> Result<Option<String>, Error> {
         block_on(async {
             match self
                 .client
@@ -156,8 +200,8 @@ impl S3State {
                 .send()
                 .await
             {
-                Ok(_) => Ok(true),
-                Err(e) if status_of(&e) == Some(404) => Ok(false),
+                Ok(head) => Ok(Some(head.e_tag().unwrap_or_default().to_string())),
+                Err(e) if status_of(&e) == Some(404) => Ok(None),
                 Err(e) => Err(sdk_error(&format!("looking for {}", self.url(key)), e)),
             }
         })
@@ -168,23 +212,29 @@ impl S3State {
     /// larger states go up as a multipart upload of parts that size, which
     /// S3 makes visible all at once when it completes (and discards when
     /// it is aborted).
+    ///
+    /// `Ok(false)` when `condition` did not hold: nothing was written.
     pub fn put_from(
         &self,
         key: &str,
         state: &mut StateReader<'_>,
         mut each: impl FnMut(&[u8]),
-    ) -> Result<(), Error> {
+        condition: &Condition,
+        tag: Option<&str>,
+    ) -> Result<bool, Error> {
         if state.size() <= PART_BYTES {
             let bytes = state.read_all();
             each(&bytes);
-            return self.put(key, &bytes, false).map(|_| ());
+            return self.put_tagged(key, &bytes, condition, tag);
         }
+        self.abort_abandoned_uploads(key);
         let s = &self.settings;
         let mut create = self
             .client
             .create_multipart_upload()
             .bucket(&s.bucket)
             .key(key)
+            .set_metadata(tag.map(|t| [(WRITE_TAG.to_string(), t.to_string())].into()))
             .content_type("application/json");
         if let Some(kms) = &s.kms_key_id {
             create = create
@@ -196,7 +246,7 @@ impl S3State {
         let what = || format!("writing {}", self.url(key));
         let upload = block_on(create.send()).map_err(|e| sdk_error(&what(), e))?;
         let id = upload.upload_id().unwrap_or_default().to_string();
-        let uploaded = self.upload_parts(key, &id, state, &mut each);
+        let uploaded = self.upload_parts(key, &id, state, &mut each, condition);
         if uploaded.is_err() {
             // Best effort: an upload left open is removed by the bucket's
             // lifecycle rules, and never becomes the state.
@@ -218,7 +268,8 @@ impl S3State {
         id: &str,
         state: &mut StateReader<'_>,
         each: &mut impl FnMut(&[u8]),
-    ) -> Result<(), Error> {
+        condition: &Condition,
+    ) -> Result<bool, Error> {
         let what = || format!("writing {}", self.url(key));
         let mut parts = Vec::new();
         for number in 1.. {
@@ -252,32 +303,95 @@ impl S3State {
                     .build(),
             );
         }
-        block_on(
+        let mut complete = self
+            .client
+            .complete_multipart_upload()
+            .bucket(&self.settings.bucket)
+            .key(key)
+            .upload_id(id)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts))
+                    .build(),
+            );
+        complete = match condition {
+            Condition::Always => complete,
+            Condition::IfAbsent => complete.if_none_match("*"),
+            Condition::IfMatch(etag) => complete.if_match(etag),
+        };
+        match block_on(complete.send()) {
+            Ok(_) => Ok(true),
+            Err(e)
+                if *condition != Condition::Always && matches!(status_of(&e), Some(412 | 409)) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(sdk_error(&what(), e)),
+        }
+    }
+
+    /// Abort uploads to `key` begun longer ago than any request may run:
+    /// writes stopped between their first part and their completion (a
+    /// deadline, a killed host), which S3 keeps, and bills, until aborted.
+    /// Best effort: a store that cannot list them keeps them for its
+    /// lifecycle rules.
+    fn abort_abandoned_uploads(&self, key: &str) {
+        let bucket = &self.settings.bucket;
+        let Ok(listed) = block_on(
             self.client
-                .complete_multipart_upload()
-                .bucket(&self.settings.bucket)
-                .key(key)
-                .upload_id(id)
-                .multipart_upload(
-                    CompletedMultipartUpload::builder()
-                        .set_parts(Some(parts))
-                        .build(),
-                )
+                .list_multipart_uploads()
+                .bucket(bucket)
+                .prefix(key)
                 .send(),
-        )
-        .map_err(|e| sdk_error(&what(), e))?;
-        Ok(())
+        ) else {
+            return;
+        };
+        let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) else {
+            return;
+        };
+        for upload in listed.uploads() {
+            let old = upload.initiated().is_some_and(|t| {
+                now.as_secs().saturating_sub(t.secs().max(0) as u64) > ABANDONED_AFTER_SECS
+            });
+            if upload.key() == Some(key) && old {
+                let _ = block_on(
+                    self.client
+                        .abort_multipart_upload()
+                        .bucket(bucket)
+                        .key(key)
+                        .set_upload_id(upload.upload_id().map(str::to_string))
+                        .send(),
+                );
+            }
+        }
     }
 
     /// Write `bytes` at `key`. With `if_absent`, only if no object exists
     /// there (`If-None-Match: *`): `Ok(false)` when one does.
     pub fn put(&self, key: &str, bytes: &[u8], if_absent: bool) -> Result<bool, Error> {
+        let condition = match if_absent {
+            true => Condition::IfAbsent,
+            false => Condition::Always,
+        };
+        self.put_tagged(key, bytes, &condition, None)
+    }
+
+    /// Write `bytes` at `key` if `condition` holds (`Ok(false)` when it
+    /// does not), carrying `tag` as [`WRITE_TAG`] metadata.
+    pub fn put_tagged(
+        &self,
+        key: &str,
+        bytes: &[u8],
+        condition: &Condition,
+        tag: Option<&str>,
+    ) -> Result<bool, Error> {
         let s = &self.settings;
         let mut request = self
             .client
             .put_object()
             .bucket(&s.bucket)
             .key(key)
+            .set_metadata(tag.map(|t| [(WRITE_TAG.to_string(), t.to_string())].into()))
             .content_type("application/json")
             .body(ByteStream::from(bytes.to_vec()));
         if let Some(kms) = &s.kms_key_id {
@@ -287,20 +401,80 @@ impl S3State {
         } else if s.encrypt {
             request = request.server_side_encryption(ServerSideEncryption::Aes256);
         }
-        if if_absent {
-            request = request.if_none_match("*");
-        }
+        request = match condition {
+            Condition::Always => request,
+            Condition::IfAbsent => request.if_none_match("*"),
+            Condition::IfMatch(etag) => request.if_match(etag),
+        };
+        let conditional = *condition != Condition::Always;
         block_on(async {
             match request.send().await {
                 Ok(_) => Ok(true),
-                Err(e) if if_absent && matches!(status_of(&e), Some(412 | 409)) => Ok(false),
-                Err(e) if if_absent && status_of(&e) == Some(501) => Err(Error::Internal(format!(
-                    "the S3 endpoint does not support conditional writes (PutObject with If-None-Match), \
-                     which lock files need: it answered 501 Not Implemented for {}. Use a store that \
-                     supports them, or the dynamodb guest",
+                Err(e) if conditional && matches!(status_of(&e), Some(412 | 409)) => Ok(false),
+                Err(e) if conditional && status_of(&e) == Some(501) => {
+                    Err(Error::Internal(format!(
+                        "the S3 endpoint does not support conditional writes (PutObject with If-None-Match \
+                     or If-Match), which lock files and safe state writes need: it answered 501 Not \
+                     Implemented for {}. Use a store that supports them, or the dynamodb guest",
+                        self.url(key)
+                    )))
+                }
+                Err(e) => Err(sdk_error(&format!("writing {}", self.url(key)), e)),
+            }
+        })
+    }
+
+    /// The object at `key` with its ETag, `None` when there is none.
+    pub fn get_with_etag(&self, key: &str) -> Result<Option<(Vec<u8>, String)>, Error> {
+        block_on(async {
+            let result = self
+                .client
+                .get_object()
+                .bucket(&self.settings.bucket)
+                .key(key)
+                .send()
+                .await;
+            match result {
+                Ok(out) => {
+                    let etag = out.e_tag().unwrap_or_default().to_string();
+                    let bytes = out.body.collect().await.map_err(|e| {
+                        Error::Unavailable(format!("reading {}: {e}", self.url(key)))
+                    })?;
+                    Ok(Some((bytes.into_bytes().to_vec(), etag)))
+                }
+                Err(e)
+                    if matches!(e.as_service_error(), Some(GetObjectError::NoSuchKey(_)))
+                        || status_of(&e) == Some(404) =>
+                {
+                    Ok(None)
+                }
+                Err(e) => Err(sdk_error(&format!("reading {}", self.url(key)), e)),
+            }
+        })
+    }
+
+    /// Delete the object at `key` only while it is still `etag`
+    /// (`If-Match`): `Ok(false)` when it changed or is gone.
+    pub fn remove_if_match(&self, key: &str, etag: &str) -> Result<bool, Error> {
+        block_on(async {
+            match self
+                .client
+                .delete_object()
+                .bucket(&self.settings.bucket)
+                .key(key)
+                .if_match(etag)
+                .send()
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(e) if matches!(status_of(&e), Some(412 | 404)) => Ok(false),
+                Err(e) if status_of(&e) == Some(501) => Err(Error::Internal(format!(
+                    "the S3 endpoint does not support conditional deletes (DeleteObject with \
+                     If-Match), which a safe unlock needs: it answered 501 Not Implemented for {}. \
+                     Use a store that supports them, or the dynamodb guest",
                     self.url(key)
                 ))),
-                Err(e) => Err(sdk_error(&format!("writing {}", self.url(key)), e)),
+                Err(e) => Err(sdk_error(&format!("deleting {}", self.url(key)), e)),
             }
         })
     }
@@ -319,89 +493,6 @@ impl S3State {
                 Ok(_) => Ok(()),
                 Err(e) if status_of(&e) == Some(404) => Ok(()),
                 Err(e) => Err(sdk_error(&format!("deleting {}", self.url(key)), e)),
-            }
-        })
-    }
-
-    /// Copy the state of `workspace` into `out`; `false` when there is
-    /// none. An empty object (a created, never written workspace) counts
-    /// as none.
-    pub fn read_state_to(
-        &self,
-        workspace: &str,
-        out: &mut dyn std::io::Write,
-    ) -> Result<bool, Error> {
-        let size = self.get_to(&self.settings.state_key(workspace), out)?;
-        Ok(size.is_some_and(|size| size > 0))
-    }
-
-    /// Replace the state of `workspace` with what `state` yields, handing
-    /// every chunk to `each` on its way.
-    pub fn write_state_from(
-        &self,
-        workspace: &str,
-        state: &mut StateReader<'_>,
-        each: impl FnMut(&[u8]),
-    ) -> Result<(), Error> {
-        self.put_from(&self.settings.state_key(workspace), state, each)
-    }
-
-    /// Delete the state of `workspace`.
-    pub fn delete_state(&self, workspace: &str) -> Result<(), Error> {
-        self.remove(&self.settings.state_key(workspace))
-    }
-
-    /// Whether `workspace` exists (has a state object, maybe empty).
-    pub fn workspace_exists(&self, workspace: &str) -> Result<bool, Error> {
-        self.exists(&self.settings.state_key(workspace))
-    }
-
-    /// Create `workspace` as an empty state object; `false` if it existed.
-    pub fn create_workspace(&self, workspace: &str) -> Result<bool, Error> {
-        self.put(&self.settings.state_key(workspace), b"", true)
-    }
-
-    /// Workspaces as Terraform lists them: every key exactly
-    /// `<prefix>/<ws>/<key>` (so lock files and other objects are not
-    /// workspaces).
-    pub fn list_workspaces(&self) -> Result<Vec<String>, Error> {
-        let s = &self.settings;
-        let prefix = if s.workspace_prefix.is_empty() {
-            String::new()
-        } else {
-            format!("{}/", s.workspace_prefix)
-        };
-        let mut names = Vec::new();
-        let mut token: Option<String> = None;
-        block_on(async {
-            loop {
-                let mut request = self
-                    .client
-                    .list_objects_v2()
-                    .bucket(&s.bucket)
-                    .prefix(&prefix);
-                if let Some(t) = token.take() {
-                    request = request.continuation_token(t);
-                }
-                let out = request
-                    .send()
-                    .await
-                    .map_err(|e| sdk_error(&format!("listing s3://{}/{prefix}", s.bucket), e))?;
-                for object in out.contents() {
-                    let Some(rest) = object.key().and_then(|k| k.strip_prefix(&prefix)) else {
-                        continue;
-                    };
-                    if let Some((ws, tail)) = rest.split_once('/')
-                        && tail == s.key
-                        && !ws.is_empty()
-                    {
-                        names.push(ws.to_string());
-                    }
-                }
-                match out.next_continuation_token() {
-                    Some(t) if out.is_truncated() == Some(true) => token = Some(t.to_string()),
-                    _ => return Ok(names),
-                }
             }
         })
     }

@@ -8,6 +8,17 @@
 //!   Digest: hex(md5(state))}`, computed as the state streams up; a read
 //!   whose state does not match a stored digest fails as unavailable (503,
 //!   which Terraform retries) with the advice Terraform gives.
+//!
+//! A write that stops between the object and its digest (a killed host, a
+//! deadline) must not leave the workspace unreadable. Terraform has the
+//! same gap and asks a human to edit the digest. Here each write draws a
+//! random tag, adds it to the digest item's `Pending` set before the object
+//! goes up, sends the object with the tag as metadata
+//! (`x-amz-meta-wasmstate-write`), then sets `Digest` and removes the tag.
+//! A read whose state does not match `Digest` but carries a pending tag is
+//! a write that landed without its digest: it is served and the digest
+//! repaired. A state changed behind the table's back carries no pending
+//! tag and still fails the check. Terraform reads only `Digest`.
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::BehaviorVersion;
@@ -85,24 +96,83 @@ impl Dynamo {
         }
     }
 
-    /// Record the digest of a written state. A failure here is a warning,
-    /// as in Terraform: the state itself is written.
-    fn put_digest(&self, ws: &str, digest: &str) {
-        let result = block_on(async {
+    /// Announce a write tagged `tag` before its object is sent (see the
+    /// module's doc). Must succeed: without it, a write that stopped
+    /// half-way would leave the workspace unreadable.
+    fn add_pending(&self, ws: &str, tag: &str) -> Result<(), Error> {
+        block_on(async {
             self.ddb
-                .put_item()
+                .update_item()
                 .table_name(&self.table)
-                .item("LockID", s(&self.digest_id(ws)))
-                .item("Digest", s(digest))
+                .key("LockID", s(&self.digest_id(ws)))
+                .update_expression("ADD Pending :t")
+                .expression_attribute_values(":t", AttributeValue::Ss(vec![tag.into()]))
                 .send()
                 .await
-        });
-        if let Err(e) = result {
+                .map(|_| ())
+                .map_err(|e| sdk_error(&format!("announcing a write in table {}", self.table), e))
+        })
+    }
+
+    /// Record `digest` as the state's and drop `tag`, its write's, from the
+    /// pending set. With `only_if_pending` (a read repairing a digest),
+    /// only while `tag` is still pending: once the write recorded its digest
+    /// or a newer write replaced it, there is nothing to repair. A failure
+    /// is a warning, as in Terraform: the state is written, and a read
+    /// finds it pending and repairs the digest.
+    fn put_digest(&self, ws: &str, digest: &str, tag: &str, only_if_pending: bool) {
+        let mut update = self
+            .ddb
+            .update_item()
+            .table_name(&self.table)
+            .key("LockID", s(&self.digest_id(ws)))
+            .update_expression("SET Digest = :d DELETE Pending :t")
+            .expression_attribute_values(":d", s(digest))
+            .expression_attribute_values(":t", AttributeValue::Ss(vec![tag.into()]));
+        if only_if_pending {
+            update = update
+                .condition_expression("contains(Pending, :one)")
+                .expression_attribute_values(":one", s(tag));
+        }
+        if let Err(e) = block_on(update.send()) {
+            if e.as_service_error()
+                .is_some_and(|e| e.is_conditional_check_failed_exception())
+            {
+                return;
+            }
             log::warn(&format!(
                 "could not record the state digest of {ws:?}: {}",
                 sdk_error("put digest", e)
             ));
         }
+    }
+
+    /// The recorded digest and the tags of writes under way.
+    fn digests(&self, ws: &str) -> Result<(String, Vec<String>), Error> {
+        let id = self.digest_id(ws);
+        block_on(async {
+            let out = self
+                .ddb
+                .get_item()
+                .table_name(&self.table)
+                .key("LockID", s(&id))
+                .consistent_read(true)
+                .send()
+                .await
+                .map_err(|e| sdk_error(&format!("reading {id} from table {}", self.table), e))?;
+            let item = out.item();
+            let digest = item
+                .and_then(|i| i.get("Digest"))
+                .and_then(|v| v.as_s().ok())
+                .cloned()
+                .unwrap_or_default();
+            let pending = item
+                .and_then(|i| i.get("Pending"))
+                .and_then(|v| v.as_ss().ok())
+                .cloned()
+                .unwrap_or_default();
+            Ok((digest, pending))
+        })
     }
 }
 
@@ -150,14 +220,17 @@ impl Backend for Dynamo {
             out,
             md5: Md5::new(),
         };
-        if !self.s3.read_state_to(ws, &mut hashing)? {
+        let Some(tag) = self.s3.read_tagged_state_to(ws, &mut hashing)? else {
             return Ok(false);
-        }
+        };
         let actual = hex::encode(hashing.md5.finalize());
-        let expected = self
-            .get_attribute(&self.digest_id(ws), "Digest")?
-            .unwrap_or_default();
+        let (expected, pending) = self.digests(ws)?;
         if expected.is_empty() || expected == actual {
+            return Ok(true);
+        }
+        if let Some(tag) = tag.filter(|t| pending.contains(t)) {
+            // A write landed without its digest: serve it and repair.
+            self.put_digest(ws, &actual, &tag, true);
             return Ok(true);
         }
         Err(Error::Unavailable(format!(
@@ -177,10 +250,12 @@ impl Backend for Dynamo {
         lock_id: Option<&str>,
     ) -> Result<(), Error> {
         check_lock(self.holder(ws)?, lock_id)?;
+        let tag = hex::encode(wasmstate_guest::random_bytes(16));
+        self.add_pending(ws, &tag)?;
         let mut md5 = Md5::new();
         self.s3
-            .write_state_from(ws, state, |chunk| md5.update(chunk))?;
-        self.put_digest(ws, &hex::encode(md5.finalize()));
+            .write_state_from(ws, state, |chunk| md5.update(chunk), Some(&tag))?;
+        self.put_digest(ws, &hex::encode(md5.finalize()), &tag, false);
         Ok(())
     }
 
@@ -225,11 +300,39 @@ impl Backend for Dynamo {
         )))
     }
 
+    /// Delete the lock item only while it still holds `id`'s lock (a
+    /// condition on its `Info`): a lock force-unlocked and taken by someone
+    /// else after the read is left alone.
     fn unlock(&self, ws: &str, id: &str) -> Result<(), Error> {
-        match self.holder(ws)? {
-            None => Ok(()),
-            Some(holder) if holder.id == id => self.delete_item(&self.lock_id(ws)),
-            Some(holder) => Err(Error::lock_mismatch(Some(holder))),
+        let Some(json) = self.get_attribute(&self.lock_id(ws), "Info")? else {
+            return Ok(());
+        };
+        match LockInfo::from_json(json.as_bytes()) {
+            Ok(holder) if holder.id == id => {}
+            Ok(holder) => return Err(Error::lock_mismatch(Some(holder))),
+            Err(_) => return Err(Error::lock_mismatch(None)),
+        }
+        let deleted = block_on(
+            self.ddb
+                .delete_item()
+                .table_name(&self.table)
+                .key("LockID", s(&self.lock_id(ws)))
+                .condition_expression("Info = :info")
+                .expression_attribute_values(":info", s(&json))
+                .send(),
+        );
+        match deleted {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                match self.holder(ws)? {
+                    None => Ok(()),
+                    holder => Err(Error::lock_mismatch(holder)),
+                }
+            }
+            Err(e) => Err(sdk_error(&format!("unlocking in table {}", self.table), e)),
         }
     }
 

@@ -10,6 +10,14 @@
 //! filesystem operations: `rename` (a state is replaced whole, never torn)
 //! and `link` (creates the lock file with its full content, or fails because
 //! it exists — so a lock is never granted twice and never seen half-written).
+//!
+//! With `fsync` (the default) every change is on stable storage before it is
+//! acknowledged: the file's data, then the directory entry naming it (a
+//! rename or link is only durable once its directory is synced).
+//!
+//! Files a request left behind when it was stopped mid-way (a deadline, a
+//! trap, a killed host) are swept once they are older than [`STALE_AFTER`],
+//! so they do not count against the disk quota forever.
 
 use std::hash::{BuildHasher, Hasher};
 use std::io::{ErrorKind, Read};
@@ -20,6 +28,13 @@ use wasmstate_guest::{
 
 const STATE_FILE: &str = "terraform.tfstate";
 const LOCK_FILE: &str = "terraform.tfstate.lock";
+/// Prefix of files being written, renamed or linked into place.
+const TEMP_PREFIX: &str = ".tmp-";
+/// Prefix of a lock file moved aside while its unlock checks its holder.
+const UNLOCKING_PREFIX: &str = ".unlocking-";
+/// Age past which a temporary file is debris: longer than any request may
+/// run (the host caps a backend's `timeout_ms` at one hour).
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(2 * 3600);
 
 struct Local {
     root: Dir,
@@ -51,10 +66,42 @@ fn ignore_missing(result: std::io::Result<()>, context: &str) -> Result<(), Erro
 impl Local {
     fn ensure_workspace(&self, workspace: &str) -> Result<(), Error> {
         match self.root.create_dir(workspace) {
-            Err(e) if e.kind() != ErrorKind::AlreadyExists => {
-                Err(Error::io("creating workspace directory", e))
+            Ok(()) => self.sync_dir("."),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(Error::io("creating workspace directory", e)),
+        }
+    }
+
+    /// Make the entries of `dir` durable (with `fsync` on).
+    fn sync_dir(&self, dir: &str) -> Result<(), Error> {
+        if !self.fsync {
+            return Ok(());
+        }
+        self.root
+            .sync_dir(dir)
+            .map_err(|e| Error::io("syncing directory", e))
+    }
+
+    /// Remove temporary files in `workspace` older than [`STALE_AFTER`]:
+    /// what requests stopped mid-way left. Best effort: a sweep that fails
+    /// leaves them for the next.
+    fn sweep_debris(&self, workspace: &str) {
+        let Ok(entries) = self.root.list(workspace) else {
+            return;
+        };
+        let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) else {
+            return;
+        };
+        for (name, is_dir) in entries {
+            if is_dir || !(name.starts_with(TEMP_PREFIX) || name.starts_with(UNLOCKING_PREFIX)) {
+                continue;
             }
-            _ => Ok(()),
+            let path = format!("{workspace}/{name}");
+            if let Ok(Some(modified)) = self.root.modified_secs(&path)
+                && now.as_secs().saturating_sub(modified) > STALE_AFTER.as_secs()
+            {
+                let _ = self.root.remove_file(&path);
+            }
         }
     }
 
@@ -64,7 +111,7 @@ impl Local {
     fn write_temp(&self, workspace: &str, source: &mut dyn Read) -> Result<String, Error> {
         self.ensure_workspace(workspace)?;
         loop {
-            let path = format!("{workspace}/.tmp-{:016x}", random_u64());
+            let path = format!("{workspace}/{TEMP_PREFIX}{:016x}", random_u64());
             match self.root.create_new_from(&path, source, self.fsync) {
                 Ok(()) => return Ok(path),
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
@@ -103,7 +150,7 @@ impl Local {
         const ATTEMPTS: usize = 100;
         for _ in 0..ATTEMPTS {
             match self.root.hard_link(temp, &lock_path(workspace)) {
-                Ok(()) => return Ok(()),
+                Ok(()) => return self.sync_dir(workspace),
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => match self.holder(workspace)? {
                     // A retry of a lock we already hold.
                     Some(holder) if holder.id == info.id => return Ok(()),
@@ -146,7 +193,10 @@ impl Backend for Local {
             .map_err(|e| {
                 let _ = self.root.remove_file(&temp);
                 Error::io("replacing state", e)
-            })
+            })?;
+        // The rename is what makes the new state the state: durable only
+        // once the directory holding both names is.
+        self.sync_dir(workspace)
     }
 
     fn delete(&self, workspace: &str, lock_id: Option<&str>) -> Result<(), Error> {
@@ -154,25 +204,61 @@ impl Backend for Local {
         ignore_missing(
             self.root.remove_file(&state_path(workspace)),
             "deleting state",
-        )
+        )?;
+        self.sync_dir(workspace)
     }
 
     fn lock(&self, workspace: &str, info: &LockInfo) -> Result<(), Error> {
         let temp = self.write_temp(workspace, &mut &info.to_json()[..])?;
         let result = self.link_lock(workspace, &temp, info);
         let _ = self.root.remove_file(&temp);
+        // Once per apply is often enough to keep debris bounded.
+        self.sweep_debris(workspace);
         result
     }
 
+    /// Remove the lock only if it is `id`'s. Another holder's lock is
+    /// refused without being touched. There is no "delete if it is still
+    /// this file" on a filesystem, and between reading `id`'s lock and
+    /// removing it the lock may be force-unlocked and taken by someone
+    /// else; so the lock file is moved aside under a unique name (atomic:
+    /// exactly one lock file is moved) and its holder read again there.
+    /// Another holder's lock is put back with a link, which fails only when
+    /// a third client locked in between: that lock is kept, the one moved
+    /// aside is the one that lost — never two holders.
     fn unlock(&self, workspace: &str, id: &str) -> Result<(), Error> {
         match self.holder(workspace)? {
-            None => Ok(()),
-            Some(holder) if holder.id == id => ignore_missing(
-                self.root.remove_file(&lock_path(workspace)),
-                "removing lock",
-            ),
-            Some(holder) => Err(Error::lock_mismatch(Some(holder))),
+            None => return Ok(()),
+            Some(holder) if holder.id != id => return Err(Error::lock_mismatch(Some(holder))),
+            Some(_) => {}
         }
+        let aside = format!("{workspace}/{UNLOCKING_PREFIX}{:016x}", random_u64());
+        match self.root.rename(&lock_path(workspace), &aside) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io("moving lock aside", e)),
+        }
+        let holder = match self.root.read(&aside) {
+            Ok(Some(bytes)) => LockInfo::from_json(&bytes).ok(),
+            _ => None,
+        };
+        let result = match holder {
+            Some(holder) if holder.id == id => Ok(()),
+            other => {
+                match self.root.hard_link(&aside, &lock_path(workspace)) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+                    Err(e) => {
+                        let _ = self.root.remove_file(&aside);
+                        return Err(Error::io("putting back another holder's lock", e));
+                    }
+                }
+                Err(Error::lock_mismatch(other))
+            }
+        };
+        let _ = self.root.remove_file(&aside);
+        self.sync_dir(workspace)?;
+        result
     }
 
     fn current_lock(&self, workspace: &str) -> Result<Option<LockInfo>, Error> {
@@ -185,6 +271,7 @@ impl Backend for Local {
             self.root.remove_file(&lock_path(workspace)),
             "removing lock",
         )?;
+        self.sync_dir(workspace)?;
         // A corrupt lock file is still removed: that is what force is for.
         Ok(holder.unwrap_or(None))
     }
@@ -203,7 +290,7 @@ impl Backend for Local {
 
     fn create_workspace(&self, name: &str) -> Result<bool, Error> {
         match self.root.create_dir(name) {
-            Ok(()) => Ok(true),
+            Ok(()) => self.sync_dir(".").map(|()| true),
             Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
             Err(e) => Err(Error::io("creating workspace", e)),
         }
@@ -218,7 +305,8 @@ impl Backend for Local {
         }
         self.root
             .remove_dir_all(name)
-            .map_err(|e| Error::io("deleting workspace", e))
+            .map_err(|e| Error::io("deleting workspace", e))?;
+        self.sync_dir(".")
     }
 }
 

@@ -57,7 +57,7 @@ impl Backend for S3Lockfile {
         lock_id: Option<&str>,
     ) -> Result<(), Error> {
         check_lock(self.holder(ws)?, lock_id)?;
-        self.s3.write_state_from(ws, state, |_| {})
+        self.s3.write_state_from(ws, state, |_| {}, None)
     }
 
     fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
@@ -83,11 +83,24 @@ impl Backend for S3Lockfile {
         )))
     }
 
+    /// Delete the lock object only while it is still the one read
+    /// (`If-Match` its ETag): a lock force-unlocked and taken by someone
+    /// else after the read is left alone.
     fn unlock(&self, ws: &str, id: &str) -> Result<(), Error> {
+        let Some((bytes, etag)) = self.s3.get_with_etag(&self.lock_key(ws))? else {
+            return Ok(());
+        };
+        match LockInfo::from_json(&bytes) {
+            Ok(holder) if holder.id == id => {}
+            Ok(holder) => return Err(Error::lock_mismatch(Some(holder))),
+            Err(_) => return Err(Error::lock_mismatch(None)),
+        }
+        if self.s3.remove_if_match(&self.lock_key(ws), &etag)? {
+            return Ok(());
+        }
         match self.holder(ws)? {
             None => Ok(()),
-            Some(holder) if holder.id == id => self.s3.remove(&self.lock_key(ws)),
-            Some(holder) => Err(Error::lock_mismatch(Some(holder))),
+            holder => Err(Error::lock_mismatch(holder)),
         }
     }
 

@@ -43,15 +43,46 @@ fn seen(event: &Event) -> Option<&Seen> {
     }
 }
 
-/// A delete of the workspace that may have taken effect after `after` did
-/// and before `before` did: what came before it may be gone.
-fn deleted_between(events: &[&Event], after: &Event, before: &Event) -> bool {
-    events.iter().any(|d| {
-        d.op == Op::DeleteWorkspace
-            && d.outcome.may_have_applied()
-            && d.end > after.start
-            && d.start < before.end
-    })
+/// The workspace deletes that may have taken effect, to ask whether one
+/// did between two operations in O(log deletes): the rules ask it for
+/// pairs of operations, and a scan of the history per pair made a two-
+/// minute run's check take hours.
+struct Deletes {
+    /// Start times, ascending.
+    starts: Vec<u64>,
+    /// `latest_end[i]`: the latest end among the first `i + 1` deletes.
+    latest_end: Vec<u64>,
+}
+
+impl Deletes {
+    fn new(events: &[&Event]) -> Deletes {
+        let mut spans: Vec<(u64, u64)> = events
+            .iter()
+            .filter(|d| d.op == Op::DeleteWorkspace && d.outcome.may_have_applied())
+            .map(|d| (d.start, d.end))
+            .collect();
+        spans.sort();
+        let mut latest = 0;
+        let latest_end = spans
+            .iter()
+            .map(|&(_, end)| {
+                latest = latest.max(end);
+                latest
+            })
+            .collect();
+        Deletes {
+            starts: spans.iter().map(|&(start, _)| start).collect(),
+            latest_end,
+        }
+    }
+
+    /// A delete that may have taken effect after `after` did and before
+    /// `before` did (it ended after `after` began and began before
+    /// `before` ended): what came before it may be gone.
+    fn between(&self, after: &Event, before: &Event) -> bool {
+        let began_before = self.starts.partition_point(|&start| start < before.end);
+        began_before > 0 && self.latest_end[began_before - 1] > after.start
+    }
 }
 
 /// Writes under a lock that a force-unlock may have broken while they ran
@@ -67,12 +98,13 @@ fn overridden(events: &[&Event]) -> HashSet<usize> {
         .copied()
         .filter(|e| e.op == Op::ForceUnlock && e.outcome.may_have_applied())
         .collect();
-    let granted = |id: &str| {
-        events
-            .iter()
-            .find(|e| matches!(&e.op, Op::Lock(l) if l == id) && e.outcome.is(200))
-            .map(|e| e.start)
-    };
+    let mut grants = std::collections::HashMap::new();
+    for e in events {
+        if let (Op::Lock(id), true) = (&e.op, e.outcome.is(200)) {
+            grants.entry(id.as_str()).or_insert(e.start);
+        }
+    }
+    let granted = |id: &str| grants.get(id).copied();
     events
         .iter()
         .filter_map(|post| {
@@ -136,6 +168,7 @@ fn torn_or_unknown_states(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
 /// lineage than a write acknowledged, or a read answered, before it began
 /// (unless the workspace was deleted in between).
 fn older_states(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
+    let deletes = Deletes::new(events);
     let overridden = overridden(events);
     let forced_states = digest_of(events, &overridden);
     for get in events {
@@ -154,10 +187,7 @@ fn older_states(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
                     None => continue,
                 },
             };
-            if *lineage == now.lineage
-                && serial > now.serial
-                && !deleted_between(events, before, get)
-            {
+            if *lineage == now.lineage && serial > now.serial && !deletes.between(before, get) {
                 anomalies.push(Anomaly {
                     what: format!(
                         "an older state came back: serial {} of {lineage} after serial {serial} was {}",
@@ -176,6 +206,7 @@ fn older_states(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
 /// nothing, another state of the same serial, or another lineage (unless
 /// the workspace was deleted in between).
 fn lost_writes(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
+    let deletes = Deletes::new(events);
     let overridden = overridden(events);
     let forced_states = digest_of(events, &overridden);
     for post in events {
@@ -189,7 +220,7 @@ fn lost_writes(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
             .iter()
             .filter(|g| g.op == Op::Get && g.start > post.end)
         {
-            if deleted_between(events, post, get) {
+            if deletes.between(post, get) {
                 continue;
             }
             let what = match &get.outcome {
@@ -429,5 +460,33 @@ mod tests {
             ),
         ];
         assert!(check(&forced).is_empty());
+    }
+
+    #[test]
+    fn deletes_between_agrees_with_a_scan_of_every_delete() {
+        let mut rng = super::super::clients::Rng::new(7);
+        let mut history = Vec::new();
+        for index in 0..300 {
+            let start = rng.below(1000) as u64;
+            let end = start + rng.below(50) as u64;
+            let op = if rng.below(5) == 0 {
+                Op::DeleteWorkspace
+            } else {
+                Op::Get
+            };
+            history.push(event(index, start, end, op, OK));
+        }
+        let events: Vec<&Event> = history.iter().collect();
+        let deletes = Deletes::new(&events);
+        let scan = |after: &Event, before: &Event| {
+            events
+                .iter()
+                .any(|d| d.op == Op::DeleteWorkspace && d.end > after.start && d.start < before.end)
+        };
+        for after in &history {
+            for before in history.iter().step_by(7) {
+                assert_eq!(deletes.between(after, before), scan(after, before));
+            }
+        }
     }
 }

@@ -4,12 +4,14 @@
 #![allow(dead_code, unused_imports)]
 
 mod canary;
+mod fault_proxy;
 mod limits;
 mod peers;
 mod process;
 pub mod tools;
 
 pub use canary::{CANARY, Canary};
+pub use fault_proxy::{Fault, FaultProxy};
 pub use limits::{MemoryCgroup, peak_rss_kib, reset_peak_rss, rss_kib};
 pub use peers::{Etcd, FileServer, GitDaemon, GitHttp, Moto, Registry, bare_repo, git};
 

@@ -51,6 +51,15 @@ pub const LIGHTTPD: SystemTool = SystemTool {
     needed_for: "mod_authn_file",
 };
 
+/// strace, to see which files and directories the server syncs.
+pub const STRACE: SystemTool = SystemTool {
+    binary: "strace",
+    package: Some("strace"),
+    version_args: &["-V"],
+    minimum: "5.0",
+    needed_for: "-y (paths of file descriptors)",
+};
+
 /// An OCI registry (distribution v2).
 pub const DOCKER_REGISTRY: SystemTool = SystemTool {
     binary: "docker-registry",
