@@ -113,7 +113,7 @@ fn is_metadata_or_link_local(host: &str) -> bool {
 pub fn is_internal(ip: IpAddr) -> bool {
     match ip.to_canonical() {
         IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
+            let [a, b, c, _] = v4.octets();
             v4.is_loopback()
                 || v4.is_private()
                 || v4.is_link_local()
@@ -121,17 +121,42 @@ pub fn is_internal(ip: IpAddr) -> bool {
                 || v4.is_multicast()
                 || v4.is_broadcast()
                 || a == 0
+                // Shared address space (carrier-grade NAT), 100.64.0.0/10.
                 || (a == 100 && (64..128).contains(&b))
+                // IETF protocol assignments, 192.0.0.0/24.
+                || (a, b, c) == (192, 0, 0)
+                // Benchmarking networks, 198.18.0.0/15: lab and test nets.
+                || (a == 198 && (b & 0xfe) == 18)
+                // Reserved for future use, 240.0.0.0/4.
+                || a >= 240
         }
         IpAddr::V6(v6) => {
-            let first = v6.segments()[0];
+            let segments = v6.segments();
+            let first = segments[0];
             v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
                 || (first & 0xfe00) == 0xfc00
                 || (first & 0xffc0) == 0xfe80
-                || v6.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0]
+                // NAT64, well-known (64:ff9b::/96) and local-use
+                // (64:ff9b:1::/48) prefixes: both reach IPv4 addresses.
+                || segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0]
+                || segments[..3] == [0x64, 0xff9b, 1]
         }
+    }
+}
+
+/// The group a client address is counted in (connections per address,
+/// failed sign-ins): an IPv6 client owns its whole /64 (a host is given
+/// one and picks addresses in it freely), so the /64 counts as one client;
+/// an IPv4 address is itself.
+pub fn client_group(address: IpAddr) -> IpAddr {
+    match address.to_canonical() {
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(std::net::Ipv6Addr::from(bits))
+        }
+        v4 => v4,
     }
 }
 
@@ -210,6 +235,25 @@ impl OutboundPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reserved_and_translated_ranges_are_internal() {
+        for internal in [
+            "198.18.0.1",
+            "198.19.255.254",
+            "240.0.0.1",
+            "255.255.255.254",
+            "192.0.0.8",
+            "64:ff9b:1::a00:1",
+            "64:ff9b::a9fe:a9fe",
+            "100.64.0.1",
+        ] {
+            assert!(is_internal(internal.parse().unwrap()), "{internal}");
+        }
+        for public in ["198.20.0.1", "192.0.2.1", "8.8.8.8", "2606:4700::1111"] {
+            assert!(!is_internal(public.parse().unwrap()), "{public}");
+        }
+    }
 
     fn policy(origins: &[&str]) -> OutboundPolicy {
         OutboundPolicy::new(

@@ -304,20 +304,25 @@ fn padded_state(serial: u64, size: usize) -> Vec<u8> {
     .into_bytes()
 }
 
-/// The bytes of the files under `dir`.
+/// The bytes of the files under `dir`, each file once however many names
+/// (hard links) it has: what the directory takes on disk, sparse files
+/// counted whole.
 fn apparent_size(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            let meta = e.metadata().unwrap();
+    fn walk(dir: &Path, seen: &mut std::collections::HashSet<(u64, u64)>) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        let mut total = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let entry = entry.unwrap();
+            let meta = entry.metadata().unwrap();
             if meta.is_dir() {
-                apparent_size(&e.path())
-            } else {
-                meta.len()
+                total += walk(&entry.path(), seen);
+            } else if seen.insert((meta.dev(), meta.ino())) {
+                total += meta.len();
             }
-        })
-        .sum()
+        }
+        total
+    }
+    walk(dir, &mut std::collections::HashSet::new())
 }
 
 #[test]

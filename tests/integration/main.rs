@@ -12,6 +12,7 @@ mod concurrency;
 mod conformance;
 mod console;
 mod docs;
+mod escapes;
 mod etcd;
 mod git;
 mod hostile;

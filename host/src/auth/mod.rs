@@ -85,7 +85,14 @@ impl Grant {
     fn allows(&self, backend: &str, workspace: Option<&str>, role: Role) -> bool {
         self.role >= role
             && matches(&self.backend, backend)
-            && workspace.is_none_or(|ws| matches(&self.workspaces, ws))
+            && match workspace {
+                Some(ws) => matches(&self.workspaces, ws),
+                // The backend itself. Reading or writing it means some
+                // workspace of it (listings then filter each name);
+                // administering it (what it is made of, its guest, its
+                // grants) takes a grant on every workspace.
+                None => role < Role::Admin || self.workspaces == "*",
+            }
     }
 }
 
@@ -428,6 +435,16 @@ mod tests {
             .unwrap();
         assert!(ci.may("dev", Some("anything"), Role::Admin));
         assert!(!ci.may("prod", None, Role::Read));
+        // An admin of some workspaces is not an admin of the backend.
+        let scoped = Grant::parse("prod:team-*:admin").unwrap();
+        assert!(scoped.allows("prod", Some("team-a"), Role::Admin));
+        assert!(scoped.allows("prod", None, Role::Read));
+        assert!(!scoped.allows("prod", None, Role::Admin));
+        assert!(
+            Grant::parse("prod:*:admin")
+                .unwrap()
+                .allows("prod", None, Role::Admin)
+        );
         assert_eq!(
             auth.authenticate(Some("Bearer wst_nope"), CLIENT).await,
             Err(AuthError::Invalid)

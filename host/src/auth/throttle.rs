@@ -94,7 +94,16 @@ impl<K: std::hash::Hash + Eq + Clone> Table<K> {
 #[derive(Debug)]
 pub struct Throttle {
     addresses: Table<IpAddr>,
-    users: Table<String>,
+    users: Table<UserKey>,
+}
+
+/// A user name as the table keeps it: its SHA-256, so a name of any
+/// length (a console form may carry megabytes) costs 32 bytes to track.
+type UserKey = [u8; 32];
+
+fn user_key(name: &str) -> UserKey {
+    use sha2::Digest;
+    sha2::Sha256::digest(name.as_bytes()).into()
 }
 
 impl Default for Throttle {
@@ -110,8 +119,10 @@ impl Throttle {
     /// `Err(wait)` when `address` or `user` is in backoff.
     pub fn check(&self, address: IpAddr, user: Option<&str>) -> Result<(), Duration> {
         let now = Instant::now();
-        let by_address = self.addresses.wait(&address, now);
-        let by_user = user.and_then(|u| self.users.wait(&u.to_string(), now));
+        let by_address = self
+            .addresses
+            .wait(&crate::policy::client_group(address), now);
+        let by_user = user.and_then(|u| self.users.wait(&user_key(u), now));
         match by_address.max(by_user) {
             Some(wait) => Err(wait),
             None => Ok(()),
@@ -121,17 +132,18 @@ impl Throttle {
     /// A sign-in from `address` (as `user`) failed.
     pub fn failed(&self, address: IpAddr, user: Option<&str>) {
         let now = Instant::now();
-        self.addresses.failed(address, now);
+        self.addresses
+            .failed(crate::policy::client_group(address), now);
         if let Some(user) = user {
-            self.users.failed(user.to_string(), now);
+            self.users.failed(user_key(user), now);
         }
     }
 
     /// A sign-in from `address` as `user` succeeded: forget their failures.
     pub fn succeeded(&self, address: IpAddr, user: Option<&str>) {
-        self.addresses.clear(&address);
+        self.addresses.clear(&crate::policy::client_group(address));
         if let Some(user) = user {
-            self.users.clear(&user.to_string());
+            self.users.clear(&user_key(user));
         }
     }
 }
@@ -139,6 +151,32 @@ impl Throttle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ipv6_client_is_counted_by_its_64_and_a_long_name_by_its_hash() {
+        let throttle = Throttle::default();
+        let name = "x".repeat(2 << 20);
+        for i in 0..=FREE_FAILURES {
+            let address: IpAddr = format!("2001:db8:1:2::{i:x}").parse().unwrap();
+            throttle.failed(address, Some(&name));
+        }
+        let other: IpAddr = "2001:db8:1:2:ffff::1".parse().unwrap();
+        assert!(
+            throttle.check(other, None).is_err(),
+            "another address in the /64"
+        );
+        let neighbour: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert!(
+            throttle.check(neighbour, None).is_ok(),
+            "the next /64 is someone else"
+        );
+        assert!(
+            throttle.check(neighbour, Some(&name)).is_err(),
+            "the name itself"
+        );
+        let kept: usize = throttle.users.lock().keys().map(|k| k.len()).sum();
+        assert_eq!(kept, 32, "a 2 MiB name is kept as its 32-byte hash");
+    }
 
     const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1));
     const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2));

@@ -268,15 +268,44 @@ pub async fn version_diff<S: Storage>(
     to: &str,
 ) -> Result<StateDiff, ApiError> {
     let storage = storage_of(app, caller, backend, Some(workspace))?;
+    // One diff at a time in the whole server, off the async workers, of
+    // states up to DIFF_MAX_BYTES: parsing is CPU and memory any reader
+    // can ask for.
+    static ONE_AT_A_TIME: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+    let _turn = ONE_AT_A_TIME
+        .acquire()
+        .await
+        .map_err(|_| ApiError::bad_request("the server is stopping"))?;
     let older = version_bytes(storage, backend, workspace, from).await?;
     let newer = version_bytes(storage, backend, workspace, to).await?;
-    diff(&older, &newer).map_err(|e| {
+    if older.len().max(newer.len()) > DIFF_MAX_BYTES {
+        return Err(ApiError::Message(
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "these versions are too large to compare here (over {} MiB); compare them with \
+                 `terraform show -json` locally",
+                DIFF_MAX_BYTES >> 20
+            ),
+        ));
+    }
+    let compared = tokio::task::spawn_blocking(move || diff(&older, &newer))
+        .await
+        .map_err(|e| {
+            ApiError::Message(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the comparison failed: {e}"),
+            )
+        })?;
+    compared.map_err(|e| {
         ApiError::Message(
             axum::http::StatusCode::UNPROCESSABLE_ENTITY,
             format!("cannot compare these versions: {e}"),
         )
     })
 }
+
+/// Largest state the console compares.
+const DIFF_MAX_BYTES: usize = 32 << 20;
 
 /// Release the lock of `workspace` whoever holds it (admins only);
 /// returns the holder removed.

@@ -74,15 +74,22 @@ fn instances(state: &State) -> BTreeMap<String, &Value> {
 }
 
 /// Parse a state for diffing; `Err` says in one line why it is not one.
+/// Read twice from the bytes (a header that skips everything, then the
+/// state itself), never as a whole `Value` tree and then again typed.
 fn parse(bytes: &[u8]) -> Result<State, String> {
-    let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
-    if value.get("encryption_version").is_some() {
+    #[derive(Deserialize)]
+    struct Head {
+        version: Option<u64>,
+        encryption_version: Option<serde::de::IgnoredAny>,
+    }
+    let head: Head = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    if head.encryption_version.is_some() {
         return Err("encrypted by OpenTofu: only its clients can read it".into());
     }
-    if value.get("version").and_then(Value::as_u64) != Some(4) {
+    if head.version != Some(4) {
         return Err("not a Terraform state of format 4".into());
     }
-    serde_json::from_value(value).map_err(|e| format!("not a Terraform state: {e}"))
+    serde_json::from_slice(bytes).map_err(|e| format!("not a Terraform state: {e}"))
 }
 
 /// What changed from `older` to `newer`.
@@ -102,14 +109,14 @@ pub fn diff(older: &[u8], newer: &[u8]) -> Result<StateDiff, String> {
         .filter(|a| !after.contains_key(*a))
         .cloned()
         .collect();
-    for name in older.outputs.keys().chain(newer.outputs.keys()) {
-        if older.outputs.get(name) != newer.outputs.get(name)
-            && !result.outputs_changed.contains(name)
-        {
-            result.outputs_changed.push(name.clone());
-        }
-    }
-    result.outputs_changed.sort();
+    // A set: names come from both states, each once, sorted.
+    let names: std::collections::BTreeSet<&String> =
+        older.outputs.keys().chain(newer.outputs.keys()).collect();
+    result.outputs_changed = names
+        .into_iter()
+        .filter(|name| older.outputs.get(*name) != newer.outputs.get(*name))
+        .cloned()
+        .collect();
     Ok(result)
 }
 

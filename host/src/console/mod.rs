@@ -96,8 +96,35 @@ pub fn routes<S: Storage>(app: Arc<App<S>>, options: Options) -> Router {
             "/ui/api/backends/{backend}/{workspace}/diff",
             get(diff_json::<S>),
         )
+        .layer(middleware::from_fn_with_state(
+            console.clone(),
+            read_forms::<S>,
+        ))
         .layer(middleware::from_fn(secure_headers))
         .with_state(console)
+}
+
+/// Most bytes a console form may hold: a user name and password, a CSRF
+/// token, a version id.
+const FORM_BYTES: usize = 16 << 10;
+
+/// Read every console POST's body before its handler runs (before the
+/// session is checked, too): at most [`FORM_BYTES`] (413), within the API's
+/// `body_timeout_secs` (408). A body dripped a byte at a time cannot hold a
+/// connection longer than the API's can.
+async fn read_forms<S: Storage>(
+    State(console): State<Arc<Console<S>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if request.method() != axum::http::Method::POST {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    match console.app.read_body_up_to(body, FORM_BYTES).await {
+        Ok(bytes) => next.run(Request::from_parts(parts, bytes.into())).await,
+        Err(refused) => refused.into_response(),
+    }
 }
 
 async fn secure_headers(request: Request, next: Next) -> Response {

@@ -2,6 +2,7 @@
 //! matters is reachable by strangers, who need no password to cost us.
 //!
 //! - At most `max_connections` open at once, and `max_connections_per_address`
+//!   (an IPv6 client counted by its /64, see [`crate::policy::client_group`])
 //!   from one client address; a connection past either is answered 503
 //!   (with `Retry-After`) and closed, and past a small allowance for those
 //!   answers it is closed at once.
@@ -151,7 +152,7 @@ pub async fn serve(
                         continue;
                     }
                 };
-                match admit(&counts, &limits, peer.ip()) {
+                match admit(&counts, &limits, crate::policy::client_group(peer.ip())) {
                     Ok(admitted) => {
                         let watcher = graceful.watcher();
                         let (app, acceptor, events, clocks) =

@@ -103,7 +103,13 @@ fn describe(
     if let Some(aws) = &backend.aws {
         granted.extend(aws.origins.iter().map(|o| format!("aws_sign {o}")));
     }
-    granted.extend(backend.allow_git.iter().map(|g| format!("git {}", g.url)));
+    // A URL may carry credentials (`https://user:token@…`): never shown.
+    granted.extend(
+        backend
+            .allow_git
+            .iter()
+            .map(|g| format!("git {}", crate::capabilities::git::redact(&g.url))),
+    );
     granted.extend(
         backend
             .secrets

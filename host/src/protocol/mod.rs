@@ -124,8 +124,14 @@ impl<S> App<S> {
     /// Read a request body: at most `max_body_bytes` (413), within
     /// `body_timeout` (408).
     pub async fn read_body(&self, body: Body) -> Result<Bytes, ApiError> {
-        let limited = http_body_util::Limited::new(body, self.max_body_bytes);
-        match tokio::time::timeout(self.body_timeout, collect(limited, self.max_body_bytes)).await {
+        self.read_body_up_to(body, self.max_body_bytes).await
+    }
+
+    /// Read a request body of at most `max` bytes (413), within
+    /// `body_timeout` (408).
+    pub async fn read_body_up_to(&self, body: Body, max: usize) -> Result<Bytes, ApiError> {
+        let limited = http_body_util::Limited::new(body, max);
+        match tokio::time::timeout(self.body_timeout, collect(limited, max)).await {
             Err(_) => Err(ApiError::Message(
                 StatusCode::REQUEST_TIMEOUT,
                 format!(

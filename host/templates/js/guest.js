@@ -56,7 +56,10 @@ function guarded(body) {
       if (e instanceof Failure) throw e;
       const detail = code(e) ?? (e && e.message) ?? String(e);
       log('error', `${detail}\n${(e && e.stack) || ''}`);
-      throw new Failure('internal', `filesystem: ${detail}`);
+      // The client learns the kind of failure; its text (paths, data)
+      // stays in the server's log.
+      const kind = code(e) ?? (e && e.name) ?? 'error';
+      throw new Failure('internal', `filesystem: ${kind}; details in the server log`);
     }
   };
 }

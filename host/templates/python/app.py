@@ -60,7 +60,9 @@ def guarded(method):
             raise
         except Exception as e:  # noqa: BLE001 - a guest must not crash
             host.log(host.LogLevel.ERROR, traceback.format_exc())
-            raise Err(t.Error_Internal(f"{type(e).__name__}: {e}"))
+            # The client learns the kind of failure; its text (paths, data)
+            # stays in the server's log.
+            raise Err(t.Error_Internal(f"{type(e).__name__} in the guest; details in the server log"))
 
     return call
 

@@ -49,66 +49,8 @@ const DEFAULT_MAX_CLONE_BYTES: u64 = 1 << 30;
 /// Largest file `read_file` hands out by default.
 const DEFAULT_MAX_FILE_BYTES: u64 = 64 << 20;
 
-/// Why a git call failed; mirrors `git-error` in `wit/backend.wit`. Each
-/// message is one line and says what to do.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum GitError {
-    /// The repository URL is not granted to the backend, or its credentials were refused.
-    #[error("denied: {0}")]
-    Denied(String),
-    /// The remote could not be reached or timed out; try again later.
-    #[error("unavailable: {0}")]
-    Unavailable(String),
-    /// A push or delete whose expected value did not match the remote ref.
-    #[error("rejected: {0}")]
-    Rejected(String),
-    /// A ref, commit or object the call needs does not exist.
-    #[error("not found: {0}")]
-    NotFound(String),
-    /// A malformed argument: a bad ref name, path or object id.
-    #[error("invalid input: {0}")]
-    InvalidInput(String),
-    /// Anything else (local disk or libgit2 trouble).
-    #[error("internal: {0}")]
-    Internal(String),
-}
-
-/// Credentials for one granted repository, already resolved (e.g. from the
-/// environment) by the caller. Never logged.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct GitAuth {
-    /// User name for HTTP basic auth, or the ssh user (default: from the URL, else `git`).
-    pub username: Option<String>,
-    /// Password or token for HTTP basic auth.
-    pub password: Option<String>,
-    /// Private key file for ssh; without it ssh uses the ssh-agent.
-    pub ssh_key: Option<PathBuf>,
-}
-
-impl std::fmt::Debug for GitAuth {
-    // Hand-written so a password never ends up in a log line or panic message.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GitAuth")
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("ssh_key", &self.ssh_key)
-            .finish()
-    }
-}
-
-/// The operator's grant of one repository URL to a backend.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GitGrant {
-    /// The repository URL (https://, ssh://, scp-like `user@host:path`, git://, file:// or a path).
-    pub url: String,
-    /// How to authenticate to it.
-    pub auth: GitAuth,
-    /// Refs the guest may update or delete there (`*` within a segment,
-    /// `**` across); fetching and reading are not limited.
-    pub refs: Vec<String>,
-    /// Paths its commits may add, change or remove (same patterns).
-    pub paths: Vec<String>,
-}
+mod grant;
+pub use grant::{GitAuth, GitError, GitGrant};
 
 pub use wasmstate_types::git::{FileChange, FileVersion, RemoteRef};
 
@@ -298,6 +240,8 @@ impl RepoHandle<'_> {
             let mut opts = FetchOptions::new();
             opts.remote_callbacks(auth.callbacks())
                 .download_tags(AutotagOption::None)
+                // A redirect would take the credentials elsewhere.
+                .follow_redirects(git2::RemoteRedirect::None)
                 .update_fetchhead(false);
             // libgit2's local transport (file:// and paths) refuses shallow fetches
             // ("shallow fetch is not supported by the local transport", ENOTSUPPORTED,
@@ -399,6 +343,8 @@ impl RepoHandle<'_> {
         let mut opts = FetchOptions::new();
         opts.remote_callbacks(auth.callbacks())
             .download_tags(AutotagOption::None)
+            // A redirect would take the credentials elsewhere.
+            .follow_redirects(git2::RemoteRedirect::None)
             .update_fetchhead(false)
             // libgit2's GIT_FETCH_DEPTH_UNSHALLOW.
             .depth(i32::MAX);
@@ -493,6 +439,19 @@ impl RepoHandle<'_> {
             .collect();
         let mut slot = self.lock_slot()?;
         let (repo, clone_bytes) = self.open_counted(&mut slot)?;
+        // Commits stay in the clone until a fetch finds it past its bound
+        // and starts afresh: without this, commits chained without a fetch
+        // grew it past git_clone_max_mib, outside every quota. So a clone
+        // holds at most its bound plus one commit (each file in it at most
+        // the largest file read back).
+        if clone_bytes.get() > self.host.max_clone_bytes {
+            return Err(GitError::InvalidInput(format!(
+                "the clone of {} is past git_clone_max_mib ({} MiB) with unpushed commits; \
+                 fetch (which starts it afresh) before committing again",
+                redact(&self.url),
+                self.host.max_clone_bytes >> 20
+            )));
+        }
         let parent = parent.map(|p| self.find_commit(repo, p)).transpose()?;
         let base = match &parent {
             Some(c) => c
@@ -599,6 +558,7 @@ impl RepoHandle<'_> {
 
 mod transport;
 mod util;
+pub use util::redact;
 
 use transport::*;
 use util::*;

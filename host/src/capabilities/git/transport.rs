@@ -41,7 +41,8 @@ impl RepoHandle<'_> {
                 Ok(())
             });
             let mut opts = PushOptions::new();
-            opts.remote_callbacks(callbacks);
+            opts.remote_callbacks(callbacks)
+                .follow_redirects(git2::RemoteRedirect::None);
             // Same connection: libgit2 reuses a connected transport and sends the
             // old values advertised above, which receive-pack verifies atomically.
             conn.remote()
@@ -203,6 +204,13 @@ impl RepoHandle<'_> {
             } else {
                 Repository::init_bare(&dir)
             };
+            let repo = repo.and_then(|repo| {
+                // libgit2 follows a redirect on a connection's first request
+                // unless told not to; connect_auth takes no option for it,
+                // the clone's config does. Credentials must not follow one.
+                repo.config()?.set_str("http.followRedirects", "false")?;
+                Ok(repo)
+            });
             slot.repo = Some(repo.map_err(|e| {
                 GitError::Internal(format!(
                     "cannot open or create the clone at {} ({}); check the clones directory",

@@ -42,22 +42,39 @@ pub(super) fn matches_pattern(pattern: &str, name: &str) -> bool {
 /// (ignoring a trailing slash, a `.git` suffix and user info): a redirect
 /// to another host or repository is not.
 pub(super) fn same_repository(granted: &str, asking: &str) -> bool {
-    let plain = |url: &str| {
-        let url = normalize_url(url);
-        let url = url.strip_suffix(".git").unwrap_or(&url).to_owned();
-        match url.split_once("://") {
-            Some((scheme, rest)) => {
-                let rest = rest.split_once('@').map_or(rest, |(_, host)| host);
-                format!("{scheme}://{rest}")
-            }
-            None => url,
+    // Parsed, never cut at a character: an `@` in a path is not a user
+    // name's end (`https://evil.example/x@git.example.com/org/repo`).
+    match (
+        url::Url::parse(granted.trim()),
+        url::Url::parse(asking.trim()),
+    ) {
+        (Ok(granted), Ok(asking)) => {
+            granted.scheme() == asking.scheme()
+                && granted.host() == asking.host()
+                && granted.port_or_known_default() == asking.port_or_known_default()
+                && within(repository_path(&granted), asking.path())
         }
-    };
-    let (granted, asking) = (plain(granted), plain(asking));
-    asking == granted
-        || asking
-            .strip_prefix(&granted)
-            .is_some_and(|rest| rest.starts_with('/') || rest.starts_with(".git"))
+        // Local paths and scp-like `git@host:org/repo` have no URL form;
+        // credentials are never offered to them over the network anyway.
+        _ => {
+            let plain = |url: &str| normalize_url(url).trim_end_matches(".git").to_owned();
+            plain(granted) == plain(asking)
+        }
+    }
+}
+
+/// The repository's path without a trailing `/` or `.git`.
+fn repository_path(url: &url::Url) -> &str {
+    let path = url.path().trim_end_matches('/');
+    path.strip_suffix(".git").unwrap_or(path)
+}
+
+/// `asking` is the repository at `granted` or a path inside it
+/// (`/info/refs`, `.git/git-upload-pack`).
+fn within(granted: &str, asking: &str) -> bool {
+    asking
+        .strip_prefix(granted)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/') || rest.starts_with(".git"))
 }
 
 pub(super) fn normalize_url(url: &str) -> String {
@@ -86,7 +103,7 @@ pub(super) fn local_path(url: &str) -> &Path {
 }
 
 /// The URL with any `user:password@` part masked, for messages and logs.
-pub(super) fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     if let Some((scheme, rest)) = url.split_once("://") {
         let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
         if let Some(at) = authority.rfind('@') {
@@ -197,6 +214,24 @@ mod pattern_tests {
         assert!(!same_repository(
             granted,
             "https://git.example.com/infra/state-other.git"
+        ));
+        // A redirect's target with the granted host in its path (issue 27,
+        // finding 3): the text after its `@` looked like the granted URL.
+        assert!(!same_repository(
+            granted,
+            "https://evil.example/x@git.example.com/infra/state.git"
+        ));
+        assert!(!same_repository(
+            granted,
+            "http://git.example.com/infra/state.git"
+        ));
+        assert!(!same_repository(
+            granted,
+            "https://git.example.com:8443/infra/state.git"
+        ));
+        assert!(same_repository(
+            granted,
+            "https://git.example.com:443/infra/state.git/info/refs?service=git-upload-pack"
         ));
     }
 }

@@ -15,11 +15,16 @@
 //! Every other method is passed through unchanged. File streams are
 //! wrapped the same way ([`streams`]).
 
+mod ledger;
+mod open_files;
 mod streams;
+
+pub use open_files::OpenFiles;
 
 use super::quota::{DirQuota, ENTRY_BYTES};
 use super::sandbox::Sandbox;
 use super::turns::Core;
+use ledger::Removal;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use streams::{GuestInput, GuestOutput};
@@ -39,6 +44,7 @@ pub struct GuestFs<'a> {
     quota: Option<&'a Arc<DirQuota>>,
     refused: &'a Arc<AtomicBool>,
     core: &'a Core,
+    open_files: &'a mut OpenFiles,
 }
 
 /// The `HasData` marker for linking [`GuestFs`].
@@ -58,6 +64,7 @@ pub fn guest_fs(sandbox: &mut Sandbox) -> GuestFs<'_> {
         quota: sandbox.quota.as_ref(),
         refused: &sandbox.quota_refused,
         core: &sandbox.core,
+        open_files: &mut sandbox.open_files,
     }
 }
 
@@ -84,41 +91,6 @@ impl GuestFs<'_> {
             Descriptor::File(f) => Some(f.file.clone()),
             Descriptor::Dir(_) => None,
         })
-    }
-
-    fn charge(&self, bytes: u64) -> FsResult<()> {
-        match self.quota {
-            Some(q) => q.charge(bytes, self.refused).map_err(FsError::from),
-            None => Ok(()),
-        }
-    }
-
-    fn credit(&self, bytes: u64) {
-        if let Some(q) = self.quota {
-            q.credit(bytes);
-        }
-    }
-
-    /// What removing `path` would free: its size and entry when it is a
-    /// file no other name points at, its entry when it is anything else.
-    async fn freed_by_removing(&mut self, fd: &Resource<types::Descriptor>, path: &str) -> u64 {
-        if self.quota.is_none() {
-            return 0;
-        }
-        match HostDescriptor::stat_at(
-            &mut self.fs,
-            borrow(fd),
-            types::PathFlags::empty(),
-            path.to_string(),
-        )
-        .await
-        {
-            Ok(st) if st.type_ == types::DescriptorType::RegularFile && st.link_count <= 1 => {
-                st.size + ENTRY_BYTES
-            }
-            Ok(_) => ENTRY_BYTES,
-            Err(_) => 0,
-        }
     }
 
     async fn exists(
@@ -264,6 +236,13 @@ impl HostDescriptor for GuestFs<'_> {
                 {
                     self.credit(st.size);
                 }
+                if let Some(file) = self.file_of(&opened)?
+                    && let Ok(hash) =
+                        HostDescriptor::metadata_hash(&mut self.fs, borrow(&opened)).await
+                {
+                    self.open_files
+                        .opened(opened.rep(), (hash.upper, hash.lower), file);
+                }
                 Ok(opened)
             }
             Err(e) => {
@@ -337,9 +316,18 @@ impl HostDescriptor for GuestFs<'_> {
         new_path: String,
     ) -> FsResult<()> {
         self.core.hold().await.map_err(FsError::trap)?;
-        let replaced = self.freed_by_removing(&new_fd, &new_path).await;
+        // A rename between two names of one file (the same name, or two
+        // hard links) succeeds and changes nothing: it frees nothing.
+        let same_file = self.quota.is_some() && {
+            let from = self.identity_at(&fd, &old_path).await;
+            from.is_some() && from == self.identity_at(&new_fd, &new_path).await
+        };
+        let replaced = match same_file {
+            true => Removal::default(),
+            false => self.freed_by_removing(&new_fd, &new_path).await,
+        };
         HostDescriptor::rename_at(&mut self.fs, fd, old_path, new_fd, new_path).await?;
-        self.credit(replaced);
+        self.removed(replaced);
         Ok(())
     }
 
@@ -351,7 +339,7 @@ impl HostDescriptor for GuestFs<'_> {
         self.core.hold().await.map_err(FsError::trap)?;
         let freed = self.freed_by_removing(&fd, &path).await;
         HostDescriptor::unlink_file_at(&mut self.fs, fd, path).await?;
-        self.credit(freed);
+        self.removed(freed);
         Ok(())
     }
 
@@ -461,7 +449,10 @@ impl HostDescriptor for GuestFs<'_> {
     }
 
     fn drop(&mut self, fd: Resource<types::Descriptor>) -> wasmtime::Result<()> {
-        HostDescriptor::drop(&mut self.fs, fd)
+        let rep = fd.rep();
+        let dropped = HostDescriptor::drop(&mut self.fs, fd);
+        self.open_files.closed(rep);
+        dropped
     }
 
     async fn readlink_at(

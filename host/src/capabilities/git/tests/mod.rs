@@ -496,3 +496,50 @@ fn invalid_refs_paths_and_oids_are_rejected() {
 }
 
 mod remotes;
+
+/// Issue 27, finding 2: commits chained without a fetch grew the clone
+/// without bound (only fetches checked it). Now a clone past its bound
+/// takes no further commit until a fetch starts it afresh: it holds at
+/// most its bound plus one commit.
+#[test]
+fn commits_without_a_fetch_stop_once_the_clone_is_past_its_bound() {
+    let r = Remote::new();
+    let host = GitHost::new(r.tmp.path().join("clones")).with_limits(1 << 20, 1 << 20);
+    let url = r.bare.to_str().unwrap().to_owned();
+    let g = grants(&url);
+    let h = host.repo(&g, &url).unwrap();
+    let mut parent = fetch_one(&h, MAIN);
+    let mut committed = 0u64;
+    let refused = loop {
+        // Bytes that do not compress.
+        let bytes: Vec<u8> = (0..(512u64 << 10))
+            .map(|i| (i.wrapping_mul(2654435761).wrapping_add(committed * 7919) >> 7) as u8)
+            .collect();
+        let change = FileChange {
+            path: format!("f-{committed}.tfstate"),
+            content: Some(bytes),
+        };
+        match h.commit(parent.as_deref(), &[change], "grow") {
+            Ok(commit) => {
+                parent = Some(commit);
+                committed += 1;
+                assert!(committed < 10, "ten commits of 512 KiB past a 1 MiB bound");
+            }
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(&refused, GitError::InvalidInput(m) if m.contains("git_clone_max_mib")),
+        "{refused:?}"
+    );
+    // At most the bound plus one commit.
+    assert!(committed <= 3, "{committed} commits of 512 KiB went in");
+    // A fetch starts afresh, and commits go in again.
+    let tip = fetch_one(&h, MAIN);
+    let change = FileChange {
+        path: "again.tfstate".into(),
+        content: Some(b"x".to_vec()),
+    };
+    h.commit(tip.as_deref(), &[change], "after a fetch")
+        .unwrap();
+}

@@ -1,0 +1,197 @@
+//! The second security review's findings (issue 27), each attacked: the
+//! test fails on the code before its fix. (The disk-quota credit tricks
+//! are part of the `disk-fill` attack in `isolation.rs`.)
+
+use crate::common::*;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, body::Incoming};
+use hyper_util::rt::TokioIo;
+use std::sync::{Arc, Mutex};
+
+/// An HTTP server on a free loopback port answering every request with
+/// `answer`; stopped when dropped.
+struct Answering {
+    port: u16,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl Answering {
+    fn start(
+        answer: impl Fn(&Request<Incoming>) -> Response<Full<Bytes>> + Send + Sync + 'static,
+    ) -> Answering {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let answer = Arc::new(answer);
+        runtime.spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let answer = answer.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |request| {
+                        let response = answer(&request);
+                        async move { Ok::<_, std::convert::Infallible>(response) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Answering {
+            port,
+            _runtime: runtime,
+        }
+    }
+}
+
+/// Finding 3: a git remote that redirects sent the host's credentials to
+/// the redirect's target when its path held the granted URL after an `@`
+/// (the check stripped "user info" at the first `@` anywhere), and libgit2
+/// follows a redirect on a connection's first request.
+#[test]
+fn git_credentials_never_follow_a_redirect() {
+    // Where the credentials must never arrive: it asks for them (401) and
+    // keeps whatever Authorization it is sent.
+    let received = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = received.clone();
+    let evil = Answering::start(move |request| {
+        let mut sink = sink.lock().unwrap();
+        sink.push(format!("{} {}", request.method(), request.uri()));
+        if let Some(auth) = request.headers().get("authorization") {
+            sink.push(format!("Authorization: {}", auth.to_str().unwrap_or("?")));
+            return Response::builder()
+                .status(404)
+                .body(Full::default())
+                .unwrap();
+        }
+        Response::builder()
+            .status(401)
+            .header("WWW-Authenticate", "Basic realm=\"git\"")
+            .body(Full::default())
+            .unwrap()
+    });
+    // The granted remote, which redirects everything there.
+    let evil_port = evil.port;
+    let redirect_port = Arc::new(Mutex::new(0u16));
+    let own_port = redirect_port.clone();
+    let remote = Answering::start(move |request| {
+        let port = *own_port.lock().unwrap();
+        let target = format!(
+            "http://127.0.0.1:{evil_port}/x@127.0.0.1:{port}{}",
+            request.uri()
+        );
+        Response::builder()
+            .status(302)
+            .header("Location", target)
+            .body(Full::default())
+            .unwrap()
+    });
+    *redirect_port.lock().unwrap() = remote.port;
+
+    let data = tempdir();
+    let config = data.path().join("wasmstate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[backends.default]\nguest = \"git\"\ngit_auth = {{ username_env = \"GIT_USER\", password_env = \"GIT_TOKEN\" }}\n\
+             [backends.default.config]\nrepository = \"http://127.0.0.1:{}/state.git\"\n",
+            remote.port
+        ),
+    )
+    .unwrap();
+    let server = Server::with_config_env(
+        data.path(),
+        &config,
+        &[("GIT_USER", "ci"), ("GIT_TOKEN", "s3cret-token")],
+    );
+    let answer = send("POST", &server.state_url("default", "ws"), Some(&state(1)));
+    assert!(answer.status >= 500, "{} {}", answer.status, answer.text());
+    let seen = received.lock().unwrap().clone();
+    assert!(
+        !seen.iter().any(|line| line.starts_with("Authorization")),
+        "the credentials reached the redirect's target: {seen:?}"
+    );
+}
+
+/// Finding 6: console forms were read without the API's body deadline,
+/// some before the session was checked: a sign-in form dripped a byte at a
+/// time held its connection for as long as the client liked. Now 408
+/// within `body_timeout_secs`, like the API.
+#[test]
+fn a_dripped_console_form_is_cut_off_at_the_body_deadline() {
+    use std::io::{Read, Write};
+    let dir = tempdir();
+    let server = Server::with_config(
+        dir.path(),
+        &format!(
+            "[network]\nbody_timeout_secs = 2\n[backends.default]\nguest = \"local\"\n\
+             [[users]]\nname = \"ada\"\npassword_hash = \"{}\"\ngrants = [\"*:*:admin\"]\n",
+            crate::auth::hash("a long enough password")
+        ),
+    );
+    let address = server.url.trim_start_matches("http://").to_string();
+    let mut drip = std::net::TcpStream::connect(&address).unwrap();
+    drip.write_all(
+        format!(
+            "POST /ui/login HTTP/1.1\r\nHost: {address}\r\nOrigin: http://{address}\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\nuser=a"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    // Far past the deadline: an answer must come, and be the 408.
+    drip.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut answer = [0u8; 512];
+    let n = drip.read(&mut answer).expect("no answer within 30 s");
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body_timeout_secs"), "{answer}");
+}
+
+/// Finding 8: the console's diff parsed both versions (up to the largest
+/// body each) on an async worker, as many at once as readers asked for.
+/// Now one at a time, off the workers, of states up to 32 MiB: larger ones
+/// are refused before they are parsed.
+#[test]
+fn the_console_refuses_to_compare_states_past_its_bound() {
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("data"));
+    let url = server.state_url("default", "big");
+    let big = |serial: u64| {
+        let mut state = format!(
+            r#"{{"version":4,"terraform_version":"1.11.4","serial":{serial},"lineage":"big","outputs":{{"pad":{{"type":"string","value":""#
+        )
+        .into_bytes();
+        state.resize(33 << 20, b'x');
+        state.extend_from_slice(br#""}},"resources":[]}"#);
+        state
+    };
+    for serial in [1, 2] {
+        assert_eq!(send("POST", &url, Some(&big(serial))).status, 200);
+    }
+    let (listed, _) = versions(&url);
+    let oldest = listed.as_array().unwrap().last().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let session = crate::console::ConsoleSession::open(&server);
+    let answer = session
+        .client
+        .get(format!(
+            "{}/ui/api/backends/default/big/diff?from={oldest}&to=current",
+            server.url
+        ))
+        .header("cookie", &session.cookie)
+        .send()
+        .unwrap();
+    assert_eq!(answer.status(), 413);
+    assert!(answer.text().unwrap().contains("too large to compare"));
+}
