@@ -1,6 +1,8 @@
 //! The `local` guest's file layout and protocol, natively in Rust: the
 //! baseline that tells what the sandbox costs. Same files, same syscalls
-//! (temp file + fsync + rename for state, hard link for locks).
+//! (temp file + fsync + rename for state, hard link for locks, the
+//! workspace's directory synced after each; an unlock moves the lock
+//! aside, checks it there and removes it).
 
 use std::fs;
 use std::io::{ErrorKind, Write};
@@ -52,6 +54,13 @@ impl NativeLocal {
         }
     }
 
+    /// Make the directory entries of `ws` durable, as the guest does.
+    fn sync_dir(&self, ws: &str) -> StorageResult<()> {
+        fs::File::open(self.root.join(ws))
+            .and_then(|dir| dir.sync_all())
+            .map_err(|e| io("fsync dir", e))
+    }
+
     fn check_lock(&self, ws: &str, lock_id: Option<&str>) -> StorageResult<()> {
         match (self.holder(ws)?, lock_id) {
             (Some(h), Some(id)) if h.id == id => Ok(()),
@@ -95,7 +104,9 @@ impl Storage for NativeLocal {
     ) -> StorageResult<()> {
         self.check_lock(ws, lock_id)?;
         let temp = self.write_temp(ws, &state)?;
-        fs::rename(temp, self.root.join(ws).join("terraform.tfstate")).map_err(|e| io("rename", e))
+        fs::rename(temp, self.root.join(ws).join("terraform.tfstate"))
+            .map_err(|e| io("rename", e))?;
+        self.sync_dir(ws)
     }
 
     async fn delete(&self, ws: &str, lock_id: Option<&str>) -> StorageResult<()> {
@@ -109,7 +120,7 @@ impl Storage for NativeLocal {
         let linked = fs::hard_link(&temp, self.root.join(ws).join("terraform.tfstate.lock"));
         let _ = fs::remove_file(&temp);
         match linked {
-            Ok(()) => Ok(()),
+            Ok(()) => self.sync_dir(ws),
             Err(e) if e.kind() == ErrorKind::AlreadyExists => match self.holder(ws)? {
                 Some(h) if h.id == info.id => Ok(()),
                 Some(h) => Err(StorageError::Locked(h)),
@@ -123,8 +134,11 @@ impl Storage for NativeLocal {
         match self.holder(ws)? {
             None => Ok(()),
             Some(h) if h.id == id => {
-                let _ = fs::remove_file(self.root.join(ws).join("terraform.tfstate.lock"));
-                Ok(())
+                let aside = self.root.join(ws).join(".unlocking");
+                let _ = fs::rename(self.root.join(ws).join("terraform.tfstate.lock"), &aside);
+                let _ = fs::read(&aside);
+                let _ = fs::remove_file(&aside);
+                self.sync_dir(ws)
             }
             Some(h) => Err(StorageError::LockMismatch(Some(h))),
         }

@@ -55,19 +55,22 @@ pub(crate) fn settings(moto_url: &str, locking: Locking) -> Vec<(String, String)
     pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
-fn server(data: &Path, s3_url: &str, locking: Locking) -> Server {
+/// The config of backend `aws` on `s3_url` (moto, or a proxy in front of
+/// it), with `extra` backend keys.
+pub(crate) fn backend_config(s3_url: &str, locking: Locking, extra: &str) -> String {
     let config: Vec<String> = settings(s3_url, locking)
         .iter()
         .map(|(k, v)| format!("{k:?} = {v:?}"))
         .collect();
-    Server::with_config(
-        data,
-        &format!(
-            "[backends.aws]\nguest = \"{}\"\n[backends.aws.config]\n{}\n",
-            locking.guest(),
-            config.join("\n")
-        ),
+    format!(
+        "[backends.aws]\nguest = \"{}\"\n{extra}[backends.aws.config]\n{}\n",
+        locking.guest(),
+        config.join("\n")
     )
+}
+
+fn server(data: &Path, s3_url: &str, locking: Locking) -> Server {
+    Server::with_config(data, &backend_config(s3_url, locking, ""))
 }
 
 fn kit(locking: Locking) {

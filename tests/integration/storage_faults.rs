@@ -3,7 +3,7 @@
 //! random): each test fails on the guests before issue 26's fixes
 //! (findings 3, 4, 9 and 10).
 
-use crate::aws::{Locking, settings, start_moto};
+use crate::aws::{Locking, backend_config, start_moto};
 use crate::common::*;
 use std::path::Path;
 use std::sync::Arc;
@@ -12,18 +12,7 @@ use std::time::Duration;
 
 /// A host of `guest` on moto through `proxy`, with `extra` backend keys.
 fn host_via(data: &Path, proxy: &FaultProxy, locking: Locking, extra: &str) -> Server {
-    let config: Vec<String> = settings(&proxy.url, locking)
-        .iter()
-        .map(|(k, v)| format!("{k:?} = {v:?}"))
-        .collect();
-    Server::with_config(
-        data,
-        &format!(
-            "[backends.aws]\nguest = \"{}\"\n{extra}[backends.aws.config]\n{}\n",
-            locking.guest(),
-            config.join("\n")
-        ),
-    )
+    Server::with_config(data, &backend_config(&proxy.url, locking, extra))
 }
 
 /// Finding 4: the digest item is written after the state object. When

@@ -84,30 +84,7 @@ impl S3State {
 
     /// The object at `key`, `None` when there is none.
     pub fn get(&self, key: &str) -> Result<Option<Vec<u8>>, Error> {
-        block_on(async {
-            let result = self
-                .client
-                .get_object()
-                .bucket(&self.settings.bucket)
-                .key(key)
-                .send()
-                .await;
-            match result {
-                Ok(out) => {
-                    let bytes = out.body.collect().await.map_err(|e| {
-                        Error::Unavailable(format!("reading {}: {e}", self.url(key)))
-                    })?;
-                    Ok(Some(bytes.into_bytes().to_vec()))
-                }
-                Err(e)
-                    if matches!(e.as_service_error(), Some(GetObjectError::NoSuchKey(_)))
-                        || status_of(&e) == Some(404) =>
-                {
-                    Ok(None)
-                }
-                Err(e) => Err(sdk_error(&format!("reading {}", self.url(key)), e)),
-            }
-        })
+        Ok(self.get_with_etag(key)?.map(|(bytes, _)| bytes))
     }
 
     /// Copy the object at `key` into `out` by ranged GETs, each pinned to
