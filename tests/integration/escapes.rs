@@ -195,3 +195,67 @@ fn the_console_refuses_to_compare_states_past_its_bound() {
     assert_eq!(answer.status(), 413);
     assert!(answer.text().unwrap().contains("too large to compare"));
 }
+
+/// The AWS-signing probe fixture (`tests/fixtures/aws-probe`).
+const AWS_PROBE_WASM: &str = env!("WASMSTATE_FIXTURE_AWS_PROBE");
+
+/// Finding 4: the host signed whatever a guest sent to a signed origin, so
+/// a guest could act with the host's credentials on any bucket behind a
+/// path-style endpoint. A request for another bucket than the backend's is
+/// now refused before it leaves the host: the store never sees it.
+#[test]
+fn a_signed_request_for_another_bucket_never_leaves_the_host() {
+    let moto = crate::aws::start_moto(crate::aws::Locking::LockFile);
+    moto.create_bucket("someone-elses");
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let log = seen.clone();
+    let proxy = FaultProxy::with_rule(
+        &moto.url,
+        Box::new(move |what: &str| {
+            log.lock().unwrap().push(what.to_string());
+            None
+        }),
+    );
+    let url = &proxy.url;
+    let dir = tempdir();
+    let config = |bucket: &str| {
+        format!(
+            "[backends.probe]\nguest = {AWS_PROBE_WASM:?}\naws_sign = [{url:?}]\n\
+             [backends.probe.config]\nendpoint = {url:?}\nbucket = \"wasmstate-states\"\n\
+             probe_bucket = {bucket:?}\nregion = \"us-east-1\"\naccess_key = \"test\"\nsecret_key = \"test\"\n"
+        )
+    };
+    let probe = |server: &Server| -> serde_json::Value {
+        let answer = send("GET", &server.state_url("probe", "default"), None);
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        let line = answer.body.split(|b| *b == b'\n').next().unwrap().to_vec();
+        serde_json::from_slice(&line).unwrap()
+    };
+    // Its own bucket: signed and answered.
+    let own = Server::with_config(&dir.path().join("own"), &config("wasmstate-states"));
+    assert_eq!(probe(&own)["status"]["Ok"], 200);
+    assert!(
+        seen.lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.contains("/wasmstate-states"))
+    );
+    // Another bucket: refused by the host, never sent.
+    let other = Server::with_config(&dir.path().join("other"), &config("someone-elses"));
+    let refused = probe(&other);
+    assert!(refused["status"]["Err"].is_string(), "{refused}");
+    assert!(
+        !seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.contains("someone-elses")),
+        "the request reached the store: {:?}",
+        seen.lock().unwrap()
+    );
+    assert!(
+        other.log_text().contains("is not the backend's"),
+        "{}",
+        other.log_text()
+    );
+}

@@ -147,6 +147,7 @@ pub fn narrow(
             (!origins.is_empty()).then(|| AwsGrant {
                 origins,
                 settings: grant.settings.clone(),
+                scope: grant.scope.clone(),
             })
         }
         _ => None,

@@ -5,13 +5,16 @@
 //! them and refreshes them before they expire ([`AwsSigner`]), and signs
 //! (SigV4) the guest's outgoing requests to the AWS endpoints the backend
 //! is granted (`aws_sign`). A guest sends unsigned requests and never sees
-//! a key, not even a session key.
+//! a key, not even a session key; and the host signs only what a state
+//! store needs, on the bucket and table the backend names ([`scope`]).
 
 pub mod chain;
+mod scope;
 pub mod settings;
 mod sign;
 mod sts;
 
+pub use scope::{Service, SigningScope};
 pub use settings::AwsSettings;
 
 use crate::policy::Origin;
@@ -28,6 +31,8 @@ pub struct AwsGrant {
     pub origins: Vec<Origin>,
     /// Where the credentials come from.
     pub settings: AwsSettings,
+    /// What of those origins the signed requests may reach.
+    pub scope: SigningScope,
 }
 
 impl AwsGrant {
@@ -44,13 +49,29 @@ impl AwsGrant {
         if origins.is_empty() {
             return Ok(None);
         }
+        // The host never lends its identity to a guest's STS or IAM call.
+        if let Some(origin) = origins.iter().find(|o| {
+            o.host
+                .split('.')
+                .any(|label| matches!(label, "sts" | "iam") || label.starts_with("sts-"))
+        }) {
+            return Err(format!(
+                "aws_sign: {}://{} is an STS or IAM endpoint; the host signs only S3 and DynamoDB requests for a guest",
+                origin.scheme, origin.host
+            ));
+        }
+        let scope = SigningScope::from_config(guest_config);
         let settings = settings::take_from_config(guest_config, base)?;
         for origin in &origins {
             if !allow_http.contains(origin) {
                 allow_http.push(origin.clone());
             }
         }
-        Ok(Some(AwsGrant { origins, settings }))
+        Ok(Some(AwsGrant {
+            origins,
+            settings,
+            scope,
+        }))
     }
 }
 
@@ -73,6 +94,7 @@ const REFRESH_MARGIN: Duration = Duration::from_secs(5 * 60);
 /// credentials last fetched, shared by every request of the backend.
 pub struct AwsSigner {
     origins: Vec<Origin>,
+    scope: SigningScope,
     region: String,
     chain: chain::Chain,
     backend: Arc<str>,
@@ -102,6 +124,7 @@ impl AwsSigner {
     pub async fn new(backend: &str, grant: &AwsGrant, http: SharedHttpClient) -> AwsSigner {
         AwsSigner {
             origins: grant.origins.clone(),
+            scope: grant.scope.clone(),
             region: grant.settings.region.clone(),
             chain: chain::build(&grant.settings, http).await,
             backend: Arc::from(backend),
@@ -115,11 +138,13 @@ impl AwsSigner {
     }
 
     /// Sign `request` (its whole body in hand) with this backend's current
-    /// credentials, replacing any signature the guest put on it. `Err`:
-    /// one line naming the credential source and what to fix.
+    /// credentials, replacing any signature the guest put on it, if it is
+    /// within the backend's [`SigningScope`]. `Err`: one line saying why it
+    /// was refused, or naming the credential source and what to fix.
     pub async fn sign(&self, request: &mut http::Request<bytes::Bytes>) -> Result<(), String> {
+        let service = self.scope.check(request)?;
         let credentials = self.credentials().await?;
-        sign::sign(request, &credentials, &self.region)
+        sign::sign(request, &credentials, &self.region, service.signing_name())
     }
 
     /// The cached credentials, fetched again when they near expiry. One

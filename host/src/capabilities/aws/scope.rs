@@ -1,0 +1,371 @@
+//! What the host signs for a backend's guest: only the calls a state store
+//! makes, on the bucket, keys and table the backend's own configuration
+//! names. The guest never holds the credentials, but without this it could
+//! have the host sign anything for it on a granted origin: another bucket
+//! through a path-style endpoint, a copy from another readable object
+//! (`x-amz-copy-source`), a bucket policy or ACL (`?policy`, `?acl`), any
+//! DynamoDB table, or, where it picked the service with `X-Amz-Target`, a
+//! call to STS. The host picks the service, from the host name or the
+//! endpoint the configuration gave for it, never from the guest's headers.
+
+use crate::policy::Origin;
+
+/// S3 query parameters of the calls a state store makes: object GET,
+/// HEAD, PUT and DELETE, multipart uploads, and listings. Any other (a
+/// subresource such as `policy`, `acl`, `tagging`, `lifecycle`) is refused.
+const S3_QUERY: &[&str] = &[
+    "x-id",
+    "list-type",
+    "prefix",
+    "delimiter",
+    "continuation-token",
+    "start-after",
+    "max-keys",
+    "encoding-type",
+    "fetch-owner",
+    "marker",
+    "uploads",
+    "uploadId",
+    "partNumber",
+    "key-marker",
+    "upload-id-marker",
+    "max-uploads",
+];
+
+/// DynamoDB operations a lock table needs.
+const DYNAMODB_CALLS: &[&str] = &["GetItem", "PutItem", "UpdateItem", "DeleteItem"];
+
+/// The service a signed request is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    /// Amazon S3 (or a store speaking its API).
+    S3,
+    /// Amazon DynamoDB's JSON API.
+    DynamoDb,
+}
+
+impl Service {
+    /// Its SigV4 signing name.
+    pub fn signing_name(self) -> &'static str {
+        match self {
+            Service::S3 => "s3",
+            Service::DynamoDb => "dynamodb",
+        }
+    }
+}
+
+/// What one backend's signed requests may reach.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SigningScope {
+    /// `bucket` of the guest's configuration: the only one signed for.
+    bucket: Option<String>,
+    /// `key` and `workspace_key_prefix`: the keys signed for are the key,
+    /// its lock file and everything under `<prefix>/`.
+    key: Option<String>,
+    workspace_prefix: String,
+    /// `dynamodb_table`: the only table signed for.
+    table: Option<String>,
+    /// The endpoint named for DynamoDB (`endpoints.dynamodb`).
+    dynamodb_origin: Option<Origin>,
+}
+
+impl SigningScope {
+    /// The scope the guest configuration `config` (flattened keys) names.
+    pub fn from_config(config: &[(String, String)]) -> SigningScope {
+        let get = |name: &str| {
+            config
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        SigningScope {
+            bucket: get("bucket"),
+            key: get("key"),
+            workspace_prefix: get("workspace_key_prefix").unwrap_or_else(|| "env:".into()),
+            table: get("dynamodb_table"),
+            dynamodb_origin: get("endpoints.dynamodb")
+                .or_else(|| get("dynamodb_endpoint"))
+                .and_then(|e| Origin::parse(e.trim_end_matches('/')).ok()),
+        }
+    }
+
+    /// The service `request` is for, if it is one signed for this backend
+    /// and within its scope; else why not, in one line.
+    pub fn check(&self, request: &http::Request<bytes::Bytes>) -> Result<Service, String> {
+        match self.service(request)? {
+            Service::S3 => self.check_s3(request).map(|()| Service::S3),
+            Service::DynamoDb => self.check_dynamodb(request).map(|()| Service::DynamoDb),
+        }
+    }
+
+    fn service(&self, request: &http::Request<bytes::Bytes>) -> Result<Service, String> {
+        let host = request.uri().host().unwrap_or_default();
+        if let Some(name) = host.strip_suffix(".amazonaws.com") {
+            for label in name.split('.') {
+                match label.split('-').next().unwrap_or(label) {
+                    "s3" => return Ok(Service::S3),
+                    "dynamodb" => return Ok(Service::DynamoDb),
+                    _ => {}
+                }
+            }
+            return Err(format!(
+                "{host} is not S3 or DynamoDB: the host signs nothing else for a guest"
+            ));
+        }
+        let target = request
+            .headers()
+            .get("x-amz-target")
+            .and_then(|v| v.to_str().ok());
+        let dynamodb_here = self
+            .dynamodb_origin
+            .as_ref()
+            .is_some_and(|o| o.matches(request.uri()));
+        match target {
+            // The endpoint the configuration names for DynamoDB (S3 may
+            // share it, as on moto) and DynamoDB's JSON protocol.
+            Some(t) if dynamodb_here && t.starts_with("DynamoDB_20120810.") => {
+                Ok(Service::DynamoDb)
+            }
+            Some(t) => Err(format!(
+                "X-Amz-Target {t:?} on {host}: the host signs only S3, and DynamoDB on its configured endpoint"
+            )),
+            None => Ok(Service::S3),
+        }
+    }
+
+    fn check_s3(&self, request: &http::Request<bytes::Bytes>) -> Result<(), String> {
+        let Some(bucket) = &self.bucket else {
+            return Err("the backend's config names no `bucket`: no S3 request is signed".into());
+        };
+        if !matches!(
+            request.method().as_str(),
+            "GET" | "HEAD" | "PUT" | "POST" | "DELETE"
+        ) {
+            return Err(format!(
+                "S3 {} is not a state store's call",
+                request.method()
+            ));
+        }
+        if request
+            .headers()
+            .keys()
+            .any(|h| h.as_str().starts_with("x-amz-copy-source"))
+        {
+            return Err("an S3 copy from another object is not a state store's call".into());
+        }
+        for (name, _) in form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes()) {
+            if !S3_QUERY.contains(&name.as_ref()) {
+                return Err(format!("S3 ?{name} is not a state store's call"));
+            }
+        }
+        let host = request.uri().host().unwrap_or_default();
+        let path = percent_decode(request.uri().path());
+        let (asked_bucket, key) = if host.starts_with(&format!("{bucket}.")) {
+            (bucket.as_str(), path.trim_start_matches('/'))
+        } else {
+            let rest = path.trim_start_matches('/');
+            rest.split_once('/').unwrap_or((rest, ""))
+        };
+        if asked_bucket != bucket {
+            return Err(format!(
+                "bucket {asked_bucket:?} is not the backend's ({bucket:?})"
+            ));
+        }
+        if key.is_empty() || self.key_allowed(key) {
+            return Ok(());
+        }
+        Err(format!("key {key:?} is outside the backend's state layout"))
+    }
+
+    /// The state key, its lock file, or anything under the workspaces'
+    /// prefix (every key, when the configuration names none).
+    fn key_allowed(&self, key: &str) -> bool {
+        let Some(state_key) = &self.key else {
+            return true;
+        };
+        key == state_key
+            || key.strip_prefix(state_key.as_str()) == Some(".tflock")
+            || key
+                .strip_prefix(self.workspace_prefix.as_str())
+                .is_some_and(|rest| rest.starts_with('/'))
+    }
+
+    fn check_dynamodb(&self, request: &http::Request<bytes::Bytes>) -> Result<(), String> {
+        let Some(table) = &self.table else {
+            return Err(
+                "the backend's config names no `dynamodb_table`: no DynamoDB request is signed"
+                    .into(),
+            );
+        };
+        let call = request
+            .headers()
+            .get("x-amz-target")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|t| t.strip_prefix("DynamoDB_20120810."))
+            .unwrap_or_default();
+        if !DYNAMODB_CALLS.contains(&call) {
+            return Err(format!("DynamoDB {call} is not a lock table's call"));
+        }
+        #[derive(serde::Deserialize)]
+        struct Named {
+            #[serde(rename = "TableName")]
+            table: String,
+        }
+        let named: Named = serde_json::from_slice(request.body())
+            .map_err(|_| format!("DynamoDB {call} without a TableName"))?;
+        if &named.table != table {
+            return Err(format!(
+                "table {:?} is not the backend's ({table:?})",
+                named.table
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn percent_decode(path: &str) -> String {
+    percent_encoding::percent_decode_str(path)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scope() -> SigningScope {
+        SigningScope::from_config(&[
+            ("bucket".into(), "states".into()),
+            ("key".into(), "app/terraform.tfstate".into()),
+            ("dynamodb_table".into(), "locks".into()),
+            ("endpoints.dynamodb".into(), "http://127.0.0.1:5000".into()),
+        ])
+    }
+
+    fn request(
+        method: &str,
+        uri: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> http::Request<bytes::Bytes> {
+        let mut builder = http::Request::builder().method(method).uri(uri);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(bytes::Bytes::from(body.to_string())).unwrap()
+    }
+
+    #[test]
+    fn a_state_stores_own_calls_are_signed() {
+        let s = scope();
+        for (method, uri) in [
+            (
+                "GET",
+                "http://127.0.0.1:5000/states/app/terraform.tfstate?x-id=GetObject",
+            ),
+            (
+                "PUT",
+                "http://127.0.0.1:5000/states/app/terraform.tfstate.tflock?x-id=PutObject",
+            ),
+            (
+                "HEAD",
+                "http://127.0.0.1:5000/states/env%3A/ws/app/terraform.tfstate",
+            ),
+            (
+                "POST",
+                "http://127.0.0.1:5000/states/env%3A/ws/app/terraform.tfstate?uploads",
+            ),
+            (
+                "GET",
+                "http://127.0.0.1:5000/states?list-type=2&prefix=env%3A%2F",
+            ),
+            (
+                "GET",
+                "https://states.s3.us-east-1.amazonaws.com/app/terraform.tfstate",
+            ),
+        ] {
+            assert_eq!(
+                s.check(&request(method, uri, &[], "")),
+                Ok(Service::S3),
+                "{method} {uri}"
+            );
+        }
+        let get_item = request(
+            "POST",
+            "http://127.0.0.1:5000/",
+            &[("x-amz-target", "DynamoDB_20120810.GetItem")],
+            r#"{"TableName":"locks","Key":{}}"#,
+        );
+        assert_eq!(s.check(&get_item), Ok(Service::DynamoDb));
+    }
+
+    #[test]
+    fn anything_else_is_refused_before_it_is_signed() {
+        let s = scope();
+        let refused = [
+            request("GET", "http://127.0.0.1:5000/other-bucket/secret", &[], ""),
+            request("GET", "http://127.0.0.1:5000/states/other/key", &[], ""),
+            request("PUT", "http://127.0.0.1:5000/states?policy", &[], "{}"),
+            request(
+                "GET",
+                "http://127.0.0.1:5000/states/app/terraform.tfstate?acl",
+                &[],
+                "",
+            ),
+            request(
+                "PUT",
+                "http://127.0.0.1:5000/states/app/terraform.tfstate",
+                &[("x-amz-copy-source", "/other-bucket/secret")],
+                "",
+            ),
+            request(
+                "POST",
+                "http://127.0.0.1:5000/",
+                &[("x-amz-target", "DynamoDB_20120810.GetItem")],
+                r#"{"TableName":"someone-elses","Key":{}}"#,
+            ),
+            request(
+                "POST",
+                "http://127.0.0.1:5000/",
+                &[("x-amz-target", "DynamoDB_20120810.DeleteTable")],
+                r#"{"TableName":"locks"}"#,
+            ),
+            request(
+                "POST",
+                "http://127.0.0.1:5000/",
+                &[(
+                    "x-amz-target",
+                    "AWSSecurityTokenServiceV20110615.GetSessionToken",
+                )],
+                "",
+            ),
+            request(
+                "POST",
+                "https://sts.amazonaws.com/",
+                &[],
+                "Action=GetSessionToken",
+            ),
+            request(
+                "GET",
+                "https://iam.amazonaws.com/?Action=ListUsers",
+                &[],
+                "",
+            ),
+        ];
+        for r in refused {
+            assert!(
+                s.check(&r).is_err(),
+                "{} {} {:?} was signed",
+                r.method(),
+                r.uri(),
+                r.headers()
+            );
+        }
+        // No bucket configured: nothing for S3 at all.
+        let none = SigningScope::default();
+        assert!(
+            none.check(&request("GET", "http://127.0.0.1:5000/states/x", &[], ""))
+                .is_err()
+        );
+    }
+}
