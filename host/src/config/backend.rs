@@ -80,14 +80,16 @@ pub(super) fn validate_backend(
     };
     let mut allow_http = origins(&raw.allow_http, "allow_http")?;
     if allow_http.is_empty() {
-        allow_http = default_http;
+        allow_http = default_http.clone();
     }
     // Requests the host signs with the backend's AWS credentials: the
-    // operator's list, or every endpoint of an AWS guest. Their credential
-    // settings leave the guest's config here: a guest never holds one.
+    // operator's list, or the endpoints an AWS guest's own configuration
+    // names (never other origins the operator lets it reach). Their
+    // credential settings leave the guest's config here: a guest never
+    // holds one.
     let aws_origins: Vec<Origin> = match &raw.aws_sign {
         Some(list) => origins(list, "aws_sign")?,
-        None if guests::signs_aws(&guest) => allow_http.clone(),
+        None if guests::signs_aws(&guest) => default_http,
         None => Vec::new(),
     };
     let aws = AwsGrant::take(aws_origins, &mut guest_config, &mut allow_http, base)

@@ -145,6 +145,39 @@ fn aws_guests_are_granted_their_configured_endpoints() {
     assert_eq!(grants, ["https://b.s3.eu-west-1.amazonaws.com:443"]);
 }
 
+/// Issue 27, finding 13: an embedded AWS guest without `aws_sign` had
+/// every `allow_http` origin signed, the operator's others included. Only
+/// the endpoints its own configuration names are; STS and IAM never.
+#[test]
+fn an_aws_guest_is_signed_for_its_own_endpoints_only() {
+    let config = parse(
+        r#"
+        [backends.s3]
+        guest = "s3-lockfile"
+        allow_http = ["http://127.0.0.1:5000", "http://10.1.2.3:8080"]
+        [backends.s3.config]
+        bucket = "b"
+        key = "k"
+        endpoints = { s3 = "http://127.0.0.1:5000" }
+        "#,
+    )
+    .unwrap();
+    let signed: Vec<String> = config.backends[0]
+        .aws
+        .as_ref()
+        .unwrap()
+        .origins
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(signed, ["http://127.0.0.1:5000"]);
+    let sts = parse(
+        "[backends.s3]\nguest = \"s3-lockfile\"\naws_sign = [\"https://sts.amazonaws.com\"]\n\
+         config = { bucket = \"b\", key = \"k\" }\n",
+    );
+    assert!(sts.is_err_and(|e| e.to_string().contains("STS or IAM")));
+}
+
 #[test]
 fn users_and_tokens_are_checked() {
     let hash = crate::auth::hash_password("pw");
