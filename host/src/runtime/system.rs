@@ -87,8 +87,12 @@ pub fn swap_possible() -> bool {
 }
 
 /// [`swap_possible`], reading `/proc` and `/sys` under `root` (for tests).
+/// What cannot be read counts as possible: "no swap" turns on behaviour
+/// that is only safe without swap, so it must be seen, not assumed.
 pub fn swap_possible_under(root: &Path) -> bool {
-    let swaps = std::fs::read_to_string(root.join("proc/swaps")).unwrap_or_default();
+    let Ok(swaps) = std::fs::read_to_string(root.join("proc/swaps")) else {
+        return true;
+    };
     if swaps.lines().skip(1).all(|l| l.trim().is_empty()) {
         return false;
     }
@@ -160,6 +164,9 @@ mod tests {
         const HEADER: &str = "Filename\tType\tSize\tUsed\tPriority\n";
         let none = fake(&[("proc/swaps", HEADER)]);
         assert!(!swap_possible_under(none.path()));
+        // Unreadable (issue 27, finding 11): assumed possible.
+        let unknown = fake(&[("proc/self/cgroup", "0::/svc\n")]);
+        assert!(swap_possible_under(unknown.path()));
         let active = format!("{HEADER}/swapfile file 1048572 0 -2\n");
         let on = fake(&[("proc/swaps", &active), ("proc/self/cgroup", "0::/svc\n")]);
         assert!(swap_possible_under(on.path()));

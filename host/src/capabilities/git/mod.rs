@@ -98,6 +98,10 @@ pub struct RepoHandle<'a> {
     auth: &'a GitAuth,
     grant: &'a GitGrant,
     url: String,
+    /// Names the clone: the URL with the grant's credentials and scope, so
+    /// backends granted one repository differently never share a clone
+    /// (objects one could fetch, commits one made, are not the other's).
+    clone_key: String,
     slot: Arc<parking_lot::Mutex<Slot>>,
     deadline: Option<Instant>,
 }
@@ -143,12 +147,17 @@ impl GitHost {
                 redact(&url)
             ))
         })?;
-        let slot = lock(&self.repos).entry(url.clone()).or_default().clone();
+        let clone_key = clone_key(&url, grant);
+        let slot = lock(&self.repos)
+            .entry(clone_key.clone())
+            .or_default()
+            .clone();
         Ok(RepoHandle {
             host: self,
             auth: &grant.auth,
             grant,
             url,
+            clone_key,
             slot,
             deadline: None,
         })

@@ -184,7 +184,7 @@ impl RepoHandle<'_> {
     }
 
     fn clone_dir(&self) -> std::path::PathBuf {
-        self.host.clones_dir.join(clone_dir_name(&self.url))
+        self.host.clones_dir.join(clone_dir_name(&self.clone_key))
     }
 
     /// The clone for this URL, opened once and kept in the slot (reopening costs a config parse).

@@ -113,9 +113,31 @@ pub fn redact(url: &str) -> String {
     url.to_owned()
 }
 
-/// The clone directory name: a hash, so any URL maps to one safe name.
-pub(super) fn clone_dir_name(url: &str) -> String {
-    format!("{}.git", hex::encode(Sha256::digest(url.as_bytes())))
+/// The clone directory name: a hash, so any key maps to one safe name.
+pub(super) fn clone_dir_name(key: &str) -> String {
+    format!("{}.git", hex::encode(Sha256::digest(key.as_bytes())))
+}
+
+/// What a clone is shared by: one URL under one grant (the same
+/// credentials, refs and paths).
+pub(super) fn clone_key(url: &str, grant: &super::GitGrant) -> String {
+    let auth = &grant.auth;
+    let mut identity = Sha256::new();
+    for part in [
+        auth.username.as_deref().unwrap_or(""),
+        auth.password.as_deref().unwrap_or(""),
+        &auth
+            .ssh_key
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        &grant.refs.join("\n"),
+        &grant.paths.join("\n"),
+    ] {
+        identity.update(part.as_bytes());
+        identity.update([0]);
+    }
+    format!("{url}#{}", hex::encode(identity.finalize()))
 }
 
 pub(super) fn tracking_ref(name: &str) -> String {

@@ -543,3 +543,33 @@ fn commits_without_a_fetch_stop_once_the_clone_is_past_its_bound() {
     h.commit(tip.as_deref(), &[change], "after a fetch")
         .unwrap();
 }
+
+/// Issue 27, finding 12: clones were shared per URL, so a backend could
+/// push a commit another backend, granted the same repository with other
+/// credentials or paths, had made in the shared clone. Each grant now has
+/// a clone of its own.
+#[test]
+fn backends_granted_one_repository_differently_do_not_share_a_clone() {
+    let r = Remote::new();
+    let host = GitHost::new(r.tmp.path().join("clones"));
+    let url = r.bare.to_str().unwrap().to_owned();
+    let wide = grants(&url);
+    let narrow = vec![GitGrant {
+        paths: vec!["only-this.tfstate".into()],
+        ..wide[0].clone()
+    }];
+    let a = host.repo(&wide, &url).unwrap();
+    let tip = fetch_one(&a, MAIN);
+    let theirs = a
+        .commit(
+            tip.as_deref(),
+            &[change("only-this.tfstate", Some("a's"))],
+            "a's commit",
+        )
+        .unwrap();
+    let b = host.repo(&narrow, &url).unwrap();
+    fetch_one(&b, MAIN);
+    let pushed = b.push(MAIN, &theirs, tip.as_deref());
+    assert!(pushed.is_err(), "b pushed a commit only a's clone holds");
+    assert_eq!(r.rev(MAIN), tip, "the remote moved");
+}

@@ -200,8 +200,13 @@ fn git_daemon_cas_push_and_shallow_fetch() {
 
     let main = fetch_one(&h, MAIN).unwrap();
     assert_eq!(Some(&main), r.rev(MAIN).as_ref());
-    let clone =
-        Repository::open_bare(r.tmp.path().join("clones").join(clone_dir_name(&url))).unwrap();
+    let clone = Repository::open_bare(
+        r.tmp
+            .path()
+            .join("clones")
+            .join(clone_dir_name(&clone_key(&url, &g[0]))),
+    )
+    .unwrap();
     assert!(clone.is_shallow(), "depth 1 works over git://");
     assert_eq!(
         h.read_file(&main, "state.tfstate").unwrap(),
