@@ -259,3 +259,49 @@ fn a_signed_request_for_another_bucket_never_leaves_the_host() {
         other.log_text()
     );
 }
+
+use crate::hostile::HOSTILE_WASM;
+
+/// Finding 5: what a guest hands back on a read was kept by the host up to
+/// the largest body plus 1 MiB per read, outside every memory budget: a
+/// guest writing one 4 MiB chunk over and over (holding 4 MiB itself) made
+/// each concurrent read hold 513 MiB of the server. Those bytes are now
+/// charged to the backend's memory budget: past it, 503 naming the budget,
+/// and the server's peak stays near it.
+#[test]
+fn what_a_guest_hands_back_is_charged_to_its_memory_budget() {
+    let dir = tempdir();
+    let server = Server::with_config(
+        dir.path(),
+        &format!(
+            "[backends.flood]\nguest = {HOSTILE_WASM:?}\nmemory_budget_mib = 96\ntimeout_ms = 30000\n\
+             [backends.flood.config]\nattack = \"sink-flood\"\n\
+             [backends.healthy]\nguest = \"local\"\n"
+        ),
+    );
+    let url = server.state_url("flood", "attack");
+    reset_peak_rss(server.pid());
+    let before = rss_kib(server.pid());
+    let reads: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || send("GET", &url, None))
+        })
+        .collect();
+    for read in reads {
+        let answer = read.join().unwrap();
+        assert_eq!(answer.status, 503, "{}", answer.text());
+        assert!(
+            answer.text().contains("memory_budget_mib"),
+            "{}",
+            answer.text()
+        );
+    }
+    let grown = peak_rss_kib(server.pid()).saturating_sub(before) / 1024;
+    // Four reads of 513 MiB each took about 2 GiB before; the budget is 96.
+    assert!(grown < 256, "the server's peak grew by {grown} MiB");
+    assert_eq!(
+        send("GET", &server.state_url("healthy", "x"), None).status,
+        404
+    );
+}

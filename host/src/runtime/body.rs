@@ -29,6 +29,12 @@ impl wit::HostStateSource for Sandbox {
 
 impl wit::HostStateSink for Sandbox {
     fn write(&mut self, sink: Resource<StateSink>, bytes: Vec<u8>) -> wasmtime::Result<bool> {
+        // What the host keeps is memory the guest made it hold: charged to
+        // the budgets, so concurrent reads cannot hold more than they allow.
+        let growth = self.table.get(&sink)?.growth(bytes.len()) as u64;
+        if !self.limiter.charge_host(growth) {
+            wasmtime::bail!("the state handed back is past the guest memory budget");
+        }
         Ok(self.table.get_mut(&sink)?.write(&bytes))
     }
 

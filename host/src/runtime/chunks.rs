@@ -105,6 +105,15 @@ impl StateSink {
         }
     }
 
+    /// How many bytes taking a chunk of `len` would add to what is kept.
+    pub fn growth(&self, len: usize) -> usize {
+        match self {
+            StateSink::Collect { bytes, limit, .. } if bytes.len() + len <= *limit => len,
+            StateSink::Collect { .. } | StateSink::Compare { .. } => 0,
+            StateSink::Prefix { bytes, limit } => len.min(limit - bytes.len()),
+        }
+    }
+
     /// Take `chunk`; `false` when no more is wanted.
     pub fn write(&mut self, chunk: &[u8]) -> bool {
         match self {

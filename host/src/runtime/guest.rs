@@ -30,6 +30,8 @@ use wasmtime_wasi_http::WasiHttpCtx;
 /// names than any backend has, far less than the memory a flood of huge
 /// lists would cost.
 const MAX_LIST_BYTES: usize = 16 << 20;
+/// Most resource handles (files, streams, requests) one instance holds.
+const MAX_HANDLES: usize = 4096;
 
 /// A future returned by one guest call, borrowing the instance and store.
 pub type GuestCall<'a, T> = Pin<Box<dyn Future<Output = Answer<T>> + Send + 'a>>;
@@ -247,13 +249,23 @@ impl Shared {
         }
         let sandbox = Sandbox {
             wasi: wasi.build(),
-            table: ResourceTable::new(),
+            table: {
+                // A storage guest holds a few handles at once; wasmtime's
+                // default allows a million entries of host memory.
+                let mut table = ResourceTable::new();
+                table.set_max_capacity(MAX_HANDLES);
+                table
+            },
             http: WasiHttpCtx::new(),
             outbound: outbound::Outbound {
                 policy: self.outbound.clone(),
                 backend: self.name.clone(),
                 aws: self.aws.clone(),
                 max_body_bytes: self.max_lift_bytes,
+                in_flight: Arc::new(tokio::sync::Semaphore::new(
+                    outbound::MAX_REQUESTS_IN_FLIGHT,
+                )),
+                budgets: [self.memory.clone(), self.server_memory.clone()],
             },
             limiter: MemoryLimiter::new(
                 self.limits.memory_bytes,

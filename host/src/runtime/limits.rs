@@ -56,6 +56,13 @@ impl Budget {
         (self.total_pages - self.pages.available_permits() as u64) * WASM_PAGE
     }
 
+    /// Take `pages` as a permit of their own (`Some(None)` for none),
+    /// `None` when the budget has not that many free.
+    pub fn take_owned(&self, pages: u64) -> Option<Option<OwnedSemaphorePermit>> {
+        let mut held = None;
+        self.take(pages, &mut held).then_some(held)
+    }
+
     /// Take `pages` more into `held`, or `false` without taking any.
     fn take(&self, pages: u64, held: &mut Option<OwnedSemaphorePermit>) -> bool {
         if pages == 0 {
@@ -95,6 +102,11 @@ pub struct MemoryLimiter {
     server: Budget,
     held_backend: Option<OwnedSemaphorePermit>,
     held_server: Option<OwnedSemaphorePermit>,
+    /// Bytes the host holds for this instance (a state it hands back),
+    /// charged to the budgets apart from its linear memory.
+    host_bytes: u64,
+    host_backend: Option<OwnedSemaphorePermit>,
+    host_server: Option<OwnedSemaphorePermit>,
     refused: Option<Refusal>,
 }
 
@@ -109,8 +121,39 @@ impl MemoryLimiter {
             server,
             held_backend: None,
             held_server: None,
+            host_bytes: 0,
+            host_backend: None,
+            host_server: None,
             refused: None,
         }
+    }
+
+    /// Charge `bytes` more that the host holds for this instance (what it
+    /// writes into a state sink) to the backend's and the server's budgets,
+    /// as its linear memory is: `false` past either, remembering which
+    /// (the request is then answered 503, as for memory). Given back with
+    /// the instance. Not counted against `memory_mib`, which is the
+    /// guest's own memory.
+    pub fn charge_host(&mut self, bytes: u64) -> bool {
+        let after = self.host_bytes + bytes;
+        let pages = after.div_ceil(WASM_PAGE);
+        let for_backend = pages.saturating_sub(Self::held(&self.host_backend));
+        if !self.backend.take(for_backend, &mut self.host_backend) {
+            self.refused = Some(Refusal::Backend);
+            return false;
+        }
+        let for_server = pages.saturating_sub(Self::held(&self.host_server));
+        if !self.server.take(for_server, &mut self.host_server) {
+            if let Some(held) = &mut self.host_backend
+                && for_backend > 0
+            {
+                drop(held.split(for_backend as usize));
+            }
+            self.refused = Some(Refusal::Server);
+            return false;
+        }
+        self.host_bytes = after;
+        true
     }
 
     /// Which cap refused a growth, if one did.
@@ -182,6 +225,27 @@ mod tests {
 
     fn limiter(limit: usize, backend: &Budget, server: &Budget) -> MemoryLimiter {
         MemoryLimiter::new(limit as u64, backend.clone(), server.clone())
+    }
+
+    #[test]
+    fn host_buffers_are_charged_to_the_budgets_not_the_instance() {
+        let backend = Budget::new(10 * MIB as u64);
+        let server = Budget::new(100 * MIB as u64);
+        let mut limiter = limiter(MIB, &backend, &server);
+        assert!(
+            limiter.charge_host(6 * MIB as u64),
+            "past memory_mib is fine"
+        );
+        assert_eq!(backend.used_bytes(), 6 * MIB as u64);
+        assert!(!limiter.charge_host(5 * MIB as u64));
+        assert_eq!(limiter.refused(), Some(Refusal::Backend));
+        assert_eq!(
+            backend.used_bytes(),
+            6 * MIB as u64,
+            "a refused charge takes nothing"
+        );
+        drop(limiter);
+        assert_eq!((backend.used_bytes(), server.used_bytes()), (0, 0));
     }
 
     #[test]

@@ -22,7 +22,17 @@ pub struct Outbound {
     pub aws: Option<Arc<AwsSigner>>,
     /// Largest body the host reads whole to sign.
     pub max_body_bytes: usize,
+    /// Requests of this instance under way (at most
+    /// [`MAX_REQUESTS_IN_FLIGHT`]): each may hold a body the host reads
+    /// whole to sign.
+    pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// The backend's and the server's memory budgets: a body the host
+    /// reads whole to sign is charged to both while it is held.
+    pub budgets: [super::limits::Budget; 2],
 }
+
+/// Outgoing requests one instance may have under way at once; more wait.
+pub const MAX_REQUESTS_IN_FLIGHT: usize = 4;
 
 type ResponseFuture = Box<
     dyn Future<
@@ -70,13 +80,19 @@ impl WasiHttpHooks for Outbound {
         // Requests to the backend's AWS endpoints leave signed by the host.
         let aws = self.aws.clone().filter(|aws| aws.signs(request.uri()));
         let limit = self.max_body_bytes;
+        let (in_flight, budgets) = (self.in_flight.clone(), self.budgets.clone());
         Box::new(async move {
             use http_body_util::BodyExt;
+            // The instance's semaphore is never closed.
+            let _turn = in_flight.acquire_owned().await.ok();
+            let mut charged = Vec::new();
             let request = match aws {
-                Some(aws) => signed(&aws, request, limit, &backend).await?,
+                Some(aws) => signed(&aws, request, limit, &backend, &budgets, &mut charged).await?,
                 None => request,
             };
             let (response, io) = super::pinned::send(request, options, &policy, &backend).await?;
+            // The body went out with the request: its charge goes back.
+            drop(charged);
             Ok((
                 response.map(BodyExt::boxed_unsync),
                 Box::new(io) as Box<dyn Future<Output = Result<(), Error>> + Send>,
@@ -93,14 +109,38 @@ async fn signed(
     request: http::Request<WasiBody>,
     limit: usize,
     backend: &str,
+    budgets: &[super::limits::Budget; 2],
+    charged: &mut Vec<tokio::sync::OwnedSemaphorePermit>,
 ) -> Result<http::Request<WasiBody>, Error> {
     use http_body_util::BodyExt;
-    let (parts, body) = request.into_parts();
-    let body = http_body_util::Limited::new(body, limit)
-        .collect()
-        .await
-        .map_err(|_| Error::HttpRequestBodySize(Some(limit as u64)))?
-        .to_bytes();
+    let (parts, mut body) = request.into_parts();
+    // Read frame by frame, each charged to the memory budgets before it
+    // is kept: a guest cannot make the host hold more than they allow.
+    let mut whole = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| Error::HttpRequestBodySize(Some(limit as u64)))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if whole.len() + data.len() > limit {
+            return Err(Error::HttpRequestBodySize(Some(limit as u64)));
+        }
+        let pages = (whole.len() + data.len()).div_ceil(super::limits::WASM_PAGE as usize)
+            - whole.len().div_ceil(super::limits::WASM_PAGE as usize);
+        for budget in budgets {
+            match budget.take_owned(pages as u64) {
+                Some(permit) => charged.extend(permit),
+                None => {
+                    tracing::warn!(backend, "a body to sign is past the guest memory budget");
+                    return Err(Error::InternalError(Some(
+                        "the request body is past the guest memory budget".into(),
+                    )));
+                }
+            }
+        }
+        whole.extend_from_slice(&data);
+    }
+    let body = whole.freeze();
     let mut request = http::Request::from_parts(parts, body);
     if let Err(reason) = aws.sign(&mut request).await {
         tracing::warn!(backend, "cannot sign an AWS request: {reason}");
