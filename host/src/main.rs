@@ -17,6 +17,17 @@ async fn main() -> ExitCode {
     // States, keys and caches are the owner's alone, whatever the umask of
     // the shell or unit that started us (guests create files too).
     rustix::process::umask(rustix::fs::Mode::from_bits_truncate(0o077));
+    // Every connection is a descriptor: take all the system allows (the
+    // soft limit is often 1,024 of a far larger hard one), before the
+    // config's default connection cap is derived from it.
+    let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    if nofile.current < nofile.maximum {
+        let raised = rustix::process::Rlimit {
+            current: nofile.maximum,
+            maximum: nofile.maximum,
+        };
+        let _ = rustix::process::setrlimit(rustix::process::Resource::Nofile, raised);
+    }
     let cli = wasmstate::cli::Cli::parse();
     match wasmstate::cli::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -305,3 +305,52 @@ fn what_a_guest_hands_back_is_charged_to_its_memory_budget() {
         404
     );
 }
+
+/// Finding 8b: with `max_connections = 512`, 2000 connections from 2000
+/// loopback addresses, each sending half a header, made a plain health
+/// check fail until the header deadline closed them. The default cap now
+/// follows the descriptors the server may open (up to 16,384); what each
+/// stalled connection costs is measured here, and must stay small.
+#[test]
+fn two_thousand_stalled_connections_leave_the_server_answering() {
+    use std::io::Write;
+    const STALLED: usize = 2000;
+    // This process needs a descriptor per connection too.
+    let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let _ = rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: nofile.maximum,
+            maximum: nofile.maximum,
+        },
+    );
+    let dir = tempdir();
+    let server = Server::start(dir.path());
+    let address: std::net::SocketAddr = server.url.trim_start_matches("http://").parse().unwrap();
+    let before = rss_kib(server.pid());
+    let stalled: Vec<std::net::TcpStream> = (0..STALLED)
+        .map(|i| {
+            // A client address of its own each: the per-address cap is not
+            // what is tested here.
+            let local = std::net::Ipv4Addr::new(127, 3, (i / 250) as u8, (i % 250) as u8 + 1);
+            let socket =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            socket
+                .bind(&std::net::SocketAddr::from((local, 0)).into())
+                .unwrap();
+            socket.connect(&address.into()).unwrap();
+            let mut stream: std::net::TcpStream = socket.into();
+            stream.write_all(b"GET /healthz HTTP/1.1\r\nHo").unwrap();
+            stream
+        })
+        .collect();
+    let health = send("GET", &format!("{}/healthz", server.url), None);
+    assert_eq!(health.status, 200, "{}", health.text());
+    let per_connection = rss_kib(server.pid()).saturating_sub(before) * 1024 / STALLED as u64;
+    println!("{STALLED} stalled connections: {per_connection} bytes of server RSS each");
+    assert!(
+        per_connection < 64 << 10,
+        "each stalled connection costs {per_connection} bytes"
+    );
+    drop(stalled);
+}

@@ -128,11 +128,25 @@ impl Default for NetworkConfig {
             header_read_timeout: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(60),
             body_timeout: Duration::from_secs(120),
-            max_connections: 512,
+            max_connections: default_max_connections(),
             max_connections_per_address: 64,
             shutdown_timeout: Duration::from_secs(25),
         }
     }
+}
+
+/// Connections a server holds at once by default: most of its file
+/// descriptors, leaving 1,024 for the files, guests and clones it opens; at
+/// least 512, at most 8,192. A stalled connection costs a descriptor and
+/// about 20 KiB of the server's memory (measured: `escapes.rs`), so the
+/// ceiling keeps a full house near 160 MiB. A few hundred stalled sockets
+/// must not lock everyone out; the per-address cap and the header deadline
+/// bound what one client holds.
+pub fn default_max_connections() -> usize {
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    (soft.saturating_sub(1024)).clamp(512, 8_192) as usize
 }
 
 /// The `[marketplace]` table: which publishers' guests may be installed
