@@ -148,12 +148,12 @@ fn s3_a_state_write_applied_late_does_not_replace_a_newer_one() {
     };
     let proxy = FaultProxy::with_rule(&moto.url, rule);
     let dir = tempdir();
-    // The first host gives up on its guest after a second.
+    // The first host gives up on its guest after three seconds.
     let slow = host_via(
         &dir.path().join("a"),
         &proxy,
         Locking::LockFile,
-        "timeout_ms = 1000\n",
+        "timeout_ms = 3000\n",
     );
     let other = host_via(&dir.path().join("b"), &proxy, Locking::LockFile, "");
     let (url_a, url_b) = (slow.state_url("aws", "ws"), other.state_url("aws", "ws"));
@@ -182,9 +182,12 @@ fn s3_a_state_write_applied_late_does_not_replace_a_newer_one() {
         200
     );
 
-    // The old PUT reaches S3 only now.
+    // The old PUT reaches S3 only now, and S3 refuses it: the object is
+    // no longer the one it was sent for.
     proxy.release();
     proxy.wait_for_faults(2, Duration::from_secs(30));
+    let answered = proxy.injected.lock().unwrap()[1].clone();
+    assert!(answered.contains("answered 412"), "{answered}");
     let read = send("GET", &url_b, None);
     assert_eq!(read.status, 200, "{}", read.text());
     assert!(
@@ -214,7 +217,7 @@ fn local_a_lock_sweeps_temporary_files_older_than_any_request() {
     assert_eq!(send("POST", &url, Some(&state(1))).status, 200);
     let workspace = store.join("ws");
     let three_hours_ago = std::time::SystemTime::now() - Duration::from_secs(3 * 3600);
-    let debris = [".tmp-00000000000000aa", ".unlocking-00000000000000bb"];
+    let debris = [".tmp-00000000000000aa", ".tmp-00000000000000bb"];
     let young = ".tmp-00000000000000cc";
     for name in debris.iter().chain([&young]) {
         let file = std::fs::File::create(workspace.join(name)).unwrap();

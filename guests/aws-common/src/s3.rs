@@ -34,6 +34,25 @@ pub enum Condition {
     /// Only if the object is still this ETag (`If-Match`): a write whose
     /// request is applied late, after a newer one, is refused then.
     IfMatch(String),
+    /// This condition where the store supports conditional writes, none
+    /// where it answers 501: a protection, not a requirement (a lock file
+    /// needs its condition; a state write under a lock only gains by it).
+    Preferably(Box<Condition>),
+}
+
+impl Condition {
+    /// The condition sent first.
+    fn sent(&self) -> &Condition {
+        match self {
+            Condition::Preferably(inner) => inner,
+            other => other,
+        }
+    }
+
+    /// Whether a store answering 501 to it gets the request again without.
+    fn optional(&self) -> bool {
+        matches!(self, Condition::Preferably(_))
+    }
 }
 
 /// An object read by [`S3State::get_to`].
@@ -224,7 +243,8 @@ impl S3State {
         let upload = block_on(create.send()).map_err(|e| sdk_error(&what(), e))?;
         let id = upload.upload_id().unwrap_or_default().to_string();
         let uploaded = self.upload_parts(key, &id, state, &mut each, condition);
-        if uploaded.is_err() {
+        // Refused by its condition (`Ok(false)`) or failed: never the state.
+        if !matches!(uploaded, Ok(true)) {
             // Best effort: an upload left open is removed by the bucket's
             // lifecycle rules, and never becomes the state.
             let _ = block_on(
@@ -280,28 +300,32 @@ impl S3State {
                     .build(),
             );
         }
-        let mut complete = self
-            .client
-            .complete_multipart_upload()
-            .bucket(&self.settings.bucket)
-            .key(key)
-            .upload_id(id)
-            .multipart_upload(
-                CompletedMultipartUpload::builder()
-                    .set_parts(Some(parts))
-                    .build(),
-            );
-        complete = match condition {
-            Condition::Always => complete,
-            Condition::IfAbsent => complete.if_none_match("*"),
-            Condition::IfMatch(etag) => complete.if_match(etag),
+        let complete = |condition: &Condition| {
+            let complete = self
+                .client
+                .complete_multipart_upload()
+                .bucket(&self.settings.bucket)
+                .key(key)
+                .upload_id(id)
+                .multipart_upload(
+                    CompletedMultipartUpload::builder()
+                        .set_parts(Some(parts.clone()))
+                        .build(),
+                );
+            match condition {
+                Condition::IfAbsent => complete.if_none_match("*"),
+                Condition::IfMatch(etag) => complete.if_match(etag),
+                _ => complete,
+            }
         };
-        match block_on(complete.send()) {
+        let conditional = *condition.sent() != Condition::Always;
+        match block_on(complete(condition.sent()).send()) {
             Ok(_) => Ok(true),
-            Err(e)
-                if *condition != Condition::Always && matches!(status_of(&e), Some(412 | 409)) =>
-            {
-                Ok(false)
+            Err(e) if conditional && matches!(status_of(&e), Some(412 | 409)) => Ok(false),
+            Err(e) if condition.optional() && status_of(&e) == Some(501) => {
+                block_on(complete(&Condition::Always).send())
+                    .map(|_| true)
+                    .map_err(|e| sdk_error(&what(), e))
             }
             Err(e) => Err(sdk_error(&what(), e)),
         }
@@ -363,40 +387,54 @@ impl S3State {
         tag: Option<&str>,
     ) -> Result<bool, Error> {
         let s = &self.settings;
-        let mut request = self
-            .client
-            .put_object()
-            .bucket(&s.bucket)
-            .key(key)
-            .set_metadata(tag.map(|t| [(WRITE_TAG.to_string(), t.to_string())].into()))
-            .content_type("application/json")
-            .body(ByteStream::from(bytes.to_vec()));
-        if let Some(kms) = &s.kms_key_id {
-            request = request
-                .server_side_encryption(ServerSideEncryption::AwsKms)
-                .ssekms_key_id(kms);
-        } else if s.encrypt {
-            request = request.server_side_encryption(ServerSideEncryption::Aes256);
-        }
-        request = match condition {
-            Condition::Always => request,
-            Condition::IfAbsent => request.if_none_match("*"),
-            Condition::IfMatch(etag) => request.if_match(etag),
+        let request = |condition: &Condition| {
+            let mut request = self
+                .client
+                .put_object()
+                .bucket(&s.bucket)
+                .key(key)
+                .set_metadata(tag.map(|t| [(WRITE_TAG.to_string(), t.to_string())].into()))
+                .content_type("application/json")
+                .body(ByteStream::from(bytes.to_vec()));
+            if let Some(kms) = &s.kms_key_id {
+                request = request
+                    .server_side_encryption(ServerSideEncryption::AwsKms)
+                    .ssekms_key_id(kms);
+            } else if s.encrypt {
+                request = request.server_side_encryption(ServerSideEncryption::Aes256);
+            }
+            match condition {
+                Condition::IfAbsent => request.if_none_match("*"),
+                Condition::IfMatch(etag) => request.if_match(etag),
+                _ => request,
+            }
         };
-        let conditional = *condition != Condition::Always;
+        let conditional = *condition.sent() != Condition::Always;
+        let what = || format!("writing {}", self.url(key));
         block_on(async {
-            match request.send().await {
+            match request(condition.sent()).send().await {
                 Ok(_) => Ok(true),
                 Err(e) if conditional && matches!(status_of(&e), Some(412 | 409)) => Ok(false),
+                Err(e) if condition.optional() && status_of(&e) == Some(501) => {
+                    wasmstate_guest::log::warn(&format!(
+                        "{} does not support conditional writes: written without one",
+                        self.url(key)
+                    ));
+                    request(&Condition::Always)
+                        .send()
+                        .await
+                        .map(|_| true)
+                        .map_err(|e| sdk_error(&what(), e))
+                }
                 Err(e) if conditional && status_of(&e) == Some(501) => {
                     Err(Error::Internal(format!(
-                        "the S3 endpoint does not support conditional writes (PutObject with If-None-Match \
-                     or If-Match), which lock files and safe state writes need: it answered 501 Not \
-                     Implemented for {}. Use a store that supports them, or the dynamodb guest",
+                        "the S3 endpoint does not support conditional writes (PutObject with If-None-Match), \
+                         which lock files need: it answered 501 Not Implemented for {}. Use a store that \
+                         supports them, or the dynamodb guest",
                         self.url(key)
                     )))
                 }
-                Err(e) => Err(sdk_error(&format!("writing {}", self.url(key)), e)),
+                Err(e) => Err(sdk_error(&what(), e)),
             }
         })
     }

@@ -37,7 +37,8 @@ impl S3State {
     /// ([`crate::WRITE_TAG`]).
     ///
     /// The write replaces only the object that was there when it began
-    /// (`If-Match` its ETag, `If-None-Match` when there was none): its
+    /// (`If-Match` its ETag, `If-None-Match` when there was none; on a
+    /// store that answers 501 to conditional writes, without one): its
     /// caller checked the lock against that one, and a request S3 applies
     /// late (sent before a deadline stopped this guest, applied after a
     /// newer write) must not bring an older state back.
@@ -49,10 +50,10 @@ impl S3State {
         tag: Option<&str>,
     ) -> Result<(), Error> {
         let key = self.settings.state_key(workspace);
-        let condition = match self.etag_of(&key)? {
+        let condition = Condition::Preferably(Box::new(match self.etag_of(&key)? {
             Some(etag) => Condition::IfMatch(etag),
             None => Condition::IfAbsent,
-        };
+        }));
         if self.put_from(&key, state, each, &condition, tag)? {
             return Ok(());
         }

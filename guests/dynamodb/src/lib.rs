@@ -14,10 +14,10 @@
 //! same gap and asks a human to edit the digest. Here each write draws a
 //! random tag, adds it to the digest item's `Pending` set before the object
 //! goes up, sends the object with the tag as metadata
-//! (`x-amz-meta-wasmstate-write`), then sets `Digest` and removes the tag.
+//! (`x-amz-meta-wasmstate-write`), then sets `Digest` and clears the set.
 //! A read whose state does not match `Digest` but carries a pending tag is
-//! a write that landed without its digest: it is served and the digest
-//! repaired. A state changed behind the table's back carries no pending
+//! a write that landed without its digest: it is served, and the digest
+//! repaired unless the item changed since the read (a newer write). A state changed behind the table's back carries no pending
 //! tag and still fails the check. Terraform reads only `Digest`.
 
 use aws_sdk_dynamodb::Client;
@@ -114,13 +114,33 @@ impl Dynamo {
         })
     }
 
-    /// Record `digest` as the state's and drop `tag`, its write's, from the
-    /// pending set. With `only_if_pending` (a read repairing a digest),
-    /// only while `tag` is still pending: once the write recorded its digest
-    /// or a newer write replaced it, there is nothing to repair. A failure
-    /// is a warning, as in Terraform: the state is written, and a read
-    /// finds it pending and repairs the digest.
-    fn put_digest(&self, ws: &str, digest: &str, tag: &str, only_if_pending: bool) {
+    /// Record `digest` as the state's, after the write tagged `tag` landed.
+    /// The pending set is cleared: once a write's conditional PUT landed,
+    /// no write announced before it can land any more (its PUT was
+    /// conditioned on an older object). A failure is a warning, as in
+    /// Terraform: the state is written, and a read finds its tag pending
+    /// and repairs the digest.
+    fn put_digest(&self, ws: &str, digest: &str) {
+        let update = self
+            .ddb
+            .update_item()
+            .table_name(&self.table)
+            .key("LockID", s(&self.digest_id(ws)))
+            .update_expression("SET Digest = :d REMOVE Pending")
+            .expression_attribute_values(":d", s(digest));
+        if let Err(e) = block_on(update.send()) {
+            log::warn(&format!(
+                "could not record the state digest of {ws:?}: {}",
+                sdk_error("put digest", e)
+            ));
+        }
+    }
+
+    /// A read's repair: the state it read carries `tag`, still pending, and
+    /// `seen` is the digest it compared with. Only while both still hold: a
+    /// newer write (which sets its own digest, or is itself pending) is
+    /// never replaced by the older state this read saw.
+    fn repair_digest(&self, ws: &str, digest: &str, tag: &str, seen: &str) {
         let mut update = self
             .ddb
             .update_item()
@@ -128,12 +148,15 @@ impl Dynamo {
             .key("LockID", s(&self.digest_id(ws)))
             .update_expression("SET Digest = :d DELETE Pending :t")
             .expression_attribute_values(":d", s(digest))
-            .expression_attribute_values(":t", AttributeValue::Ss(vec![tag.into()]));
-        if only_if_pending {
-            update = update
-                .condition_expression("contains(Pending, :one)")
-                .expression_attribute_values(":one", s(tag));
-        }
+            .expression_attribute_values(":t", AttributeValue::Ss(vec![tag.into()]))
+            .expression_attribute_values(":one", s(tag));
+        update = match seen.is_empty() {
+            true => update
+                .condition_expression("contains(Pending, :one) AND attribute_not_exists(Digest)"),
+            false => update
+                .condition_expression("contains(Pending, :one) AND Digest = :seen")
+                .expression_attribute_values(":seen", s(seen)),
+        };
         if let Err(e) = block_on(update.send()) {
             if e.as_service_error()
                 .is_some_and(|e| e.is_conditional_check_failed_exception())
@@ -230,7 +253,7 @@ impl Backend for Dynamo {
         }
         if let Some(tag) = tag.filter(|t| pending.contains(t)) {
             // A write landed without its digest: serve it and repair.
-            self.put_digest(ws, &actual, &tag, true);
+            self.repair_digest(ws, &actual, &tag, &expected);
             return Ok(true);
         }
         Err(Error::Unavailable(format!(
@@ -255,7 +278,7 @@ impl Backend for Dynamo {
         let mut md5 = Md5::new();
         self.s3
             .write_state_from(ws, state, |chunk| md5.update(chunk), Some(&tag))?;
-        self.put_digest(ws, &hex::encode(md5.finalize()), &tag, false);
+        self.put_digest(ws, &hex::encode(md5.finalize()));
         Ok(())
     }
 

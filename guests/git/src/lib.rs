@@ -216,18 +216,13 @@ impl Git {
         state: Option<&StateReader<'_>>,
         mut plan: impl FnMut(&Snapshot) -> Result<Option<Change>, Error>,
     ) -> Result<bool, Error> {
-        // The first tip seen, and every commit this call tried to push.
+        // The first tip seen.
         let mut began_at: Option<Option<String>> = None;
-        let mut pushed = Vec::new();
         for _ in 0..PUSH_ATTEMPTS {
             let snapshot = self.snapshot(paths, doing)?;
             match &began_at {
                 None => began_at = Some(snapshot.tip.clone()),
-                Some(first) => {
-                    if self.moved_since(paths, first.as_deref(), &snapshot, &pushed, doing)? {
-                        return Ok(true);
-                    }
-                }
+                Some(first) => self.refuse_if_moved(paths, first.as_deref(), &snapshot, doing)?,
             }
             let Some((change, message)) = plan(&snapshot)? else {
                 return Ok(false);
@@ -246,7 +241,6 @@ impl Git {
                 }
             }
             .map_err(failed(doing))?;
-            pushed.push(commit.clone());
             match self.repo.push(&self.settings.main_ref, &commit, tip) {
                 Ok(()) => return Ok(true),
                 Err(GitError::Rejected(_)) => continue,
@@ -261,36 +255,23 @@ impl Git {
 }
 
 impl Git {
-    /// After a lost race for `ref`: whether this workspace's file changed
-    /// since the tip `first` this call began from. `Ok(true)`: by a commit
-    /// of ours (`pushed`: a push that landed although its answer said
-    /// otherwise), so the change is done. Another writer's change to the
-    /// same file is refused, not overwritten: the caller checked the lock
-    /// and the host the state against what it read, not against that.
-    /// Other workspaces' commits (the usual cause of a lost race) pass.
-    fn moved_since(
+    /// After a lost race for `ref`: whether this workspace's state file
+    /// changed since the tip `first` this call began from (read at both
+    /// tips: a tree look-up, no history walked). Another writer's change is
+    /// refused, not overwritten: the caller checked the lock, and the host
+    /// the state, against what it read, not against that. Other
+    /// workspaces' commits (the usual cause of a lost race) pass.
+    fn refuse_if_moved(
         &self,
         paths: &Paths,
         first: Option<&str>,
         now: &Snapshot,
-        pushed: &[String],
         doing: &str,
-    ) -> Result<bool, Error> {
-        let last_change = |tip: Option<&str>| -> Result<Option<String>, Error> {
-            let Some(tip) = tip else { return Ok(None) };
-            let history = self
-                .repo
-                .file_history(tip, &paths.state, 1)
-                .map_err(failed(doing))?;
-            Ok(history.into_iter().next().map(|v| v.commit))
-        };
-        let before = last_change(first)?;
-        let after = last_change(now.tip.as_deref())?;
+    ) -> Result<(), Error> {
+        let before = self.file_at(first, paths, doing)?;
+        let after = self.file_at(now.tip.as_deref(), paths, doing)?;
         if before == after {
-            return Ok(false);
-        }
-        if after.as_ref().is_some_and(|c| pushed.contains(c)) {
-            return Ok(true);
+            return Ok(());
         }
         Err(Error::Unavailable(format!(
             "{doing}: another writer changed this workspace's state meanwhile; nothing was written, \

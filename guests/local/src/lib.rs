@@ -30,8 +30,6 @@ const STATE_FILE: &str = "terraform.tfstate";
 const LOCK_FILE: &str = "terraform.tfstate.lock";
 /// Prefix of files being written, renamed or linked into place.
 const TEMP_PREFIX: &str = ".tmp-";
-/// Prefix of a lock file moved aside while its unlock checks its holder.
-const UNLOCKING_PREFIX: &str = ".unlocking-";
 /// Age past which a temporary file is debris: longer than any request may
 /// run (the host caps a backend's `timeout_ms` at one hour).
 const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(2 * 3600);
@@ -93,7 +91,7 @@ impl Local {
             return;
         };
         for (name, is_dir) in entries {
-            if is_dir || !(name.starts_with(TEMP_PREFIX) || name.starts_with(UNLOCKING_PREFIX)) {
+            if is_dir || !name.starts_with(TEMP_PREFIX) {
                 continue;
             }
             let path = format!("{workspace}/{name}");
@@ -217,48 +215,31 @@ impl Backend for Local {
         result
     }
 
-    /// Remove the lock only if it is `id`'s. Another holder's lock is
-    /// refused without being touched. There is no "delete if it is still
-    /// this file" on a filesystem, and between reading `id`'s lock and
-    /// removing it the lock may be force-unlocked and taken by someone
-    /// else; so the lock file is moved aside under a unique name (atomic:
-    /// exactly one lock file is moved) and its holder read again there.
-    /// Another holder's lock is put back with a link, which fails only when
-    /// a third client locked in between: that lock is kept, the one moved
-    /// aside is the one that lost — never two holders.
+    /// Remove the lock only if it is `id`'s; another holder's is refused
+    /// untouched. A filesystem has no "remove if it is still this file", so
+    /// the lock file is read again right before it is removed, and removed
+    /// only if it is still the very lock read (its whole content, with the
+    /// holder's id and creation time): a lock force-unlocked and taken by
+    /// someone else since the first read is left alone. What remains is
+    /// the moment between that second read and the removal.
     fn unlock(&self, workspace: &str, id: &str) -> Result<(), Error> {
-        match self.holder(workspace)? {
+        let path = lock_path(workspace);
+        let read = |what: &str| self.root.read(&path).map_err(|e| Error::io(what, e));
+        let Some(first) = read("reading lock file")? else {
+            return Ok(());
+        };
+        match LockInfo::from_json(&first) {
+            Ok(holder) if holder.id == id => {}
+            Ok(holder) => return Err(Error::lock_mismatch(Some(holder))),
+            Err(_) => return Err(Error::lock_mismatch(None)),
+        }
+        match read("reading lock file again")? {
+            Some(again) if again == first => {}
+            Some(other) => return Err(Error::lock_mismatch(LockInfo::from_json(&other).ok())),
             None => return Ok(()),
-            Some(holder) if holder.id != id => return Err(Error::lock_mismatch(Some(holder))),
-            Some(_) => {}
         }
-        let aside = format!("{workspace}/{UNLOCKING_PREFIX}{:016x}", random_u64());
-        match self.root.rename(&lock_path(workspace), &aside) {
-            Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(Error::io("moving lock aside", e)),
-        }
-        let holder = match self.root.read(&aside) {
-            Ok(Some(bytes)) => LockInfo::from_json(&bytes).ok(),
-            _ => None,
-        };
-        let result = match holder {
-            Some(holder) if holder.id == id => Ok(()),
-            other => {
-                match self.root.hard_link(&aside, &lock_path(workspace)) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
-                    Err(e) => {
-                        let _ = self.root.remove_file(&aside);
-                        return Err(Error::io("putting back another holder's lock", e));
-                    }
-                }
-                Err(Error::lock_mismatch(other))
-            }
-        };
-        let _ = self.root.remove_file(&aside);
-        self.sync_dir(workspace)?;
-        result
+        ignore_missing(self.root.remove_file(&path), "removing lock")?;
+        self.sync_dir(workspace)
     }
 
     fn current_lock(&self, workspace: &str) -> Result<Option<LockInfo>, Error> {

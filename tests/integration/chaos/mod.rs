@@ -43,6 +43,8 @@ struct Setup {
     kills: bool,
     /// Every choice of the run follows from it (see [`seed`]).
     seed: u64,
+    /// Environment of every host (credentials a config names by variable).
+    env: Vec<(&'static str, &'static str)>,
 }
 
 impl Setup {
@@ -59,6 +61,7 @@ impl Setup {
             faults: true,
             kills: true,
             seed: seed(),
+            env: Vec::new(),
         }
     }
 }
@@ -145,6 +148,7 @@ fn seed() -> u64 {
 struct Cluster {
     dir: PathBuf,
     config: PathBuf,
+    env: Vec<(&'static str, &'static str)>,
     servers: Vec<Option<Server>>,
     hosts: Arc<Hosts>,
 }
@@ -156,6 +160,7 @@ impl Cluster {
         let mut cluster = Cluster {
             dir: dir.to_path_buf(),
             config,
+            env: setup.env.clone(),
             servers: (0..setup.hosts).map(|_| None).collect(),
             hosts: Arc::new(Hosts::new(setup.hosts)),
         };
@@ -167,7 +172,8 @@ impl Cluster {
 
     /// Start host `i` (again).
     fn restart(&mut self, i: usize) {
-        let server = Server::with_config_file(&self.dir.join(format!("host-{i}")), &self.config);
+        let server =
+            Server::with_config_env(&self.dir.join(format!("host-{i}")), &self.config, &self.env);
         self.hosts.set(i, Some(server.url.clone()));
         self.servers[i] = Some(server);
     }
@@ -390,6 +396,29 @@ fn chaos_git_on_git_daemon() {
         sealed(&key),
         daemon.url("chaos")
     )));
+}
+
+/// `git` over smart HTTP (lighttpd and `git http-backend`, with
+/// credentials only the hosts hold) behind the fault proxy: fetches and
+/// pushes that fail, are throttled, or are applied and their answer lost.
+#[test]
+fn chaos_git_over_http_behind_a_fault_proxy() {
+    let dir = tempdir();
+    let web = GitHttp::start(dir.path(), "ci", "s3cret");
+    bare_repo(&dir.path().join("repos"), "chaos");
+    let mut setup = Setup::new(String::new());
+    let proxy = FaultProxy::random(&format!("http://127.0.0.1:{}", web.port), setup.seed, 3);
+    let repository = format!("{}/git/chaos.git", proxy.url);
+    setup.config = format!(
+        "[backends.{BACKEND}]\nguest = \"git\"\n\
+         git_auth = {{ username_env = \"GIT_USER\", password_env = \"GIT_TOKEN\" }}\n\
+         [backends.{BACKEND}.config]\nrepository = {repository:?}\n"
+    );
+    setup.env = vec![("GIT_USER", "ci"), ("GIT_TOKEN", "s3cret")];
+    run_clean(setup);
+    let injected = proxy.injected.lock().unwrap();
+    println!("{} storage faults injected", injected.len());
+    assert!(!injected.is_empty(), "the proxy injected no storage fault");
 }
 
 /// The checker finds what it is for: with the stale-write guard off

@@ -90,6 +90,9 @@ pub(super) struct Slot {
     /// What the clone holds on disk, measured when it is opened and
     /// counted up as objects arrive or are written.
     bytes: Cell<u64>,
+    /// A fetch found objects missing that its refs name (an earlier fetch
+    /// cut off half-way): the next call starts the clone afresh.
+    damaged: Cell<bool>,
 }
 
 /// One granted repository, ready for git calls. Cheap; make one per call.
@@ -206,7 +209,7 @@ impl RepoHandle<'_> {
         refs.iter().try_for_each(|r| check_ref(r))?;
         let mut slot = self.lock_slot()?;
         self.bound_clone(&mut slot)?;
-        let (repo, clone_bytes) = self.open_counted(&mut slot)?;
+        let (repo, clone_bytes, damaged) = self.open_tracked(&mut slot)?;
         let auth = self.auth();
         let mut remote = repo
             .remote_anonymous(&self.url)
@@ -259,9 +262,20 @@ impl RepoHandle<'_> {
                 opts.depth(1);
             }
             // Reuses the connection opened above (libgit2 only reconnects when disconnected).
-            conn.remote()
-                .fetch(&specs, Some(&mut opts), None)
-                .or_net(self, &auth)?;
+            if let Err(e) = conn.remote().fetch(&specs, Some(&mut opts), None) {
+                if is_damage(&e) {
+                    // A fetch cut off before (its answer dropped half-way)
+                    // left refs naming objects that never arrived; every
+                    // fetch after fails the same way. Start afresh next time.
+                    tracing::warn!(url = %redact(&self.url), "git clone is missing objects its refs name: discarding it; the next call fetches afresh");
+                    damaged.set(true);
+                    return Err(GitError::Unavailable(format!(
+                        "the local clone of {} lost objects to an interrupted fetch and is fetched afresh; retry",
+                        redact(&self.url)
+                    )));
+                }
+                return Err(self.net_error(&auth, e));
+            }
             let received = conn.remote().stats().received_bytes() as u64;
             clone_bytes.set(clone_bytes.get() + received);
         }

@@ -197,6 +197,16 @@ impl RepoHandle<'_> {
         &self,
         slot: &'s mut Slot,
     ) -> Result<(&'s Repository, &'s Cell<u64>), GitError> {
+        self.open_tracked(slot)
+            .map(|(repo, bytes, _)| (repo, bytes))
+    }
+
+    /// [`Self::open_counted`], with the flag that has the clone discarded
+    /// on the next call (see [`Slot`]).
+    pub(super) fn open_tracked<'s>(
+        &self,
+        slot: &'s mut Slot,
+    ) -> Result<(&'s Repository, &'s Cell<u64>, &'s Cell<bool>), GitError> {
         if slot.repo.is_none() {
             let dir = self.clone_dir();
             let repo = if dir.join("HEAD").is_file() {
@@ -220,24 +230,36 @@ impl RepoHandle<'_> {
             })?);
             slot.bytes.set(dir_size(&dir));
         }
-        Ok((slot.repo.as_ref().expect("set above"), &slot.bytes))
+        Ok((
+            slot.repo.as_ref().expect("set above"),
+            &slot.bytes,
+            &slot.damaged,
+        ))
     }
 
     /// A clone past its bound is a cache past its bound: throw it away (the
     /// remote holds everything that was pushed) and start a fresh one.
+    /// A clone a fetch found damaged is thrown away the same way.
     pub(super) fn bound_clone(&self, slot: &mut Slot) -> Result<(), GitError> {
-        if slot.repo.is_none() || slot.bytes.get() <= self.host.max_clone_bytes {
+        let past = slot.bytes.get() > self.host.max_clone_bytes;
+        if !slot.damaged.get() && (slot.repo.is_none() || !past) {
             return Ok(());
         }
         let dir = self.clone_dir();
-        tracing::info!(
-            url = %redact(&self.url),
-            mib = slot.bytes.get() >> 20,
-            max_mib = self.host.max_clone_bytes >> 20,
-            "git clone past its bound (git_clone_max_mib): discarding it; the next fetch starts afresh"
-        );
+        if past {
+            tracing::info!(
+                url = %redact(&self.url),
+                mib = slot.bytes.get() >> 20,
+                max_mib = self.host.max_clone_bytes >> 20,
+                "git clone past its bound (git_clone_max_mib): discarding it; the next fetch starts afresh"
+            );
+        }
         slot.repo = None;
         slot.bytes.set(0);
+        slot.damaged.set(false);
+        if !dir.exists() {
+            return Ok(());
+        }
         std::fs::remove_dir_all(&dir).map_err(|e| {
             GitError::Internal(format!(
                 "cannot remove the oversized clone at {}: {e}",

@@ -113,6 +113,15 @@ pub fn redact(url: &str) -> String {
     url.to_owned()
 }
 
+/// Whether a libgit2 error says the clone lacks objects its refs name
+/// (what a fetch cut off half-way can leave behind).
+pub(super) fn is_damage(error: &git2::Error) -> bool {
+    matches!(
+        error.class(),
+        git2::ErrorClass::Odb | git2::ErrorClass::Object
+    ) || error.message().contains("object not found")
+}
+
 /// The clone directory name: a hash, so any key maps to one safe name.
 pub(super) fn clone_dir_name(key: &str) -> String {
     format!("{}.git", hex::encode(Sha256::digest(key.as_bytes())))
