@@ -67,6 +67,73 @@ fn dynamodb_a_state_whose_digest_update_failed_reads_back_and_takes_the_next_wri
     assert_eq!(send("GET", &url, None).body, state(3));
 }
 
+/// Found by the attack review of finding 4's fix: a slow reader's repair
+/// of a digest could land after a newer write, setting the digest of the
+/// older state it read; every read of the newer state failed from then on
+/// (for native Terraform too). The reader's repair is held by the proxy
+/// while a newer write completes.
+#[test]
+fn dynamodb_a_slow_readers_repair_never_sets_an_older_states_digest() {
+    let moto = start_moto(Locking::DynamoDb);
+    // 0: pass; 1: the next digest update fails (after the state's PUT);
+    // 2: the next table update (a read's repair) is held; 3: pass.
+    let stage = Arc::new(AtomicUsize::new(0));
+    let rule = {
+        let stage = stage.clone();
+        Box::new(move |what: &str| {
+            let update = what.contains("DynamoDB_20120810.UpdateItem");
+            match stage.load(Ordering::SeqCst) {
+                1 if update => {
+                    // The first update of a write announces it; the second
+                    // records its digest: that one fails.
+                    stage.store(11, Ordering::SeqCst);
+                    None
+                }
+                11 if update => {
+                    stage.store(2, Ordering::SeqCst);
+                    Some(Fault::Failed)
+                }
+                2 if update => {
+                    stage.store(3, Ordering::SeqCst);
+                    Some(Fault::Held)
+                }
+                _ => None,
+            }
+        })
+    };
+    let proxy = FaultProxy::with_rule(&moto.url, rule);
+    let data = tempdir();
+    let server = host_via(data.path(), &proxy, Locking::DynamoDb, "");
+    let url = server.state_url("aws", "default");
+    assert_eq!(send("POST", &url, Some(&state(1))).status, 200);
+    stage.store(1, Ordering::SeqCst);
+    // Written, its digest not recorded: its tag stays pending.
+    assert_eq!(send("POST", &url, Some(&state(2))).status, 200);
+    assert_eq!(stage.load(Ordering::SeqCst), 2);
+    // A reader serves serial 2 and tries to repair the digest: held.
+    let reading = {
+        let url = url.clone();
+        std::thread::spawn(move || send("GET", &url, None))
+    };
+    proxy.wait_for_faults(2, Duration::from_secs(30));
+    // A newer write completes meanwhile.
+    let newer = send("POST", &url, Some(&state(3)));
+    assert_eq!(newer.status, 200, "{}", newer.text());
+    proxy.release();
+    proxy.wait_for_faults(3, Duration::from_secs(30));
+    assert_eq!(reading.join().unwrap().body, state(2));
+    for _ in 0..2 {
+        let read = send("GET", &url, None);
+        assert_eq!(
+            read.status,
+            200,
+            "the newer state is unreadable: {}",
+            read.text()
+        );
+        assert_eq!(read.body, state(3));
+    }
+}
+
 /// Finding 9: an unlock read the lock, then deleted it unconditionally.
 /// When the lock was force-unlocked and taken by another client in
 /// between, the late delete removed the new holder's lock, and a third
@@ -160,9 +227,7 @@ fn s3_a_state_write_applied_late_does_not_replace_a_newer_one() {
     assert_eq!(send("POST", &url_b, Some(&state(1))).status, 200);
 
     armed.store(true, Ordering::SeqCst);
-    let stale = format!(
-        r#"{{"version":4,"terraform_version":"1.11.4","serial":2,"lineage":"test-lineage","outputs":{{"late":{{"type":"string","value":"x"}}}},"resources":[]}}"#
-    );
+    let stale = r#"{"version":4,"terraform_version":"1.11.4","serial":2,"lineage":"test-lineage","outputs":{"late":{"type":"string","value":"x"}},"resources":[]}"#;
     let gave_up = send("POST", &url_a, Some(stale.as_bytes()));
     assert!(
         gave_up.status >= 500,

@@ -59,7 +59,7 @@ impl FaultProxy {
     /// about `percent` of every hundred requests by a generator seeded
     /// with `seed` (never [`Fault::Held`]).
     pub fn random(upstream: &str, seed: u64, percent: usize) -> FaultProxy {
-        let rng = Mutex::new(crate::chaos::Rng::new(seed));
+        let rng = Mutex::new(super::Rng::new(seed));
         FaultProxy::with_rule(
             upstream,
             Box::new(move |_| {

@@ -8,12 +8,14 @@ mod fault_proxy;
 mod limits;
 mod peers;
 mod process;
+mod rng;
 pub mod tools;
 
 pub use canary::{CANARY, Canary};
 pub use fault_proxy::{Fault, FaultProxy};
 pub use limits::{MemoryCgroup, peak_rss_kib, reset_peak_rss, rss_kib};
 pub use peers::{Etcd, FileServer, GitDaemon, GitHttp, Moto, Registry, bare_repo, git};
+pub use rng::Rng;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};

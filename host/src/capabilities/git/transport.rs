@@ -209,17 +209,26 @@ impl RepoHandle<'_> {
     ) -> Result<(&'s Repository, &'s Cell<u64>, &'s Cell<bool>), GitError> {
         if slot.repo.is_none() {
             let dir = self.clone_dir();
-            let repo = if dir.join("HEAD").is_file() {
-                Repository::open_bare(&dir)
-            } else {
-                Repository::init_bare(&dir)
-            };
-            let repo = repo.and_then(|repo| {
+            let prepared = |repo: Repository| {
                 // libgit2 follows a redirect on a connection's first request
                 // unless told not to; connect_auth takes no option for it,
                 // the clone's config does. Credentials must not follow one.
                 repo.config()?.set_str("http.followRedirects", "false")?;
                 Ok(repo)
+            };
+            let opened = match dir.join("HEAD").is_file() {
+                true => Repository::open_bare(&dir).and_then(prepared),
+                false => Err(git2::Error::from_str("no clone yet")),
+            };
+            // A clone is a cache: one that cannot be opened (its creation or
+            // removal cut off by a killed host) is started afresh, or every
+            // call on it would fail until someone removed it by hand.
+            let repo = opened.or_else(|e| {
+                if dir.exists() {
+                    tracing::warn!(url = %redact(&self.url), "git clone unusable ({}): starting it afresh", one_line(e.message()));
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+                Repository::init_bare(&dir).and_then(prepared)
             });
             slot.repo = Some(repo.map_err(|e| {
                 GitError::Internal(format!(
