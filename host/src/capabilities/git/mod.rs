@@ -383,22 +383,39 @@ impl RepoHandle<'_> {
     pub fn read_file(&self, commit: &str, path: &str) -> Result<Option<Vec<u8>>, GitError> {
         check_path(path)?;
         let mut slot = self.lock_slot()?;
-        let repo = self.open(&mut slot)?;
-        let tree = self.commit_tree(repo, commit)?;
+        let (repo, _, damaged) = self.open_tracked(&mut slot)?;
+        // The commit is here; its tree or blob missing is a damaged clone
+        // (objects a cut-off transfer never delivered): discarded on the
+        // next call, instead of this read failing the same way forever.
+        let broken = |what: &str, e: git2::Error| {
+            if is_damage(&e) {
+                tracing::warn!(url = %redact(&self.url), "git clone is missing objects of a commit it holds: discarding it; the next call fetches afresh");
+                damaged.set(true);
+                return GitError::Unavailable(format!(
+                    "the local clone of {} lost objects and is fetched afresh; retry",
+                    redact(&self.url)
+                ));
+            }
+            self.internal(what, e)
+        };
+        let tree = self
+            .find_commit(repo, commit)?
+            .tree()
+            .map_err(|e| broken("cannot read a commit's tree", e))?;
         let entry = match tree.get_path(Path::new(path)) {
             Ok(entry) if is_file(entry.filemode()) => entry,
             Ok(_) => return Ok(None),
             Err(e) if e.code() == ErrorCode::NotFound => return Ok(None),
-            Err(e) => return Err(self.internal("cannot read the tree", e)),
+            Err(e) => return Err(broken("cannot read the tree", e)),
         };
         let (size, _) = repo
             .odb()
             .and_then(|odb| odb.read_header(entry.id()))
-            .or_internal(self, "cannot read a blob")?;
+            .map_err(|e| broken("cannot read a blob", e))?;
         self.check_file_size(path, size as u64, &format!("in {commit}"))?;
         let blob = repo
             .find_blob(entry.id())
-            .or_internal(self, "cannot read a blob")?;
+            .map_err(|e| broken("cannot read a blob", e))?;
         Ok(Some(blob.content().to_vec()))
     }
 
