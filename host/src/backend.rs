@@ -163,6 +163,12 @@ pub trait Storage: Send + Sync + 'static {
     fn describe(&self) -> Option<Description> {
         None
     }
+    /// Whether any part of a state costs reading and opening all of it
+    /// (host-side encryption puts `serial` after the ciphertext): pages
+    /// that list many workspaces then skip the states themselves.
+    fn opens_whole(&self) -> bool {
+        false
+    }
     /// The latest state, `None` when there is none.
     fn read(&self, workspace: &str) -> impl Future<Output = StorageResult<Option<Vec<u8>>>> + Send;
     /// The first `max` bytes of the latest state (all of it when shorter),
@@ -282,6 +288,9 @@ pub async fn stored_version<S: Storage>(
 impl<S: Storage> Storage for std::sync::Arc<S> {
     fn describe(&self) -> Option<Description> {
         (**self).describe()
+    }
+    fn opens_whole(&self) -> bool {
+        (**self).opens_whole()
     }
     fn read(&self, workspace: &str) -> impl Future<Output = StorageResult<Option<Vec<u8>>>> + Send {
         (**self).read(workspace)

@@ -96,6 +96,10 @@ impl<S: Storage> Storage for Swappable<S> {
     fn describe(&self) -> Option<crate::backend::Description> {
         self.current().ok()?.describe()
     }
+    fn opens_whole(&self) -> bool {
+        // A stopped backend reads nothing; a page then shows its error.
+        self.current().is_ok_and(|s| s.opens_whole())
+    }
     async fn read(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
         self.current()?.read(workspace).await
     }

@@ -196,6 +196,67 @@ fn the_console_refuses_to_compare_states_past_its_bound() {
     assert!(answer.text().unwrap().contains("too large to compare"));
 }
 
+/// Finding 9: under encryption the workspaces page opened every listed
+/// state whole (20 per page, up to 512 MiB each) for any reader, because
+/// `serial` sits after the ciphertext. Now it opens none: serial and size
+/// come from the newest version. Proved by an envelope that can no longer
+/// open (one byte of its ciphertext changed): a page that opened it would
+/// show the failure in its row; a GET still refuses it.
+#[test]
+fn the_workspaces_page_opens_no_sealed_state() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let key = key_file(dir.path());
+    let server = Server::with_config(
+        &dir.path().join("data"),
+        &format!(
+            "[backends.default]\nguest = \"local\"\ndir = {store:?}\n\
+             encryption = {{ keys = [{{ id = \"k1\", file = {key:?} }}] }}\n"
+        ),
+    );
+    for (workspace, serial) in [("a", 3), ("b", 7)] {
+        for serial in 1..=serial {
+            let answer = send(
+                "POST",
+                &server.state_url("default", workspace),
+                Some(&state(serial)),
+            );
+            assert_eq!(answer.status, 200, "{}", answer.text());
+        }
+    }
+    let file = store.join("b").join("terraform.tfstate");
+    let mut sealed = std::fs::read(&file).unwrap();
+    let at = sealed
+        .windows(14)
+        .position(|w| w == b"\"ciphertext\":\"")
+        .unwrap()
+        + 20;
+    sealed[at] = if sealed[at] == b'A' { b'B' } else { b'A' };
+    std::fs::write(&file, &sealed).unwrap();
+    assert_eq!(
+        send("GET", &server.state_url("default", "b"), None).status,
+        500
+    );
+
+    let session = crate::console::ConsoleSession::open(&server);
+    let answer = session
+        .client
+        .get(format!("{}/ui/api/backends/default", server.url))
+        .header("cookie", &session.cookie)
+        .send()
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let page: serde_json::Value = answer.json().unwrap();
+    let rows = page["items"].as_array().unwrap();
+    let row = |name: &str| rows.iter().find(|r| r["name"] == name).unwrap().clone();
+    for (name, serial) in [("a", 3), ("b", 7)] {
+        let row = row(name);
+        assert_eq!(row["error"], serde_json::Value::Null, "{row}");
+        assert_eq!(row["summary"]["serial"], serial, "{row}");
+        assert!(row["size"].as_u64().unwrap() > 0, "{row}");
+    }
+}
+
 /// The AWS-signing probe fixture (`tests/fixtures/aws-probe`).
 const AWS_PROBE_WASM: &str = env!("WASMSTATE_FIXTURE_AWS_PROBE");
 

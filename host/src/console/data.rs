@@ -172,7 +172,9 @@ pub async fn workspaces<S: Storage>(
 
 /// One row: serial and lineage from the state's first 64 KiB, its size
 /// and last write from the newest version, so a page never reads whole
-/// states. A workspace that cannot be read shows why in its row.
+/// states. Under encryption the state is not read at all: serial and size
+/// come from the newest version, and the lineage is left out. A workspace
+/// that cannot be read shows why in its row.
 async fn workspace<S: Storage>(
     storage: &S,
     caller: &Caller,
@@ -190,8 +192,15 @@ async fn workspace<S: Storage>(
         error: None,
     };
     let name = row.name.clone();
+    // Sealed, a prefix costs opening the whole state: 20 rows could be
+    // gigabytes for any reader. The row shows what the history knows.
+    let sealed = storage.opens_whole();
     let looked = async {
-        let prefix = storage.read_prefix(&name, PREFIX_BYTES).await?;
+        let prefix = if sealed {
+            None
+        } else {
+            storage.read_prefix(&name, PREFIX_BYTES).await?
+        };
         let newest = match storage.list_versions(&name).await {
             Ok(versions) => versions.into_iter().next(),
             Err(StorageError::NoHistory) => None,
@@ -209,6 +218,10 @@ async fn workspace<S: Storage>(
                 } else {
                     newest.as_ref().map(|v| v.bytes)
                 };
+            }
+            if sealed && let Some(newest) = &newest {
+                row.summary.serial = newest.serial;
+                row.size = Some(newest.bytes);
             }
             row.last_write_unix_ms = newest.map(|v| v.created_unix_ms);
             row.lock = holder.map(|h: LockInfo| LockView {

@@ -160,6 +160,10 @@ impl<S: Storage> Storage for Store<S> {
         Some(description)
     }
 
+    fn opens_whole(&self) -> bool {
+        self.sealer.is_some() || self.inner.opens_whole()
+    }
+
     async fn read(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
         let start = self.read_start(workspace).await;
         match self.inner.read(workspace).await? {
