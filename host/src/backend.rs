@@ -7,6 +7,9 @@ use bytes::Bytes;
 use std::future::Future;
 use std::time::Duration;
 
+pub use crate::work::HostWork;
+use crate::work::WorkError;
+
 pub use wasmstate_types::LockInfo;
 
 /// A lock the host or its tools take themselves (a restore, an unlocked
@@ -112,6 +115,15 @@ pub enum StorageError {
     NoHistory,
 }
 
+impl From<WorkError> for StorageError {
+    fn from(e: WorkError) -> Self {
+        match e {
+            WorkError::Busy(_) => StorageError::Overloaded(e.to_string()),
+            WorkError::Failed(_) => StorageError::Internal(e.to_string()),
+        }
+    }
+}
+
 fn join(diagnostics: &[Diagnostic]) -> String {
     let lines: Vec<String> = diagnostics.iter().map(ToString::to_string).collect();
     lines.join("; ")
@@ -168,6 +180,12 @@ pub trait Storage: Send + Sync + 'static {
     /// that list many workspaces then skip the states themselves.
     fn opens_whole(&self) -> bool {
         false
+    }
+    /// Where heavy host work for this backend runs (sealing, opening and
+    /// parsing its big states): its own slots, so its big states slow
+    /// only itself.
+    fn host_work(&self) -> HostWork {
+        HostWork::default()
     }
     /// The latest state, `None` when there is none.
     fn read(&self, workspace: &str) -> impl Future<Output = StorageResult<Option<Vec<u8>>>> + Send;
@@ -291,6 +309,9 @@ impl<S: Storage> Storage for std::sync::Arc<S> {
     }
     fn opens_whole(&self) -> bool {
         (**self).opens_whole()
+    }
+    fn host_work(&self) -> HostWork {
+        (**self).host_work()
     }
     fn read(&self, workspace: &str) -> impl Future<Output = StorageResult<Option<Vec<u8>>>> + Send {
         (**self).read(workspace)

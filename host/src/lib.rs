@@ -48,3 +48,4 @@ pub mod server;
 pub mod statefile;
 pub mod store;
 pub mod tls;
+pub mod work;

@@ -100,6 +100,9 @@ impl<S: Storage> Storage for Swappable<S> {
         // A stopped backend reads nothing; a page then shows its error.
         self.current().is_ok_and(|s| s.opens_whole())
     }
+    fn host_work(&self) -> crate::work::HostWork {
+        self.current().map(|s| s.host_work()).unwrap_or_default()
+    }
     async fn read(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
         self.current()?.read(workspace).await
     }

@@ -257,6 +257,64 @@ fn the_workspaces_page_opens_no_sealed_state() {
     }
 }
 
+/// Finding 14: sealing, opening and parsing big states ran on the async
+/// workers, outside the backend's share of the cores: a few big requests
+/// of one backend could hold every worker and stall everyone else's. Now
+/// they are the backend's host work, off the workers, at most its
+/// `max_cores` at once (the peak is exported; before, nothing bounded or
+/// counted it). Another backend is served meanwhile.
+#[test]
+fn a_backends_big_states_take_at_most_its_cores_of_host_work() {
+    let dir = tempdir();
+    let key = key_file(dir.path());
+    let (big_dir, small_dir) = (dir.path().join("big"), dir.path().join("small"));
+    let server = Server::with_config(
+        &dir.path().join("data"),
+        &format!(
+            "[backends.big]\nguest = \"local\"\ndir = {big_dir:?}\nmax_cores = 1\n\
+             encryption = {{ keys = [{{ id = \"k1\", file = {key:?} }}] }}\n\
+             [backends.small]\nguest = \"local\"\ndir = {small_dir:?}\n"
+        ),
+    );
+    let big = |serial: u64| {
+        let mut state = format!(
+            r#"{{"version":4,"terraform_version":"1.11.4","serial":{serial},"lineage":"big","outputs":{{"pad":{{"type":"string","value":""#
+        )
+        .into_bytes();
+        state.resize(24 << 20, b'x');
+        state.extend_from_slice(br#""}},"resources":[]}"#);
+        state
+    };
+    let workspaces = ["w1", "w2", "w3"];
+    for workspace in workspaces {
+        let answer = send("POST", &server.state_url("big", workspace), Some(&big(1)));
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    std::thread::scope(|s| {
+        for workspace in workspaces {
+            let url = server.state_url("big", workspace);
+            s.spawn(move || {
+                assert_eq!(send("POST", &url, Some(&big(2))).status, 200);
+                let read = send("GET", &url, None);
+                assert_eq!(read.status, 200);
+                assert!(
+                    read.body == big(2),
+                    "{workspace}: the state read back differs"
+                );
+            });
+            let url = server.state_url("big", workspace);
+            s.spawn(move || assert_eq!(send("GET", &url, None).status, 200));
+        }
+        let small = server.state_url("small", "default");
+        for serial in 1..=5 {
+            assert_eq!(send("POST", &small, Some(&state(serial))).status, 200);
+            assert_eq!(send("GET", &small, None).body, state(serial));
+        }
+    });
+    let peak = server.metric("wasmstate_backend_host_work_peak{backend=\"big\"}");
+    assert_eq!(peak, 1.0, "heavy host work of the backend at once");
+}
+
 /// The AWS-signing probe fixture (`tests/fixtures/aws-probe`).
 const AWS_PROBE_WASM: &str = env!("WASMSTATE_FIXTURE_AWS_PROBE");
 

@@ -383,20 +383,22 @@ impl Metrics {
         self.resources.set_server(std::sync::Arc::new(budget));
     }
 
-    /// A backend's memory share, disk quota and cores, read at every
-    /// scrape (a reloaded backend's replace its old ones).
+    /// A backend's memory share, disk quota, cores and host work, read at
+    /// every scrape (a reloaded backend's replace its old ones).
     pub fn set_backend_limits(
         &self,
         backend: &str,
         memory: impl Usage + 'static,
         disk: Option<std::sync::Arc<dyn Usage>>,
         cores: impl Usage + 'static,
+        host_work: impl Usage + 'static,
     ) {
         self.resources.set_backend(
             self.backend(backend),
             std::sync::Arc::new(memory),
             disk,
             std::sync::Arc::new(cores),
+            std::sync::Arc::new(host_work),
         );
     }
 

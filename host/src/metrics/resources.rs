@@ -32,6 +32,7 @@ struct BackendSources {
     memory: Arc<dyn Usage>,
     disk: Option<Arc<dyn Usage>>,
     cores: Arc<dyn Usage>,
+    host_work: Arc<dyn Usage>,
 }
 
 pub(super) struct Resources {
@@ -45,6 +46,7 @@ pub(super) struct Resources {
     disk_used: Family<BackendLabels, Gauge>,
     cores: Family<BackendLabels, Gauge>,
     cores_peak: Family<BackendLabels, Gauge>,
+    host_work_peak: Family<BackendLabels, Gauge>,
     server: Mutex<Option<Arc<dyn Usage>>>,
     backends: Mutex<BTreeMap<String, BackendSources>>,
 }
@@ -66,6 +68,7 @@ impl Resources {
             disk_used: Family::default(),
             cores: Family::default(),
             cores_peak: Family::default(),
+            host_work_peak: Family::default(),
             server: Mutex::new(None),
             backends: Mutex::new(BTreeMap::new()),
         };
@@ -115,6 +118,11 @@ impl Resources {
             r.cores_peak.clone(),
         );
         registry.register(
+            "backend_host_work_peak",
+            "The most pieces of heavy host work (sealing, opening, parsing or signing a big state) of a backend run at once; at most backend_cores",
+            r.host_work_peak.clone(),
+        );
+        registry.register(
             "disk_quota_refusals",
             "Requests that stopped at their directory's disk quota",
             r.disk_refusals.clone(),
@@ -132,6 +140,7 @@ impl Resources {
         memory: Arc<dyn Usage>,
         disk: Option<Arc<dyn Usage>>,
         cores: Arc<dyn Usage>,
+        host_work: Arc<dyn Usage>,
     ) {
         lock(&self.backends).insert(
             backend,
@@ -139,6 +148,7 @@ impl Resources {
                 memory,
                 disk,
                 cores,
+                host_work,
             },
         );
     }
@@ -167,6 +177,7 @@ impl Resources {
                 memory,
                 disk,
                 cores,
+                host_work,
             } = sources;
             let labels = BackendLabels {
                 backend: name.clone(),
@@ -181,6 +192,9 @@ impl Resources {
             self.cores_peak
                 .get_or_create(&labels)
                 .set(bytes(cores.used()));
+            self.host_work_peak
+                .get_or_create(&labels)
+                .set(bytes(host_work.used()));
             if let Some(disk) = disk {
                 self.disk_quota
                     .get_or_create(&labels)

@@ -25,7 +25,13 @@ pub(crate) async fn write_unless_stale<S: Storage>(
     lock_id: Option<&str>,
     body: Bytes,
 ) -> Result<(), ApiError> {
-    let incoming = statefile::read(&body)
+    // Parsing a big state whole is the backend's host work, off the workers.
+    let parsing = body.clone();
+    let work = target.storage.host_work();
+    let parsed = work.run(body.len(), move || statefile::read(&parsing));
+    let incoming = parsed
+        .await
+        .map_err(|e| target.error(e.into()))?
         .map_err(|e| ApiError::bad_request(format!("{e}; nothing was written")))?;
     if app.allow_force_push.allows(target.backend) {
         // The guard is off: nothing to make one step with the write.

@@ -51,6 +51,8 @@ pub(super) struct Shared {
     /// How many slots `own_instances` started with.
     pub instances_per_backend: usize,
     pub turns: Turns,
+    /// Heavy host work for this backend (sealing, signing big bodies).
+    pub host_work: crate::work::HostWork,
     pub limits: Limits,
     pub memory: Budget,
     pub server_memory: Budget,
@@ -266,6 +268,7 @@ impl Shared {
                     outbound::MAX_REQUESTS_IN_FLIGHT,
                 )),
                 budgets: [self.memory.clone(), self.server_memory.clone()],
+                work: self.host_work.clone(),
             },
             limiter: MemoryLimiter::new(
                 self.limits.memory_bytes,
@@ -424,6 +427,10 @@ impl GuestBackend {
 }
 
 impl Storage for GuestBackend {
+    fn host_work(&self) -> crate::work::HostWork {
+        self.shared.host_work.clone()
+    }
+
     fn describe(&self) -> Option<crate::backend::Description> {
         let shared = &self.shared;
         let mib = |bytes: u64| format!("{} MiB", bytes >> 20);

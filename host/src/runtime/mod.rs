@@ -209,6 +209,11 @@ impl Runtime {
             .max_instances
             .unwrap_or((self.max_instances * 3).div_ceil(4))
             .min(self.max_instances) as usize;
+        // Its guests' wasm and its heavy host work each take at most this
+        // many cores, so its requests leave the others a worker.
+        let cores = backend
+            .max_cores
+            .map_or(self.cores.saturating_sub(1), |n| n as usize);
         let guest = GuestBackend {
             description: Arc::default(),
             shared: Arc::new(guest::Shared {
@@ -221,11 +226,8 @@ impl Runtime {
                 instances: self.instances.clone(),
                 own_instances: Arc::new(Semaphore::new(own_instances)),
                 instances_per_backend: own_instances,
-                turns: turns::Turns::new(
-                    backend
-                        .max_cores
-                        .map_or(self.cores.saturating_sub(1), |n| n as usize),
-                ),
+                turns: turns::Turns::new(cores),
+                host_work: crate::work::HostWork::new(cores, backend.limits.timeout),
                 limits: backend.limits,
                 memory: Budget::new(share.min(self.memory.bytes())),
                 server_memory: self.memory.clone(),
@@ -270,6 +272,7 @@ impl Runtime {
                 .disk_quota()
                 .map(|q| q.clone() as Arc<dyn crate::metrics::Usage>),
             guest.turns().clone(),
+            crate::backend::Storage::host_work(&guest),
         );
         Ok(guest)
     }

@@ -29,6 +29,8 @@ pub struct Outbound {
     /// The backend's and the server's memory budgets: a body the host
     /// reads whole to sign is charged to both while it is held.
     pub budgets: [super::limits::Budget; 2],
+    /// The backend's heavy host work: hashing a big body to sign.
+    pub work: crate::work::HostWork,
 }
 
 /// Outgoing requests one instance may have under way at once; more wait.
@@ -81,13 +83,17 @@ impl WasiHttpHooks for Outbound {
         let aws = self.aws.clone().filter(|aws| aws.signs(request.uri()));
         let limit = self.max_body_bytes;
         let (in_flight, budgets) = (self.in_flight.clone(), self.budgets.clone());
+        let work = self.work.clone();
         Box::new(async move {
             use http_body_util::BodyExt;
             // The instance's semaphore is never closed.
             let _turn = in_flight.acquire_owned().await.ok();
             let mut charged = Vec::new();
             let request = match aws {
-                Some(aws) => signed(&aws, request, limit, &backend, &budgets, &mut charged).await?,
+                Some(aws) => {
+                    let held = (&budgets, &mut charged);
+                    signed(&aws, request, limit, &backend, held, &work).await?
+                }
                 None => request,
             };
             let (response, io) = super::pinned::send(request, options, &policy, &backend).await?;
@@ -109,8 +115,11 @@ async fn signed(
     request: http::Request<WasiBody>,
     limit: usize,
     backend: &str,
-    budgets: &[super::limits::Budget; 2],
-    charged: &mut Vec<tokio::sync::OwnedSemaphorePermit>,
+    (budgets, charged): (
+        &[super::limits::Budget; 2],
+        &mut Vec<tokio::sync::OwnedSemaphorePermit>,
+    ),
+    work: &crate::work::HostWork,
 ) -> Result<http::Request<WasiBody>, Error> {
     use http_body_util::BodyExt;
     let (parts, mut body) = request.into_parts();
@@ -141,11 +150,13 @@ async fn signed(
         whole.extend_from_slice(&data);
     }
     let body = whole.freeze();
-    let mut request = http::Request::from_parts(parts, body);
-    if let Err(reason) = aws.sign(&mut request).await {
-        tracing::warn!(backend, "cannot sign an AWS request: {reason}");
-        return Err(Error::InternalError(Some(reason)));
-    }
+    let request = match aws.sign(http::Request::from_parts(parts, body), work).await {
+        Ok(request) => request,
+        Err(reason) => {
+            tracing::warn!(backend, "cannot sign an AWS request: {reason}");
+            return Err(Error::InternalError(Some(reason)));
+        }
+    };
     Ok(request.map(|bytes| {
         http_body_util::Full::new(bytes)
             .map_err(|never| match never {})

@@ -20,8 +20,9 @@ use std::sync::Arc;
 /// A backend's storage with the host's encryption and history around it.
 pub struct Store<S> {
     inner: S,
-    backend: String,
-    sealer: Option<Sealer>,
+    backend: Arc<str>,
+    /// Shared with the host work that seals and opens off the workers.
+    sealer: Option<Arc<Sealer>>,
     history: Option<History>,
     /// With encryption on: the newest state of each workspace this host has
     /// written or read, so storage handing back an older envelope (a
@@ -55,9 +56,9 @@ impl<S: Storage> Store<S> {
         Store {
             max_stored_bytes,
             older_states_allowed: false,
-            sealer: Sealer::new(keys, accept_plain),
+            sealer: Sealer::new(keys, accept_plain).map(Arc::new),
             inner,
-            backend: backend.to_string(),
+            backend: Arc::from(backend),
             history,
             marks,
         }
@@ -75,21 +76,54 @@ impl<S: Storage> Store<S> {
         &self.inner
     }
 
-    fn place<'a>(&'a self, workspace: &'a str) -> Place<'a> {
-        Place {
-            backend: &self.backend,
-            workspace,
-        }
-    }
-
     /// Open what storage returned for `workspace`. Without keys a plain
     /// state passes and a sealed one says which key it needs, instead of
-    /// reaching Terraform as ciphertext.
-    fn open(&self, workspace: &str, stored: Vec<u8>) -> Result<(Vec<u8>, StateHeader), String> {
-        match &self.sealer {
-            Some(sealer) => sealer.open(self.place(workspace), stored),
-            None => envelope::open_with(&[], self.place(workspace), false, stored),
+    /// reaching Terraform as ciphertext. A big state is opened as the
+    /// backend's host work, off the async workers. `Ok(Err(why))`: it does
+    /// not open.
+    async fn open(
+        &self,
+        workspace: &str,
+        stored: Vec<u8>,
+    ) -> StorageResult<Result<(Vec<u8>, StateHeader), String>> {
+        let (sealer, backend) = (self.sealer.clone(), self.backend.clone());
+        let workspace = workspace.to_string();
+        let work = self.inner.host_work();
+        let opened = work.run(stored.len(), move || {
+            let place = Place {
+                backend: &backend,
+                workspace: &workspace,
+            };
+            match &sealer {
+                Some(sealer) => sealer.open(place, stored),
+                None => envelope::open_with(&[], place, false, stored),
+            }
+        });
+        Ok(opened.await?)
+    }
+
+    /// The clear fields of a state to write and what to store for it
+    /// (sealed, with keys), computed as the backend's host work.
+    async fn seal(&self, workspace: &str, state: Bytes) -> StorageResult<(StateHeader, Bytes)> {
+        if self.sealer.is_none() && self.history.is_none() {
+            return Ok((StateHeader::default(), state));
         }
+        let (sealer, backend) = (self.sealer.clone(), self.backend.clone());
+        let workspace = workspace.to_string();
+        let work = self.inner.host_work();
+        let sealed = work.run(state.len(), move || {
+            let header = StateHeader::of(&state);
+            let place = Place {
+                backend: &backend,
+                workspace: &workspace,
+            };
+            let stored = match &sealer {
+                Some(sealer) => sealer.seal(place, &state, &header).map(Bytes::from),
+                None => Ok(state),
+            };
+            stored.map(|stored| (header, stored))
+        });
+        sealed.await?.map_err(StorageError::Encryption)
     }
 
     /// A state was deleted: a new one may start its serials afresh.
@@ -118,7 +152,7 @@ impl<S: Storage> Store<S> {
     /// Open what storage returned as the current state of `workspace`,
     /// refusing an envelope older than one of its lineage seen here before
     /// the read began (`start`).
-    fn open_current(
+    async fn open_current(
         &self,
         workspace: &str,
         stored: Vec<u8>,
@@ -126,6 +160,7 @@ impl<S: Storage> Store<S> {
     ) -> StorageResult<Vec<u8>> {
         let (state, header) = self
             .open(workspace, stored)
+            .await?
             .map_err(|e| StorageError::Encryption(format!("state of {workspace:?}: {e}")))?;
         let (Some(start), Some(serial)) = (start, header.serial) else {
             return Ok(state);
@@ -164,10 +199,14 @@ impl<S: Storage> Storage for Store<S> {
         self.sealer.is_some() || self.inner.opens_whole()
     }
 
+    fn host_work(&self) -> crate::work::HostWork {
+        self.inner.host_work()
+    }
+
     async fn read(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
         let start = self.read_start(workspace).await;
         match self.inner.read(workspace).await? {
-            Some(stored) => self.open_current(workspace, stored, start).map(Some),
+            Some(stored) => self.open_current(workspace, stored, start).await.map(Some),
             None => Ok(None),
         }
     }
@@ -198,18 +237,7 @@ impl<S: Storage> Storage for Store<S> {
         lock_id: Option<&str>,
     ) -> StorageResult<()> {
         // Read the clear fields once, for the envelope and the history both.
-        let header = if self.sealer.is_some() || self.history.is_some() {
-            StateHeader::of(&state)
-        } else {
-            StateHeader::default()
-        };
-        let stored = match &self.sealer {
-            Some(sealer) => sealer
-                .seal(self.place(workspace), &state, &header)
-                .map_err(StorageError::Encryption)?
-                .into(),
-            None => state,
-        };
+        let (header, stored) = self.seal(workspace, state).await?;
         if stored.len() > self.max_stored_bytes {
             // Stored, it could never be read back: the workspace would be
             // stuck until the operator raised the limit.
@@ -292,15 +320,15 @@ impl<S: Storage> Storage for Store<S> {
             }
             (read, _) => read?,
         };
-        stored
-            .map(|s| {
-                self.open(workspace, s)
-                    .map(|(state, _)| state)
-                    .map_err(|e| {
-                        StorageError::Encryption(format!("version {id} of {workspace:?}: {e}"))
-                    })
-            })
-            .transpose()
+        let Some(stored) = stored else {
+            return Ok(None);
+        };
+        match self.open(workspace, stored).await? {
+            Ok((state, _)) => Ok(Some(state)),
+            Err(e) => Err(StorageError::Encryption(format!(
+                "version {id} of {workspace:?}: {e}"
+            ))),
+        }
     }
 }
 

@@ -141,10 +141,21 @@ impl AwsSigner {
     /// credentials, replacing any signature the guest put on it, if it is
     /// within the backend's [`SigningScope`]. `Err`: one line saying why it
     /// was refused, or naming the credential source and what to fix.
-    pub async fn sign(&self, request: &mut http::Request<bytes::Bytes>) -> Result<(), String> {
-        let service = self.scope.check(request)?;
+    /// The payload's hash is the backend's host `work` (a big body takes
+    /// a core for a while).
+    pub async fn sign(
+        &self,
+        mut request: http::Request<bytes::Bytes>,
+        work: &crate::work::HostWork,
+    ) -> Result<http::Request<bytes::Bytes>, String> {
+        let service = self.scope.check(&request)?;
         let credentials = self.credentials().await?;
-        sign::sign(request, &credentials, &self.region, service.signing_name())
+        let region = self.region.clone();
+        let signing = work.run(request.body().len(), move || {
+            sign::sign(&mut request, &credentials, &region, service.signing_name())
+                .map(|()| request)
+        });
+        signing.await.map_err(|e| e.to_string())?
     }
 
     /// The cached credentials, fetched again when they near expiry. One
