@@ -434,8 +434,12 @@ impl Backend for Git {
         };
         let files = match self.repo.list_files(&tip, &self.settings.dir) {
             Ok(files) => files,
-            // The state directory does not exist yet.
-            Err(GitError::NotFound(_)) => return Ok(Vec::new()),
+            // A missing directory lists as empty; NotFound means the tip
+            // just fetched is not in the clone (a damaged cache), and an
+            // empty list would claim no workspace exists: retryable.
+            Err(GitError::NotFound(m)) => {
+                return Err(Error::Unavailable(format!("{m} while {doing}; retry")));
+            }
             Err(e) => return Err(failed(doing)(e)),
         };
         // Like the other guests, only what exists: the host adds `default`.

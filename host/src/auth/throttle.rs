@@ -95,6 +95,23 @@ impl<K: std::hash::Hash + Eq + Clone> Table<K> {
 pub struct Throttle {
     addresses: Table<IpAddr>,
     users: Table<UserKey>,
+    /// Address groups a user signed in from before, and when: the
+    /// user's backoff does not apply to them, or anyone failing a
+    /// user's password from elsewhere would lock the user out.
+    known: Mutex<HashMap<UserKey, Instant>>,
+}
+
+/// How long an address group a user signed in from stays exempt from
+/// the user's backoff.
+const KNOWN_FOR: Duration = Duration::from_secs(30 * 24 * 3600);
+
+fn known_key(address: IpAddr, user: &str) -> UserKey {
+    use sha2::Digest;
+    let mut hash = sha2::Sha256::new();
+    hash.update(crate::policy::client_group(address).to_string());
+    hash.update([0]);
+    hash.update(user.as_bytes());
+    hash.finalize().into()
 }
 
 /// A user name as the table keeps it: its SHA-256, so a name of any
@@ -111,6 +128,7 @@ impl Default for Throttle {
         Throttle {
             addresses: Table::new(),
             users: Table::new(),
+            known: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -122,7 +140,9 @@ impl Throttle {
         let by_address = self
             .addresses
             .wait(&crate::policy::client_group(address), now);
-        let by_user = user.and_then(|u| self.users.wait(&user_key(u), now));
+        let by_user = user
+            .filter(|u| !self.is_known(address, u, now))
+            .and_then(|u| self.users.wait(&user_key(u), now));
         match by_address.max(by_user) {
             Some(wait) => Err(wait),
             None => Ok(()),
@@ -144,7 +164,26 @@ impl Throttle {
         self.addresses.clear(&crate::policy::client_group(address));
         if let Some(user) = user {
             self.users.clear(&user_key(user));
+            let now = Instant::now();
+            let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            if known.len() >= MAX_TRACKED {
+                known.retain(|_, at| now.duration_since(*at) < KNOWN_FOR);
+                if known.len() >= MAX_TRACKED
+                    && let Some(oldest) = known.iter().min_by_key(|(_, at)| **at).map(|(k, _)| *k)
+                {
+                    known.remove(&oldest);
+                }
+            }
+            known.insert(known_key(address, user), now);
         }
+    }
+
+    fn is_known(&self, address: IpAddr, user: &str, now: Instant) -> bool {
+        self.known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&known_key(address, user))
+            .is_some_and(|at| now.duration_since(*at) < KNOWN_FOR)
     }
 }
 
@@ -223,5 +262,26 @@ mod tests {
             t.failed(key, now);
         }
         assert!(t.lock().len() <= MAX_TRACKED);
+    }
+
+    /// Failures of a user's password from elsewhere do not lock the user
+    /// out of an address group they signed in from before (they did).
+    #[test]
+    fn a_users_known_address_is_not_locked_out_by_others_failures() {
+        let t = Throttle::default();
+        let home: IpAddr = "192.0.2.7".parse().unwrap();
+        t.succeeded(home, Some("alice"));
+        for i in 0..=FREE_FAILURES {
+            let elsewhere: IpAddr = format!("198.51.100.{i}").parse().unwrap();
+            t.failed(elsewhere, Some("alice"));
+        }
+        let stranger: IpAddr = "203.0.113.9".parse().unwrap();
+        assert!(t.check(stranger, Some("alice")).is_err());
+        assert_eq!(t.check(home, Some("alice")), Ok(()));
+        // Its own address failing still blocks it.
+        for _ in 0..=FREE_FAILURES {
+            t.failed(home, Some("alice"));
+        }
+        assert!(t.check(home, Some("alice")).is_err());
     }
 }

@@ -29,7 +29,9 @@ pub struct RollbackMarks {
 
 #[derive(Debug, Clone)]
 struct Mark {
-    lineage: Option<String>,
+    /// A digest, not the lineage: a state's lineage is as long as its
+    /// writer made it, and a mark is kept per workspace for the host's life.
+    lineage: Option<LineageDigest>,
     serial: u64,
     set_at: u64,
     /// The state was deleted here: whatever comes next starts over, and
@@ -82,7 +84,7 @@ impl RollbackMarks {
                 // replaced, which must neither be refused nor become the mark.
                 return Ok(());
             }
-            if !mark.deleted && mark.lineage.as_deref() == lineage && serial < mark.serial {
+            if !mark.deleted && mark.lineage == digest(lineage) && serial < mark.serial {
                 return Err(Rollback {
                     newest: mark.serial,
                 });
@@ -100,7 +102,7 @@ impl RollbackMarks {
         self.marks().insert(
             workspace.to_string(),
             Mark {
-                lineage: lineage.map(str::to_string),
+                lineage: digest(lineage),
                 serial,
                 set_at,
                 deleted: false,
@@ -130,7 +132,7 @@ impl RollbackMarks {
     ) {
         if let Some(mark) = marks.get(workspace)
             && !mark.deleted
-            && mark.lineage.as_deref() == lineage
+            && mark.lineage == digest(lineage)
             && mark.serial >= serial
         {
             return;
@@ -139,7 +141,7 @@ impl RollbackMarks {
         marks.insert(
             workspace.to_string(),
             Mark {
-                lineage: lineage.map(str::to_string),
+                lineage: digest(lineage),
                 serial,
                 set_at,
                 deleted: false,
@@ -161,6 +163,14 @@ impl RollbackMarks {
             },
         );
     }
+}
+
+/// SHA-256 of a lineage.
+type LineageDigest = [u8; 32];
+
+fn digest(lineage: Option<&str>) -> Option<LineageDigest> {
+    use sha2::{Digest, Sha256};
+    lineage.map(|l| Sha256::digest(l.as_bytes()).into())
 }
 
 #[cfg(test)]
@@ -233,5 +243,21 @@ mod tests {
         assert_eq!(marks.read("w", Some("a"), 40, start), Ok(()));
         // A backup of serial 5 pushed after the delete is not a rollback.
         assert_eq!(marks.read("w", Some("a"), 5, marks.read_start()), Ok(()));
+    }
+
+    /// A mark's size does not grow with the lineage it remembers (a
+    /// client chooses the lineage; marks live as long as the host).
+    #[test]
+    fn a_mark_holds_a_digest_of_any_lineage() {
+        assert!(
+            std::mem::size_of::<Mark>() <= 64,
+            "{}",
+            std::mem::size_of::<Mark>()
+        );
+        let marks = RollbackMarks::default();
+        let long = "l".repeat(1 << 20);
+        marks.wrote("w", Some(&long), 5);
+        assert!(marks.read("w", Some(&long), 4, marks.read_start()).is_err());
+        assert!(marks.read("w", Some("l"), 4, marks.read_start()).is_ok());
     }
 }

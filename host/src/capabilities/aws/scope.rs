@@ -32,6 +32,18 @@ const S3_QUERY: &[&str] = &[
     "max-uploads",
 ];
 
+/// S3 request headers setting who may read an object, how long it must
+/// be kept, or its tags: a state store sets none of them, and each could
+/// open a state to others or pin it against deletion.
+const S3_REFUSED_HEADERS: &[&str] = &[
+    "x-amz-acl",
+    "x-amz-grant-",
+    "x-amz-object-lock-",
+    "x-amz-bucket-object-lock",
+    "x-amz-tagging",
+    "x-amz-website-redirect-location",
+];
+
 /// DynamoDB operations a lock table needs.
 const DYNAMODB_CALLS: &[&str] = &["GetItem", "PutItem", "UpdateItem", "DeleteItem"];
 
@@ -153,6 +165,15 @@ impl SigningScope {
         {
             return Err("an S3 copy from another object is not a state store's call".into());
         }
+        if let Some(h) = request
+            .headers()
+            .keys()
+            .find(|h| S3_REFUSED_HEADERS.iter().any(|r| h.as_str().starts_with(r)))
+        {
+            return Err(format!(
+                "S3 header {h} (access, retention or tags) is not a state store's call"
+            ));
+        }
         for (name, _) in form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes()) {
             if !S3_QUERY.contains(&name.as_ref()) {
                 return Err(format!("S3 ?{name} is not a state store's call"));
@@ -171,23 +192,56 @@ impl SigningScope {
                 "bucket {asked_bucket:?} is not the backend's ({bucket:?})"
             ));
         }
-        if key.is_empty() || self.key_allowed(key) {
+        if key.is_empty() {
+            // The bucket itself: listings and HeadBucket, never creating,
+            // deleting or configuring it.
+            return match request.method().as_str() {
+                "GET" | "HEAD" => Ok(()),
+                m => Err(format!(
+                    "S3 {m} on the bucket itself is not a state store's call"
+                )),
+            };
+        }
+        if self.key_allowed(key) {
             return Ok(());
         }
         Err(format!("key {key:?} is outside the backend's state layout"))
     }
 
-    /// The state key, its lock file, or anything under the workspaces'
-    /// prefix (every key, when the configuration names none).
+    /// A state key of this backend or its lock file (every key, when the
+    /// configuration names no `key`: the guest refuses that anyway).
     fn key_allowed(&self, key: &str) -> bool {
+        self.state_key_allowed(key.strip_suffix(".tflock").unwrap_or(key))
+    }
+
+    /// `key`, or `<workspace_key_prefix>/<workspace>/key` for one
+    /// workspace (a name without `/`): Terraform's S3 layout. Another
+    /// backend sharing the bucket under the same prefix with another key
+    /// stays out of reach.
+    fn state_key_allowed(&self, candidate: &str) -> bool {
         let Some(state_key) = &self.key else {
             return true;
         };
-        key == state_key
-            || key.strip_prefix(state_key.as_str()) == Some(".tflock")
-            || key
-                .strip_prefix(self.workspace_prefix.as_str())
-                .is_some_and(|rest| rest.starts_with('/'))
+        if candidate == state_key {
+            return true;
+        }
+        let rest = match self.workspace_prefix.as_str() {
+            "" => Some(candidate),
+            prefix => candidate
+                .strip_prefix(prefix)
+                .and_then(|r| r.strip_prefix('/')),
+        };
+        rest.and_then(|r| r.split_once('/'))
+            .is_some_and(|(workspace, key)| !workspace.is_empty() && key == state_key)
+    }
+
+    /// A DynamoDB `LockID` of this backend: `<bucket>/<state key>`, or
+    /// `<bucket>/<state key>-md5` (the digest item).
+    fn lock_id_allowed(&self, bucket: &str, lock_id: &str) -> bool {
+        let path = lock_id.strip_suffix("-md5").unwrap_or(lock_id);
+        path.strip_prefix(bucket)
+            .and_then(|p| p.strip_prefix('/'))
+            .is_some_and(|key| self.state_key_allowed(key))
     }
 
     fn check_dynamodb(&self, request: &http::Request<bytes::Bytes>) -> Result<(), String> {
@@ -207,16 +261,40 @@ impl SigningScope {
             return Err(format!("DynamoDB {call} is not a lock table's call"));
         }
         #[derive(serde::Deserialize)]
+        struct StringValue {
+            #[serde(rename = "S")]
+            s: String,
+        }
+        #[derive(serde::Deserialize)]
+        struct LockId {
+            #[serde(rename = "LockID")]
+            lock_id: StringValue,
+        }
+        #[derive(serde::Deserialize)]
         struct Named {
             #[serde(rename = "TableName")]
             table: String,
+            #[serde(rename = "Key")]
+            key: Option<LockId>,
+            #[serde(rename = "Item")]
+            item: Option<LockId>,
         }
         let named: Named = serde_json::from_slice(request.body())
-            .map_err(|_| format!("DynamoDB {call} without a TableName"))?;
+            .map_err(|_| format!("DynamoDB {call} without a TableName and a string LockID"))?;
         if &named.table != table {
             return Err(format!(
                 "table {:?} is not the backend's ({table:?})",
                 named.table
+            ));
+        }
+        let Some(LockId { lock_id }) = named.key.or(named.item) else {
+            return Err(format!("DynamoDB {call} names no LockID"));
+        };
+        let bucket = self.bucket.as_deref().unwrap_or_default();
+        if !self.lock_id_allowed(bucket, &lock_id.s) {
+            return Err(format!(
+                "LockID {:?} is not one of the backend's states",
+                lock_id.s
             ));
         }
         Ok(())
@@ -294,9 +372,92 @@ mod tests {
             "POST",
             "http://127.0.0.1:5000/",
             &[("x-amz-target", "DynamoDB_20120810.GetItem")],
-            r#"{"TableName":"locks","Key":{}}"#,
+            r#"{"TableName":"locks","Key":{"LockID":{"S":"states/app/terraform.tfstate-md5"}}}"#,
         );
         assert_eq!(s.check(&get_item), Ok(Service::DynamoDb));
+        let put_item = request(
+            "POST",
+            "http://127.0.0.1:5000/",
+            &[("x-amz-target", "DynamoDB_20120810.PutItem")],
+            r#"{"TableName":"locks","Item":{"LockID":{"S":"states/env:/ws/app/terraform.tfstate"},"Info":{"S":"{}"}}}"#,
+        );
+        assert_eq!(s.check(&put_item), Ok(Service::DynamoDb));
+    }
+
+    /// Another backend sharing the bucket, the prefix or the table, but not
+    /// the key, is out of reach (it was: every key under `env:/`, every
+    /// item of the table).
+    #[test]
+    fn other_backends_in_a_shared_bucket_and_table_are_out_of_reach() {
+        let s = scope();
+        for uri in [
+            "http://127.0.0.1:5000/states/env%3A/ws/other/terraform.tfstate",
+            "http://127.0.0.1:5000/states/env%3A/ws/app/terraform.tfstate.bak",
+            "http://127.0.0.1:5000/states/env%3A/a/b/app/terraform.tfstate",
+            "http://127.0.0.1:5000/states/env%3A//app/terraform.tfstate",
+            "http://127.0.0.1:5000/states/other/terraform.tfstate.tflock",
+        ] {
+            assert!(
+                s.check(&request("GET", uri, &[], "")).is_err(),
+                "{uri} was signed"
+            );
+        }
+        for (target, body) in [
+            (
+                "GetItem",
+                r#"{"TableName":"locks","Key":{"LockID":{"S":"states/other/terraform.tfstate-md5"}}}"#,
+            ),
+            (
+                "DeleteItem",
+                r#"{"TableName":"locks","Key":{"LockID":{"S":"other-bucket/app/terraform.tfstate"}}}"#,
+            ),
+            (
+                "PutItem",
+                r#"{"TableName":"locks","Item":{"LockID":{"S":"states/env:/ws/other.tfstate"}}}"#,
+            ),
+            ("GetItem", r#"{"TableName":"locks","Key":{}}"#),
+            ("UpdateItem", r#"{"TableName":"locks"}"#),
+        ] {
+            let r = request(
+                "POST",
+                "http://127.0.0.1:5000/",
+                &[("x-amz-target", &format!("DynamoDB_20120810.{target}"))],
+                body,
+            );
+            assert!(s.check(&r).is_err(), "{target} {body} was signed");
+        }
+        // Creating, deleting or configuring the bucket, or opening a state.
+        let state = "http://127.0.0.1:5000/states/app/terraform.tfstate";
+        for r in [
+            request("PUT", "http://127.0.0.1:5000/states", &[], ""),
+            request("DELETE", "http://127.0.0.1:5000/states/", &[], ""),
+            request("PUT", state, &[("x-amz-acl", "public-read")], ""),
+            request("PUT", state, &[("x-amz-grant-read", "uri=AllUsers")], ""),
+            request(
+                "PUT",
+                state,
+                &[("x-amz-object-lock-mode", "COMPLIANCE")],
+                "",
+            ),
+            request("PUT", state, &[("x-amz-tagging", "a=b")], ""),
+        ] {
+            assert!(
+                s.check(&r).is_err(),
+                "{} {} {:?} was signed",
+                r.method(),
+                r.uri(),
+                r.headers()
+            );
+        }
+        // No workspace prefix: `<workspace>/<key>`.
+        let bare = SigningScope::from_config(&[
+            ("bucket".into(), "states".into()),
+            ("key".into(), "terraform.tfstate".into()),
+            ("workspace_key_prefix".into(), "".into()),
+        ]);
+        let get = |uri: &str| bare.check(&request("GET", uri, &[], ""));
+        assert!(get("http://127.0.0.1:5000/states/ws/terraform.tfstate").is_ok());
+        assert!(get("http://127.0.0.1:5000/states/ws/other.tfstate").is_err());
     }
 
     #[test]

@@ -485,7 +485,7 @@ impl RepoHandle<'_> {
         // holds at most its bound plus one commit (each file in it at most
         // the largest file read back).
         if clone_bytes.get() > self.host.max_clone_bytes {
-            return Err(GitError::InvalidInput(format!(
+            return Err(GitError::Unavailable(format!(
                 "the clone of {} is past git_clone_max_mib ({} MiB) with unpushed commits; \
                  fetch (which starts it afresh) before committing again",
                 redact(&self.url),
@@ -560,18 +560,12 @@ impl RepoHandle<'_> {
         let new = parse_oid(new)?;
         let expected = expected.map(parse_oid).transpose()?;
         let mut slot = self.lock_slot()?;
-        let repo = self.open(&mut slot)?;
+        let (repo, _, damaged) = self.open_tracked(&mut slot)?;
         self.find_commit(repo, &new.to_string())?;
-        // Never a forced update: a ref moves only forward from the value
-        // it was expected to have (receive-pack checks this over the
+        // Never a forced update (receive-pack checks this over the
         // network; for local remotes, here).
-        if let Some(old) = expected
-            && old != new
-            && !repo.graph_descendant_of(new, old).unwrap_or(false)
-        {
-            return Err(GitError::Rejected(format!(
-                "{new} does not descend from {name}'s current {old}; a ref only moves forward (no forced updates)"
-            )));
+        if let Some(old) = expected {
+            self.check_forward(repo, damaged, name, new, old)?;
         }
         if is_local(&self.url) {
             self.update_local(repo, name, Some(new), expected)

@@ -217,7 +217,13 @@ impl RepoHandle<'_> {
                 Ok(repo)
             };
             let opened = match dir.join("HEAD").is_file() {
-                true => Repository::open_bare(&dir).and_then(prepared),
+                true => {
+                    let stale = remove_stale_locks(&dir);
+                    if stale > 0 {
+                        tracing::warn!(url = %redact(&self.url), stale, "git clone had lock files left by a stopped host: removed them");
+                    }
+                    Repository::open_bare(&dir).and_then(prepared)
+                }
                 false => Err(git2::Error::from_str("no clone yet")),
             };
             // A clone is a cache: one that cannot be opened (its creation or
@@ -265,16 +271,54 @@ impl RepoHandle<'_> {
         }
         slot.repo = None;
         slot.bytes.set(0);
+        // The damage flag is cleared only once the clone is gone: a clone
+        // that could not be removed must not be opened again as if whole.
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|e| {
+                slot.damaged.set(true);
+                GitError::Unavailable(format!(
+                    "cannot remove the damaged or oversized clone at {}: {e}; check the clones directory",
+                    dir.display()
+                ))
+            })?;
+        }
         slot.damaged.set(false);
-        if !dir.exists() {
+        Ok(())
+    }
+
+    /// Refused unless `new` is `old` or descends from it: a ref moves only
+    /// forward from the value it was expected to have.
+    pub(super) fn check_forward(
+        &self,
+        repo: &Repository,
+        damaged: &Cell<bool>,
+        name: &str,
+        new: Oid,
+        old: Oid,
+    ) -> Result<(), GitError> {
+        if old == new {
             return Ok(());
         }
-        std::fs::remove_dir_all(&dir).map_err(|e| {
-            GitError::Internal(format!(
-                "cannot remove the oversized clone at {}: {e}",
-                dir.display()
-            ))
-        })
+        // An expected value the clone never had is not the remote's (it
+        // was fetched): refused. Walking the graph otherwise fails only on
+        // a clone missing objects: a damaged cache, so retryable, and the
+        // clone is fetched afresh (a refusal would be final, and repeated).
+        let known = repo.odb().is_ok_and(|odb| odb.exists(old));
+        let descends = known
+            && repo.graph_descendant_of(new, old).map_err(|e| {
+                damaged.set(true);
+                GitError::Unavailable(format!(
+                    "cannot walk the history of {} in the local clone ({}); it is fetched afresh, retry",
+                    redact(&self.url),
+                    one_line(e.message())
+                ))
+            })?;
+        match descends {
+            true => Ok(()),
+            false => Err(GitError::Rejected(format!(
+                "{new} does not descend from {name}'s current {old}; a ref only moves forward (no forced updates)"
+            ))),
+        }
     }
 
     /// Refuse a file of `size` bytes at `path` larger than the host reads

@@ -22,6 +22,28 @@ pub(super) fn dir_size(dir: &Path) -> u64 {
         .sum()
 }
 
+/// Remove every `*.lock` file under `dir`, returning how many there were.
+/// libgit2 takes a ref or the index by creating `<file>.lock` and renaming
+/// it into place; a host killed in between leaves the lock behind and every
+/// later update of that file fails with "locked" forever. Only for a clone
+/// this process owns (`clones_dir` is not shared) and opens afresh, so no
+/// call of ours can hold one.
+pub(super) fn remove_stale_locks(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => remove_stale_locks(&e.path()),
+            Ok(t) if t.is_file() && e.file_name().to_string_lossy().ends_with(".lock") => {
+                usize::from(std::fs::remove_file(e.path()).is_ok())
+            }
+            _ => 0,
+        })
+        .sum()
+}
+
 /// Whether `pattern` covers `name`: `*` matches within one `/`-separated
 /// segment, `**` matches across segments; everything else literally.
 pub(super) fn matches_pattern(pattern: &str, name: &str) -> bool {
