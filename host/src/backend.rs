@@ -295,11 +295,15 @@ pub async fn stored_version<S: Storage>(
     if prefix.len() < statefile::PREFIX_BYTES {
         return Ok(None);
     }
-    Ok(storage
-        .read(workspace)
-        .await?
-        .and_then(|stored| statefile::read(&stored).ok())
-        .and_then(|h| h.version().map(|(l, s)| (l.to_string(), s))))
+    let Some(stored) = storage.read(workspace).await? else {
+        return Ok(None);
+    };
+    // Parsing a big state whole is the backend's host work, off the workers.
+    let header = storage
+        .host_work()
+        .run(stored.len(), move || statefile::read(&stored).ok())
+        .await?;
+    Ok(header.and_then(|h| h.version().map(|(l, s)| (l.to_string(), s))))
 }
 
 /// A shared backend is a backend.

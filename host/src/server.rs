@@ -140,6 +140,11 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
         changes: Default::default(),
         origins: OriginPolicy::new(network.server_names.clone(), check_host),
         draining: draining.clone(),
+        bodies: protocol::BodyBudget::new(
+            network
+                .max_buffered_bytes
+                .unwrap_or_else(|| crate::config::default_max_buffered(config.max_body_bytes)),
+        ),
     });
     let console = crate::console::Options {
         secure_cookies: tls.is_some(),

@@ -93,9 +93,14 @@ impl crate::metrics::Usage for HostWork {
 }
 
 impl Default for HostWork {
-    /// One slot, waiting a minute: for storages that are not a guest's.
+    /// One slot, waiting a minute, shared by every storage that is not a
+    /// guest's (and by stopped backends): made once, so asking for it
+    /// again never hands out a fresh, unbounded set of slots.
     fn default() -> Self {
-        HostWork::new(1, Duration::from_secs(60))
+        static SHARED: std::sync::OnceLock<HostWork> = std::sync::OnceLock::new();
+        SHARED
+            .get_or_init(|| HostWork::new(1, Duration::from_secs(60)))
+            .clone()
     }
 }
 
@@ -140,5 +145,13 @@ mod tests {
         assert_eq!(work.run(10, || 7).await, Ok(7));
         drop(held);
         assert_eq!(work.run(INLINE_BYTES, || 8).await, Ok(8));
+    }
+
+    /// A storage that has no slots of its own (a stopped backend) shares
+    /// one set: asking twice does not double them.
+    #[test]
+    fn the_default_slots_are_one_set() {
+        let (a, b) = (HostWork::default(), HostWork::default());
+        assert!(Arc::ptr_eq(&a.slots, &b.slots));
     }
 }

@@ -473,3 +473,72 @@ fn two_thousand_stalled_connections_leave_the_server_answering() {
     );
     drop(stalled);
 }
+
+/// Finding 15 (own review): a state answered to a client, or arriving from
+/// one, was held in the server's memory outside every budget, so clients
+/// reading slowly over many connections made it hold as many whole
+/// states as they had connections. Now the bodies it holds share one
+/// budget (`max_buffered_mib`): past it a request is 503 at once, other
+/// requests are served, and the budget comes back when the readers go.
+#[test]
+fn states_held_for_slow_readers_stay_within_the_body_budget() {
+    use std::io::{Read, Write};
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    // The least budget allowed for 64 MiB bodies: 2 × 64 + 64 MiB.
+    let server = Server::with_config(
+        &dir.path().join("data"),
+        &format!(
+            "max_body_mib = 64\n[network]\nmax_buffered_mib = 192\n\
+             [backends.b]\nguest = \"local\"\ndir = {store:?}\n"
+        ),
+    );
+    let mut big =
+        br#"{"version":4,"serial":1,"lineage":"l","outputs":{"pad":{"type":"string","value":""#
+            .to_vec();
+    big.resize(40 << 20, b'x');
+    big.extend_from_slice(br#""}},"resources":[]}"#);
+    let url = server.state_url("b", "big");
+    assert_eq!(send("POST", &url, Some(&big)).status, 200);
+    let address = server.url.trim_start_matches("http://").to_string();
+    let path = url.split_once(&address).unwrap().1.to_string();
+    // Four readers that take the first bytes of the answer and no more:
+    // 4 × 40 MiB held of 192.
+    let slow: Vec<std::net::TcpStream> = (0..4)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(&address).unwrap();
+            write!(stream, "GET {path} HTTP/1.1\r\nHost: {address}\r\n\r\n").unwrap();
+            let mut first = [0u8; 12];
+            stream.read_exact(&mut first).unwrap();
+            assert_eq!(&first, b"HTTP/1.1 200");
+            stream
+        })
+        .collect();
+    let refused = send("GET", &url, None);
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(
+        refused.text().contains("max_buffered_mib"),
+        "{}",
+        refused.text()
+    );
+    // Small states are still served beside them.
+    let small = server.state_url("b", "small");
+    assert_eq!(send("POST", &small, Some(&state(1))).status, 200);
+    assert_eq!(send("GET", &small, None).body, state(1));
+    drop(slow);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let read = send("GET", &url, None);
+        if read.status == 200 {
+            assert!(read.body == big, "the state read back differs");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the budget did not come back after the readers left: {} {}",
+            read.status,
+            read.text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

@@ -143,6 +143,9 @@ where
     };
     let status = error.raw_response().map(|r| r.status().as_u16());
     match &error {
+        SdkError::DispatchFailure(_) if text.contains("signing scope") => {
+            Error::Internal(format!("{what}: {text}"))
+        }
         SdkError::DispatchFailure(_) if text.to_ascii_lowercase().contains("denied") => {
             Error::Internal(format!(
                 "{what}: the host refused the request: grant the endpoint with allow_http in the backend's config ({text})"

@@ -99,6 +99,9 @@ pub struct Throttle {
     /// user's backoff does not apply to them, or anyone failing a
     /// user's password from elsewhere would lock the user out.
     known: Mutex<HashMap<UserKey, Instant>>,
+    /// Failures of a user from a group they signed in from: what limits
+    /// guesses there, since the user's own backoff does not.
+    pairs: Table<UserKey>,
 }
 
 /// How long an address group a user signed in from stays exempt from
@@ -129,6 +132,7 @@ impl Default for Throttle {
             addresses: Table::new(),
             users: Table::new(),
             known: Mutex::new(HashMap::new()),
+            pairs: Table::new(),
         }
     }
 }
@@ -140,9 +144,13 @@ impl Throttle {
         let by_address = self
             .addresses
             .wait(&crate::policy::client_group(address), now);
-        let by_user = user
-            .filter(|u| !self.is_known(address, u, now))
-            .and_then(|u| self.users.wait(&user_key(u), now));
+        // From a group the user signed in from, the user's failures from
+        // that group count (cleared only by the user's success), not the
+        // user's failures from everywhere.
+        let by_user = user.and_then(|u| match self.is_known(address, u, now) {
+            true => self.pairs.wait(&known_key(address, u), now),
+            false => self.users.wait(&user_key(u), now),
+        });
         match by_address.max(by_user) {
             Some(wait) => Err(wait),
             None => Ok(()),
@@ -156,6 +164,9 @@ impl Throttle {
             .failed(crate::policy::client_group(address), now);
         if let Some(user) = user {
             self.users.failed(user_key(user), now);
+            if self.is_known(address, user, now) {
+                self.pairs.failed(known_key(address, user), now);
+            }
         }
     }
 
@@ -164,6 +175,7 @@ impl Throttle {
         self.addresses.clear(&crate::policy::client_group(address));
         if let Some(user) = user {
             self.users.clear(&user_key(user));
+            self.pairs.clear(&known_key(address, user));
             let now = Instant::now();
             let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
             if known.len() >= MAX_TRACKED {
@@ -278,6 +290,18 @@ mod tests {
         let stranger: IpAddr = "203.0.113.9".parse().unwrap();
         assert!(t.check(stranger, Some("alice")).is_err());
         assert_eq!(t.check(home, Some("alice")), Ok(()));
+        // Guessing alice's password from her own group is limited by her
+        // failures there, which another user's success does not clear.
+        let t = Throttle::default();
+        t.succeeded(home, Some("alice"));
+        for _ in 0..3 {
+            for _ in 0..=FREE_FAILURES {
+                t.failed(home, Some("alice"));
+            }
+            t.succeeded(home, Some("mallory"));
+        }
+        assert!(t.check(home, Some("alice")).is_err());
+        assert_eq!(t.check(home, Some("mallory")), Ok(()));
         // Its own address failing still blocks it.
         for _ in 0..=FREE_FAILURES {
             t.failed(home, Some("alice"));

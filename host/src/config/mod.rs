@@ -119,6 +119,9 @@ pub struct NetworkConfig {
     pub max_connections_per_address: usize,
     /// How long requests under way may take to finish at shutdown.
     pub shutdown_timeout: Duration,
+    /// Bytes of states the server holds at once while they arrive and
+    /// while clients take them (`None`: [`default_max_buffered`]).
+    pub max_buffered_bytes: Option<u64>,
 }
 
 impl Default for NetworkConfig {
@@ -131,8 +134,23 @@ impl Default for NetworkConfig {
             max_connections: default_max_connections(),
             max_connections_per_address: 64,
             shutdown_timeout: Duration::from_secs(25),
+            max_buffered_bytes: None,
         }
     }
+}
+
+/// Bytes of bodies a server holds at once by default: a quarter of its
+/// memory (physical, or its cgroup's limit), and never less than two of
+/// the largest bodies (one arriving, one answered) plus 64 MiB, so any
+/// accepted state can always be written and read back.
+pub fn default_max_buffered(max_body_bytes: usize) -> u64 {
+    let memory = crate::runtime::system::memory_limit().map_or(4 << 30, |(bytes, _)| bytes);
+    (memory / 4).max(buffered_floor(max_body_bytes))
+}
+
+/// The least `max_buffered_mib` may be: two of the largest bodies plus 64 MiB.
+pub fn buffered_floor(max_body_bytes: usize) -> u64 {
+    2 * max_body_bytes as u64 + (64 << 20)
 }
 
 /// Connections a server holds at once by default: most of its file

@@ -39,6 +39,7 @@ pub(super) struct RawNetwork {
     pub(super) max_connections: Option<u64>,
     pub(super) max_connections_per_address: Option<u64>,
     pub(super) shutdown_timeout_secs: Option<u64>,
+    pub(super) max_buffered_mib: Option<u64>,
 }
 
 #[derive(Deserialize)]

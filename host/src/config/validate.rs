@@ -144,6 +144,17 @@ pub(super) fn validate(
         backends,
     };
     check_granted_dirs(&config, file)?;
+    if let Some(buffered) = config.network.max_buffered_bytes {
+        let floor = super::buffered_floor(config.max_body_bytes);
+        if buffered < floor {
+            return Err(ConfigError(format!(
+                "{file}: network.max_buffered_mib = {} is less than two of the largest bodies plus 64 MiB ({} MiB with max_body_mib = {}); raise it or lower max_body_mib",
+                buffered >> 20,
+                floor.div_ceil(1 << 20),
+                config.max_body_bytes >> 20
+            )));
+        }
+    }
     Ok(config)
 }
 
@@ -283,5 +294,9 @@ pub(super) fn validate_network(raw: RawNetwork, file: &str) -> Result<NetworkCon
             d.shutdown_timeout,
             3600,
         )?,
+        max_buffered_bytes: raw
+            .max_buffered_mib
+            .map(|mib| count("max_buffered_mib", Some(mib), 0).map(|m| (m as u64) << 20))
+            .transpose()?,
     })
 }

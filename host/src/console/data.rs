@@ -358,8 +358,14 @@ pub async fn restore<S: Storage>(
     let storage = storage_of(app, caller, backend, Some(workspace))?;
     caller.may(backend, Some(workspace), Role::Admin)?;
     app.refuse_while_draining()?;
-    let old = version_bytes(storage, backend, workspace, id).await?;
-    let header = crate::statefile::read(&old)
+    let old: std::sync::Arc<[u8]> = version_bytes(storage, backend, workspace, id).await?.into();
+    // Parsing and renumbering a big state is the backend's host work.
+    let work = storage.host_work();
+    let parsing = old.clone();
+    let header = work
+        .run(old.len(), move || crate::statefile::read(&parsing))
+        .await
+        .map_err(|e| ApiError::from_storage(backend, e.into()))?
         .map_err(|e| ApiError::bad_request(format!("version {id}: {e}; nothing was changed")))?;
     if header.kind == crate::statefile::Kind::OpenTofuEncrypted {
         return Err(ApiError::bad_request(
@@ -388,9 +394,14 @@ pub async fn restore<S: Storage>(
                 .await
                 .map_err(|e| target.error(e))?;
             let serial = current.map_or(1, |(_, s)| s + 1);
-            let renumbered = crate::statefile::with_serial(&old, serial).map_err(|e| {
-                ApiError::bad_request(format!("version {id}: {e}; nothing was changed"))
-            })?;
+            let renumbering = old.clone();
+            let renumbered = work
+                .run(old.len(), move || crate::statefile::with_serial(&renumbering, serial))
+                .await
+                .map_err(|e| target.error(e.into()))?
+                .map_err(|e| {
+                    ApiError::bad_request(format!("version {id}: {e}; nothing was changed"))
+                })?;
             // What Terraform could not POST, a restore does not write either.
             if renumbered.len() > max_body {
                 return Err(ApiError::Message(

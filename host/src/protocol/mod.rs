@@ -7,6 +7,7 @@
 //! - `GET /workspaces/{backend}`, `PUT|DELETE /workspaces/{backend}/{workspace}`
 //! - `GET /healthz`, `GET /metrics` (Prometheus)
 
+mod buffers;
 mod caller;
 mod error;
 mod gate;
@@ -16,6 +17,7 @@ mod state;
 mod versions;
 mod workspaces;
 
+pub use buffers::{BodyBudget, Held};
 pub use caller::Caller;
 pub use error::ApiError;
 pub use gate::{Gate, WorkspaceGates};
@@ -64,6 +66,8 @@ pub struct App<S> {
     pub origins: OriginPolicy,
     /// Set when the server is shutting down: no change starts any more.
     pub draining: Arc<AtomicBool>,
+    /// The bodies the server holds at once (states arriving and answered).
+    pub bodies: BodyBudget,
 }
 
 /// The backends whose stale-write guard is off (`allow_force_push`), as
@@ -122,16 +126,31 @@ impl<S> App<S> {
     }
 
     /// Read a request body: at most `max_body_bytes` (413), within
-    /// `body_timeout` (408).
-    pub async fn read_body(&self, body: Body) -> Result<Bytes, ApiError> {
-        self.read_body_up_to(body, self.max_body_bytes).await
+    /// `body_timeout` (408), charged to the server's body budget as it
+    /// arrives (503 past it); the charge is held as long as the [`Held`].
+    pub async fn read_body(&self, body: Body) -> Result<(Bytes, Held), ApiError> {
+        let mut held = Held::default();
+        let bytes = self
+            .read_body_charged(body, self.max_body_bytes, Some(&mut held))
+            .await?;
+        Ok((bytes, held))
     }
 
     /// Read a request body of at most `max` bytes (413), within
-    /// `body_timeout` (408).
+    /// `body_timeout` (408): for small bodies (forms), not charged.
     pub async fn read_body_up_to(&self, body: Body, max: usize) -> Result<Bytes, ApiError> {
+        self.read_body_charged(body, max, None).await
+    }
+
+    async fn read_body_charged(
+        &self,
+        body: Body,
+        max: usize,
+        held: Option<&mut Held>,
+    ) -> Result<Bytes, ApiError> {
         let limited = http_body_util::Limited::new(body, max);
-        match tokio::time::timeout(self.body_timeout, collect(limited, max)).await {
+        let charge = held.map(|held| (&self.bodies, held));
+        match tokio::time::timeout(self.body_timeout, collect(limited, max, charge)).await {
             Err(_) => Err(ApiError::Message(
                 StatusCode::REQUEST_TIMEOUT,
                 format!(
@@ -140,12 +159,15 @@ impl<S> App<S> {
                 ),
             )),
             Ok(Ok(collected)) => Ok(collected),
-            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::Message(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "the body is larger than this server accepts (raise max_body_mib in its config); nothing was written"
-                    .into(),
-            )),
-            Ok(Err(e)) => Err(ApiError::bad_request(format!(
+            Ok(Err(Collect::Refused(e))) => Err(e),
+            Ok(Err(Collect::Body(e))) if e.is::<http_body_util::LengthLimitError>() => {
+                Err(ApiError::Message(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "the body is larger than this server accepts (raise max_body_mib in its config); nothing was written"
+                        .into(),
+                ))
+            }
+            Ok(Err(Collect::Body(e))) => Err(ApiError::bad_request(format!(
                 "could not read the request body: {e}"
             ))),
         }
@@ -166,18 +188,31 @@ impl<S> App<S> {
     }
 }
 
+/// Why a body was not read whole.
+enum Collect {
+    /// The body budget had no room for it.
+    Refused(ApiError),
+    /// Reading it failed (too big, cut off).
+    Body(axum::BoxError),
+}
+
 /// Gather a body into one buffer, sized up front from its length
 /// (`Content-Length`, which Terraform sends) so a big state is held once:
 /// collecting frames and joining them afterwards would hold it twice.
+/// Each frame is charged to `charge`'s budget before it is kept.
 async fn collect(
     mut body: http_body_util::Limited<Body>,
     max: usize,
-) -> Result<Bytes, axum::BoxError> {
+    mut charge: Option<(&BodyBudget, &mut Held)>,
+) -> Result<Bytes, Collect> {
     use http_body_util::BodyExt;
     let hint = usize::try_from(http_body::Body::size_hint(&body).lower()).unwrap_or(max);
     let mut buffer = bytes::BytesMut::with_capacity(hint.min(max));
     while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame?.into_data() {
+        if let Ok(data) = frame.map_err(Collect::Body)?.into_data() {
+            if let Some((budget, held)) = &mut charge {
+                budget.hold(held, data.len()).map_err(Collect::Refused)?;
+            }
             buffer.extend_from_slice(&data);
         }
     }
@@ -312,7 +347,7 @@ async fn version_route<S: Storage>(
     let caller = app.identify(&headers, client).await?;
     let target = app.target(&backend, &workspace)?;
     caller.may(&backend, Some(&workspace), Role::Read)?;
-    versions::read(target, &id).await
+    versions::read(&app.bodies, target, &id).await
 }
 
 async fn list_route<S: Storage>(

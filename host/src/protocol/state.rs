@@ -9,7 +9,7 @@
 //! | UNLOCK      | 200     | 409 + holder on ID mismatch; empty body = force   |
 
 use super::error::ApiError;
-use super::{App, Caller, Target};
+use super::{App, BodyBudget, Caller, Held, Target};
 use crate::auth::Role;
 use crate::backend::{LockInfo, Storage};
 use axum::body::{Body, Bytes};
@@ -61,13 +61,13 @@ async fn dispatch<S: Storage>(
     if method != Method::GET {
         app.refuse_while_draining()?;
     }
-    let body = match method.as_str() {
+    let (body, held) = match method.as_str() {
         "POST" | "PUT" | "LOCK" | "UNLOCK" => {
             // Writers must at least write before the server reads a body.
             caller.may(target.backend, Some(target.workspace), Role::Write)?;
             app.read_body(body).await?
         }
-        _ => Bytes::new(),
+        _ => (Bytes::new(), Held::default()),
     };
     // Force-unlock (UNLOCK without a body) and deletes need admin.
     let force = method.as_str() == "UNLOCK" && body.iter().all(u8::is_ascii_whitespace);
@@ -79,7 +79,7 @@ async fn dispatch<S: Storage>(
     };
     caller.may(target.backend, Some(target.workspace), role)?;
     if method == Method::GET {
-        return read(target).await;
+        return read(&app.bodies, target).await;
     }
     if matches!(method.as_str(), "POST" | "PUT") {
         verify_md5(&headers, &body)?;
@@ -93,6 +93,8 @@ async fn dispatch<S: Storage>(
         backend,
         workspace,
         move |app, backend, workspace| async move {
+            // The body stays charged to the server's budget until the change ends.
+            let _held = held;
             let target = app.target(&backend, &workspace)?;
             let lock_id = lock_id.as_deref();
             match method.as_str() {
@@ -122,12 +124,15 @@ async fn dispatch<S: Storage>(
     .await
 }
 
-async fn read<S: Storage>(target: Target<'_, S>) -> Result<Response, ApiError> {
+async fn read<S: Storage>(
+    bodies: &BodyBudget,
+    target: Target<'_, S>,
+) -> Result<Response, ApiError> {
     match target.storage.read(target.workspace).await {
         Ok(Some(state)) => Ok((
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
-            state,
+            bodies.answer(state.into())?,
         )
             .into_response()),
         Ok(None) => Err(ApiError::not_found(format!(

@@ -20,7 +20,11 @@ pub async fn list<S: Storage>(target: Target<'_, S>) -> Result<Response, ApiErro
 }
 
 /// `GET …/versions/{id}`: that version's state, 404 when it is not kept.
-pub async fn read<S: Storage>(target: Target<'_, S>, id: &str) -> Result<Response, ApiError> {
+pub async fn read<S: Storage>(
+    bodies: &super::BodyBudget,
+    target: Target<'_, S>,
+    id: &str,
+) -> Result<Response, ApiError> {
     match target
         .storage
         .read_version(target.workspace, id)
@@ -30,7 +34,7 @@ pub async fn read<S: Storage>(target: Target<'_, S>, id: &str) -> Result<Respons
         Some(state) => Ok((
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
-            state,
+            bodies.answer(state.into())?,
         )
             .into_response()),
         None => Err(ApiError::not_found(format!(

@@ -148,7 +148,12 @@ impl AwsSigner {
         mut request: http::Request<bytes::Bytes>,
         work: &crate::work::HostWork,
     ) -> Result<http::Request<bytes::Bytes>, String> {
-        let service = self.scope.check(&request)?;
+        // "denied" tells the guest's SDK error apart from network trouble:
+        // a refusal is final, not worth retrying.
+        let service = self
+            .scope
+            .check(&request)
+            .map_err(|why| format!("denied by the host's signing scope: {why}"))?;
         let credentials = self.credentials().await?;
         let region = self.region.clone();
         let signing = work.run(request.body().len(), move || {

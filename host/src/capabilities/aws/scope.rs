@@ -75,6 +75,9 @@ pub struct SigningScope {
     /// its lock file and everything under `<prefix>/`.
     key: Option<String>,
     workspace_prefix: String,
+    /// `use_path_style`: the bucket is the path's first segment, whatever
+    /// the host name.
+    path_style: bool,
     /// `dynamodb_table`: the only table signed for.
     table: Option<String>,
     /// The endpoint named for DynamoDB (`endpoints.dynamodb`).
@@ -94,6 +97,7 @@ impl SigningScope {
             bucket: get("bucket"),
             key: get("key"),
             workspace_prefix: get("workspace_key_prefix").unwrap_or_else(|| "env:".into()),
+            path_style: get("use_path_style").is_some_and(|v| v.trim() == "true"),
             table: get("dynamodb_table"),
             dynamodb_origin: get("endpoints.dynamodb")
                 .or_else(|| get("dynamodb_endpoint"))
@@ -181,10 +185,13 @@ impl SigningScope {
         }
         let host = request.uri().host().unwrap_or_default();
         let path = percent_decode(request.uri().path());
-        let (asked_bucket, key) = if host.starts_with(&format!("{bucket}.")) {
-            (bucket.as_str(), path.trim_start_matches('/'))
+        // Path-style when the configuration says so (an endpoint whose
+        // own name starts with the bucket's must not pass for
+        // virtual-hosted); exactly one leading `/` is not part of the key.
+        let rest = path.strip_prefix('/').unwrap_or(&path);
+        let (asked_bucket, key) = if !self.path_style && host.starts_with(&format!("{bucket}.")) {
+            (bucket.as_str(), rest)
         } else {
-            let rest = path.trim_start_matches('/');
             rest.split_once('/').unwrap_or((rest, ""))
         };
         if asked_bucket != bucket {
@@ -193,10 +200,11 @@ impl SigningScope {
             ));
         }
         if key.is_empty() {
-            // The bucket itself: listings and HeadBucket, never creating,
-            // deleting or configuring it.
+            // The bucket itself: listings of the backend's own states and
+            // HeadBucket, never creating, deleting or configuring it.
             return match request.method().as_str() {
-                "GET" | "HEAD" => Ok(()),
+                "HEAD" => Ok(()),
+                "GET" => self.check_listing(request.uri().query().unwrap_or("")),
                 m => Err(format!(
                     "S3 {m} on the bucket itself is not a state store's call"
                 )),
@@ -206,6 +214,39 @@ impl SigningScope {
             return Ok(());
         }
         Err(format!("key {key:?} is outside the backend's state layout"))
+    }
+
+    /// A listing (a GET of the bucket)'s `prefix` must stay within the backend's states: the
+    /// workspaces' prefix for objects (the whole bucket when it is
+    /// empty), one of its keys for unfinished uploads.
+    fn check_listing(&self, query: &str) -> Result<(), String> {
+        if self.key.is_none() {
+            return Ok(());
+        }
+        let params: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
+            .into_owned()
+            .collect();
+        let has = |name: &str| params.iter().any(|(k, _)| k == name);
+        let prefix = params
+            .iter()
+            .find(|(k, _)| k == "prefix")
+            .map_or("", |(_, v)| v.as_str());
+        // Any other GET of the bucket lists its objects (ListObjects v1
+        // without a query): within the workspaces' prefix.
+        let allowed = if has("uploads") {
+            self.key_allowed(prefix)
+        } else {
+            match self.workspace_prefix.as_str() {
+                "" => true,
+                ws => prefix.strip_prefix(ws).is_some_and(|r| r.starts_with('/')),
+            }
+        };
+        match allowed {
+            true => Ok(()),
+            false => Err(format!(
+                "an S3 listing with prefix {prefix:?} reaches beyond the backend's states"
+            )),
+        }
     }
 
     /// A state key of this backend or its lock file (every key, when the
@@ -287,9 +328,20 @@ impl SigningScope {
                 named.table
             ));
         }
-        let Some(LockId { lock_id }) = named.key.or(named.item) else {
-            return Err(format!("DynamoDB {call} names no LockID"));
+        // PutItem writes its Item; the others act on their Key. The field
+        // the call does not use must be absent, or it would be the one
+        // checked while the other is acted on.
+        let named_id = match (call, named.key, named.item) {
+            ("PutItem", None, Some(item)) => item,
+            ("GetItem" | "UpdateItem" | "DeleteItem", Some(key), None) => key,
+            _ => {
+                return Err(format!(
+                    "DynamoDB {call} must name its LockID in {} alone",
+                    if call == "PutItem" { "Item" } else { "Key" }
+                ));
+            }
         };
+        let LockId { lock_id } = named_id;
         let bucket = self.bucket.as_deref().unwrap_or_default();
         if !self.lock_id_allowed(bucket, &lock_id.s) {
             return Err(format!(
@@ -449,6 +501,66 @@ mod tests {
                 r.headers()
             );
         }
+        // Listings beyond the backend's states; a PutItem whose Key is the
+        // backend's but whose Item (what is written) is another's; a key
+        // with a second leading slash.
+        let put_other = request(
+            "POST",
+            "http://127.0.0.1:5000/",
+            &[("x-amz-target", "DynamoDB_20120810.PutItem")],
+            r#"{"TableName":"locks","Key":{"LockID":{"S":"states/app/terraform.tfstate"}},"Item":{"LockID":{"S":"states/other/terraform.tfstate-md5"}}}"#,
+        );
+        for r in [
+            request("GET", "http://127.0.0.1:5000/states?list-type=2", &[], ""),
+            request(
+                "GET",
+                "http://127.0.0.1:5000/states?list-type=2&prefix=other%2F",
+                &[],
+                "",
+            ),
+            request("GET", "http://127.0.0.1:5000/states", &[], ""),
+            request(
+                "GET",
+                "http://127.0.0.1:5000/states?uploads&prefix=other",
+                &[],
+                "",
+            ),
+            request(
+                "GET",
+                "https://states.s3.us-east-1.amazonaws.com//app/terraform.tfstate",
+                &[],
+                "",
+            ),
+            put_other,
+        ] {
+            assert!(
+                s.check(&r).is_err(),
+                "{} {} was signed",
+                r.method(),
+                r.uri()
+            );
+        }
+        assert!(
+            s.check(&request(
+                "GET",
+                "http://127.0.0.1:5000/states?uploads&prefix=app%2Fterraform.tfstate",
+                &[],
+                ""
+            ))
+            .is_ok()
+        );
+        // An endpoint named like the bucket, path-style: the bucket is the
+        // path's first segment.
+        let minio = SigningScope::from_config(&[
+            ("bucket".into(), "tfstate".into()),
+            ("key".into(), "terraform.tfstate".into()),
+            ("workspace_key_prefix".into(), "".into()),
+            ("use_path_style".into(), "true".into()),
+        ]);
+        let get = |uri: &str| minio.check(&request("GET", uri, &[], ""));
+        assert!(get("https://tfstate.minio.example/victim/terraform.tfstate").is_err());
+        assert!(get("https://tfstate.minio.example/tfstate/terraform.tfstate").is_ok());
+
         // No workspace prefix: `<workspace>/<key>`.
         let bare = SigningScope::from_config(&[
             ("bucket".into(), "states".into()),

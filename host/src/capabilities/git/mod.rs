@@ -56,7 +56,8 @@ pub use wasmstate_types::git::{FileChange, FileVersion, RemoteRef};
 
 /// The host side of the git capability: owns the clones directory and the
 /// per-repository locks. One per process is enough; it is `Sync`. Its locks only
-/// cover this process, so do not share `clones_dir` between processes.
+/// cover this process, so it claims `clones_dir` for itself (a second
+/// process given the same directory uses `clones_dir/replicas/N`).
 ///
 /// Work done for a guest is bounded like the guest: a call waits for its
 /// repository's lock and talks to the remote only until the request's
@@ -71,6 +72,8 @@ pub struct GitHost {
     max_file_bytes: u64,
     /// One lock (holding the opened clone, reused across calls) per normalised URL.
     repos: Mutex<HashMap<String, Arc<parking_lot::Mutex<Slot>>>>,
+    /// Holds `clones_dir` for this process alone.
+    _owner: Option<std::fs::File>,
 }
 
 /// What one backend's guest may do with git: the host's clones and the
@@ -114,8 +117,10 @@ impl GitHost {
     /// `wasmstate <wasmstate@localhost>`. Also sets libgit2's network timeouts (once per process).
     pub fn new(clones_dir: PathBuf) -> Self {
         set_network_timeouts();
+        let (clones_dir, owner) = claim_clones_dir(&clones_dir);
         GitHost {
             clones_dir,
+            _owner: owner,
             identity: ("wasmstate".into(), "wasmstate@localhost".into()),
             max_clone_bytes: DEFAULT_MAX_CLONE_BYTES,
             max_file_bytes: DEFAULT_MAX_FILE_BYTES,

@@ -303,7 +303,9 @@ impl RepoHandle<'_> {
         // was fetched): refused. Walking the graph otherwise fails only on
         // a clone missing objects: a damaged cache, so retryable, and the
         // clone is fetched afresh (a refusal would be final, and repeated).
-        let known = repo.odb().is_ok_and(|odb| odb.exists(old));
+        // Only a commit: a tree or blob id the clone holds would fail the
+        // walk below and pass for damage.
+        let known = repo.find_commit(old).is_ok();
         let descends = known
             && repo.graph_descendant_of(new, old).map_err(|e| {
                 damaged.set(true);

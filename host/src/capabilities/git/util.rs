@@ -22,6 +22,34 @@ pub(super) fn dir_size(dir: &Path) -> u64 {
         .sum()
 }
 
+/// The clones directory this process may own: `dir`, or when another
+/// process holds it (replicas sharing a data directory), the first free
+/// `dir/replicas/N`. Held by an exclusive `flock` on `.owner` in it for
+/// the life of the returned file: clones are only safe (and stale lock
+/// files only safe to remove) when one process uses them.
+pub(super) fn claim_clones_dir(dir: &Path) -> (PathBuf, Option<std::fs::File>) {
+    use rustix::fs::{FlockOperation, flock};
+    let candidates = std::iter::once(dir.to_path_buf())
+        .chain((1..=64).map(|n| dir.join("replicas").join(n.to_string())));
+    for candidate in candidates {
+        let owned = std::fs::create_dir_all(&candidate).and_then(|()| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(candidate.join(".owner"))
+        });
+        let Ok(file) = owned else {
+            // Cannot even create it: later calls report the directory.
+            return (dir.to_path_buf(), None);
+        };
+        if flock(&file, FlockOperation::NonBlockingLockExclusive).is_ok() {
+            return (candidate, Some(file));
+        }
+    }
+    (dir.to_path_buf(), None)
+}
+
 /// Remove every `*.lock` file under `dir`, returning how many there were.
 /// libgit2 takes a ref or the index by creating `<file>.lock` and renaming
 /// it into place; a host killed in between leaves the lock behind and every

@@ -93,12 +93,7 @@ fn lock_files_a_stopped_host_left_in_a_clone_are_removed() {
         let host = GitHost::new(clones.clone());
         fetch_one(&host.repo(&g, &url).unwrap(), MAIN);
     }
-    let clone = std::fs::read_dir(&clones)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let clone = the_clone(&clones);
     let tracking = clone.join(tracking_ref(MAIN));
     assert!(
         tracking.is_file(),
@@ -155,12 +150,7 @@ fn a_push_over_a_clone_missing_history_is_retryable_and_heals() {
             "third",
         )
         .unwrap();
-    let clone = std::fs::read_dir(&clones)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let clone = the_clone(&clones);
     let object = clone.join("objects").join(&second[..2]).join(&second[2..]);
     std::fs::remove_file(&object).unwrap();
     let pushed = h.push(MAIN, &third, Some(&first));
@@ -180,4 +170,44 @@ fn a_push_over_a_clone_missing_history_is_retryable_and_heals() {
         .unwrap();
     h.push(MAIN, &commit, Some(&tip)).unwrap();
     assert_eq!(r.rev(MAIN), Some(commit));
+}
+
+/// The one clone under `clones`.
+fn the_clone(clones: &Path) -> PathBuf {
+    std::fs::read_dir(clones)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "git"))
+        .expect("a clone")
+}
+
+/// Two processes given one clones directory (replicas sharing a data
+/// directory) would share clones, and one would remove the lock files the
+/// other holds. The second claims a directory of its own.
+#[test]
+fn a_second_host_on_the_same_clones_directory_uses_its_own() {
+    let r = Remote::new();
+    let clones = r.tmp.path().join("clones");
+    let url = r.bare.to_str().unwrap().to_owned();
+    let g = grants(&url);
+    let first = GitHost::new(clones.clone());
+    fetch_one(&first.repo(&g, &url).unwrap(), MAIN);
+    let mine = the_clone(&clones);
+    // A lock the first host holds right now.
+    let held = mine.join("refs").join("heads").join("held.lock");
+    std::fs::create_dir_all(held.parent().unwrap()).unwrap();
+    std::fs::write(&held, "").unwrap();
+    let second = GitHost::new(clones.clone());
+    fetch_one(&second.repo(&g, &url).unwrap(), MAIN);
+    assert!(
+        held.exists(),
+        "the second host removed the first's lock file"
+    );
+    assert!(the_clone(&clones.join("replicas").join("1")).is_dir());
+    // Once the first is gone, a new host takes the directory back.
+    drop(first);
+    drop(second);
+    let third = GitHost::new(clones.clone());
+    fetch_one(&third.repo(&g, &url).unwrap(), MAIN);
+    assert!(!held.exists(), "a stale lock file stayed");
 }
