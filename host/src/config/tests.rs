@@ -355,14 +355,19 @@ fn an_aws_guests_credential_settings_stay_with_the_host() {
 
 #[test]
 fn a_body_budget_below_two_largest_bodies_is_refused() {
-    let msg = parse("max_body_mib = 64\n[network]\nmax_buffered_mib = 191\n[backends.a]\nguest = \"local\"\n")
-        .unwrap_err()
-        .to_string();
+    let msg = parse(
+        "max_body_mib = 64\n[network]\nmax_buffered_mib = 191\n[backends.a]\nguest = \"local\"\n",
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
         msg.contains("network.max_buffered_mib") && msg.contains("192 MiB"),
         "{msg}"
     );
-    let config = parse("max_body_mib = 64\n[network]\nmax_buffered_mib = 192\n[backends.a]\nguest = \"local\"\n").unwrap();
+    let config = parse(
+        "max_body_mib = 64\n[network]\nmax_buffered_mib = 192\n[backends.a]\nguest = \"local\"\n",
+    )
+    .unwrap();
     assert_eq!(config.network.max_buffered_bytes, Some(192 << 20));
     assert!(crate::config::default_max_buffered(512 << 20) >= (1088 << 20));
 }

@@ -423,15 +423,11 @@ fn chaos_git_on_git_daemon() {
 /// credentials only the hosts hold) behind the fault proxy: fetches and
 /// pushes that fail, are throttled, or are applied and their answer lost.
 ///
-/// Not in the default run yet (issue 26, open): under a busy machine about
-/// one run in five leaves a host whose GETs of a workspace fail (500) for
-/// over a minute after the faults stop, while its LOCKs succeed. Two causes
-/// it found are fixed (a clone left without objects by a cut-off fetch; a
-/// clone whose creation a kill cut off); the third is not found yet. Run it
-/// with `cargo test --release -- --ignored chaos_git_over_http --nocapture`:
-/// a stuck workspace's report says what the host answers now.
+/// It found three ways a host got stuck on a workspace after the faults
+/// stopped, each fixed: a clone left without objects by a cut-off fetch,
+/// a clone whose creation a kill cut off, and ref lock files a killed host
+/// left in its clone (every fetch then failed as "locked").
 #[test]
-#[ignore = "finds a host stuck on git over HTTP about one run in five under load (issue 26, open)"]
 fn chaos_git_over_http_behind_a_fault_proxy() {
     let dir = tempdir();
     let web = GitHttp::start(dir.path(), "ci", "s3cret");
