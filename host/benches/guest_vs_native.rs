@@ -65,7 +65,7 @@ fn single_backend_app<S: Storage>(storage: S) -> axum::Router {
         body_timeout: Duration::from_secs(120),
         origins: Default::default(),
         draining: Default::default(),
-        bodies: wasmstate::protocol::BodyBudget::new(1 << 30),
+        bodies: wasmstate::protocol::BodyBudget::new(1 << 30, 0),
     })
 }
 

@@ -485,11 +485,12 @@ fn states_held_for_slow_readers_stay_within_the_body_budget() {
     use std::io::{Read, Write};
     let dir = tempdir();
     let store = dir.path().join("store");
-    // The least budget allowed for 64 MiB bodies: 2 × 64 + 64 MiB.
+    // 320 MiB, of which answers leave one largest body plus 64 MiB (128)
+    // free for writes: 192 MiB for answers.
     let server = Server::with_config(
         &dir.path().join("data"),
         &format!(
-            "max_body_mib = 64\n[network]\nmax_buffered_mib = 192\n\
+            "max_body_mib = 64\n[network]\nmax_buffered_mib = 320\n\
              [backends.b]\nguest = \"local\"\ndir = {store:?}\n"
         ),
     );
@@ -503,7 +504,7 @@ fn states_held_for_slow_readers_stay_within_the_body_budget() {
     let address = server.url.trim_start_matches("http://").to_string();
     let path = url.split_once(&address).unwrap().1.to_string();
     // Four readers that take the first bytes of the answer and no more:
-    // 4 × 40 MiB held of 192.
+    // 4 × 40 MiB held of the 192 answers may take.
     let slow: Vec<std::net::TcpStream> = (0..4)
         .map(|_| {
             let mut stream = std::net::TcpStream::connect(&address).unwrap();
@@ -521,7 +522,13 @@ fn states_held_for_slow_readers_stay_within_the_body_budget() {
         "{}",
         refused.text()
     );
-    // Small states are still served beside them.
+    // Writes still go in beside them (the reserve), locks included, and
+    // small states are still read.
+    let other = server.state_url("b", "other");
+    assert_eq!(send("LOCK", &other, Some(br#"{"ID":"l1"}"#)).status, 200);
+    let written = send("POST", &format!("{other}?ID=l1"), Some(&big));
+    assert_eq!(written.status, 200, "{}", written.text());
+    assert_eq!(send("UNLOCK", &other, Some(br#"{"ID":"l1"}"#)).status, 200);
     let small = server.state_url("b", "small");
     assert_eq!(send("POST", &small, Some(&state(1))).status, 200);
     assert_eq!(send("GET", &small, None).body, state(1));

@@ -174,9 +174,14 @@ impl Throttle {
     pub fn succeeded(&self, address: IpAddr, user: Option<&str>) {
         self.addresses.clear(&crate::policy::client_group(address));
         if let Some(user) = user {
-            self.users.clear(&user_key(user));
-            self.pairs.clear(&known_key(address, user));
             let now = Instant::now();
+            // A success from a group exempt from the user's backoff does
+            // not clear it: the user signing in at home would otherwise
+            // reset what guessing from everywhere else has earned.
+            if !self.is_known(address, user, now) {
+                self.users.clear(&user_key(user));
+            }
+            self.pairs.clear(&known_key(address, user));
             let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
             if known.len() >= MAX_TRACKED {
                 known.retain(|_, at| now.duration_since(*at) < KNOWN_FOR);
@@ -302,6 +307,15 @@ mod tests {
         }
         assert!(t.check(home, Some("alice")).is_err());
         assert_eq!(t.check(home, Some("mallory")), Ok(()));
+        // Her signing in at home does not clear what guessing from
+        // elsewhere earned.
+        let t = Throttle::default();
+        t.succeeded(home, Some("alice"));
+        for i in 0..=FREE_FAILURES {
+            t.failed(format!("198.51.100.{i}").parse().unwrap(), Some("alice"));
+        }
+        t.succeeded(home, Some("alice"));
+        assert!(t.check(stranger, Some("alice")).is_err());
         // Its own address failing still blocks it.
         for _ in 0..=FREE_FAILURES {
             t.failed(home, Some("alice"));

@@ -29,19 +29,29 @@ const SLICE: usize = 1 << 20;
 pub struct BodyBudget {
     units: Arc<Semaphore>,
     limit: u64,
+    /// Units answers leave free, so one arriving body of the largest size
+    /// always fits: readers cannot hold the budget against every write.
+    reserve: usize,
 }
 
 /// Part of the budget, held until dropped.
 #[derive(Debug, Default)]
 pub struct Held(Option<OwnedSemaphorePermit>);
 
+impl Held {
+    fn units(&self) -> u64 {
+        self.0.as_ref().map_or(0, |p| p.num_permits() as u64)
+    }
+}
+
 impl BodyBudget {
-    /// A budget of `limit` bytes.
-    pub fn new(limit: u64) -> Self {
+    /// A budget of `limit` bytes, of which answers leave `reserve` free.
+    pub fn new(limit: u64, reserve: u64) -> Self {
         let units = (limit / UNIT).clamp(1, Semaphore::MAX_PERMITS as u64) as usize;
         BodyBudget {
             units: Arc::new(Semaphore::new(units)),
             limit,
+            reserve: (reserve.div_ceil(UNIT) as usize).min(units),
         }
     }
 
@@ -56,24 +66,18 @@ impl BodyBudget {
         total.saturating_sub(self.units.available_permits() as u64) * UNIT
     }
 
-    /// Add `bytes` to what `held` holds, or 503 when the budget has no room.
-    pub fn hold(&self, held: &mut Held, bytes: usize) -> Result<(), ApiError> {
-        let units = (bytes as u64).div_ceil(UNIT);
-        let permit = u32::try_from(units)
+    /// Make `held` cover `bytes` in all (it only grows), or 503 when the
+    /// budget has no room. Charging the running total, not each piece
+    /// rounded up, keeps many small frames from costing a unit each.
+    pub fn hold_total(&self, held: &mut Held, bytes: usize) -> Result<(), ApiError> {
+        let more = (bytes as u64).div_ceil(UNIT).saturating_sub(held.units());
+        if more == 0 {
+            return Ok(());
+        }
+        let permit = u32::try_from(more)
             .ok()
             .and_then(|n| self.units.clone().try_acquire_many_owned(n).ok())
-            .ok_or_else(|| {
-                ApiError::RetryAfter(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    2,
-                    format!(
-                        "the server already holds {} MiB of states being sent and received \
-                         (max_buffered_mib = {}); retry shortly",
-                        self.in_use() >> 20,
-                        self.limit >> 20
-                    ),
-                )
-            })?;
+            .ok_or_else(|| self.full())?;
         match &mut held.0 {
             Some(all) => all.merge(permit),
             none => *none = Some(permit),
@@ -81,23 +85,63 @@ impl BodyBudget {
         Ok(())
     }
 
-    /// An answer of `bytes`, charged to the budget until the client has
-    /// taken it (or gone away).
-    pub fn answer(&self, bytes: Bytes) -> Result<Body, ApiError> {
-        let mut held = Held::default();
-        self.hold(&mut held, bytes.len())?;
-        Ok(Body::new(ChargedBody { rest: bytes, held }))
+    /// An answer of `state`, charged (its whole allocation) until the
+    /// last slice of it is freed, i.e. until the connection has written
+    /// it or dropped it. Answers leave the reserve free.
+    pub fn answer(&self, mut state: Vec<u8>) -> Result<Body, ApiError> {
+        // A state gathered in growing chunks may have twice its length
+        // allocated; give the rest back (a large shrink is a remap, not a
+        // copy) so the charge is what it holds.
+        state.shrink_to_fit();
+        let units = (state.capacity() as u64).div_ceil(UNIT);
+        let fits = (self.units.available_permits() as u64) >= units + self.reserve as u64;
+        let permit = u32::try_from(units)
+            .ok()
+            .filter(|_| fits)
+            .and_then(|n| self.units.clone().try_acquire_many_owned(n).ok())
+            .ok_or_else(|| self.full())?;
+        let owned = Owned {
+            state,
+            _held: Held(Some(permit)),
+        };
+        Ok(Body::new(Slices {
+            rest: Bytes::from_owner(owned),
+        }))
+    }
+
+    fn full(&self) -> ApiError {
+        ApiError::RetryAfter(
+            StatusCode::SERVICE_UNAVAILABLE,
+            2,
+            format!(
+                "the server already holds {} MiB of states being sent and received \
+                 (max_buffered_mib = {}); retry shortly",
+                self.in_use() >> 20,
+                self.limit >> 20
+            ),
+        )
     }
 }
 
-/// A body handed out a slice at a time, holding its charge until dropped.
-struct ChargedBody {
-    rest: Bytes,
-    #[allow(dead_code)] // Held for its drop.
-    held: Held,
+/// A state's bytes with their charge: every slice of it shares this
+/// owner, so the charge is given back when the last slice is freed.
+struct Owned {
+    state: Vec<u8>,
+    _held: Held,
 }
 
-impl http_body::Body for ChargedBody {
+impl AsRef<[u8]> for Owned {
+    fn as_ref(&self) -> &[u8] {
+        &self.state
+    }
+}
+
+/// A body handed out a slice at a time.
+struct Slices {
+    rest: Bytes,
+}
+
+impl http_body::Body for Slices {
     type Data = Bytes;
     type Error = std::convert::Infallible;
 
@@ -106,7 +150,6 @@ impl http_body::Body for ChargedBody {
         _: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         if self.rest.is_empty() {
-            self.held = Held::default();
             return Poll::Ready(None);
         }
         let n = self.rest.len().min(SLICE);
@@ -129,29 +172,53 @@ mod tests {
     use http_body_util::BodyExt;
 
     #[tokio::test]
-    async fn an_answer_holds_its_bytes_until_taken_and_the_budget_refuses_past_it() {
-        let budget = BodyBudget::new(4 << 20);
-        let first = budget.answer(Bytes::from(vec![7u8; 3 << 20])).unwrap();
+    async fn an_answer_is_charged_until_its_last_slice_is_freed() {
+        let budget = BodyBudget::new(4 << 20, 0);
+        let mut body = budget.answer(vec![7u8; 3 << 20]).unwrap();
         assert_eq!(budget.in_use(), 3 << 20);
-        let refused = budget.answer(Bytes::from(vec![7u8; 2 << 20]));
         assert!(matches!(
-            refused,
+            budget.answer(vec![7u8; 2 << 20]),
             Err(ApiError::RetryAfter(StatusCode::SERVICE_UNAVAILABLE, ..))
         ));
-        let taken = first.collect().await.unwrap().to_bytes();
-        assert_eq!(taken.len(), 3 << 20);
+        // As hyper does: take the frames, drop the body at its end, keep
+        // the last frame until it is written.
+        let mut last = None;
+        while let Some(frame) = body.frame().await {
+            last = Some(frame.unwrap().into_data().unwrap());
+        }
+        drop(body);
+        assert_eq!(
+            budget.in_use(),
+            3 << 20,
+            "released before the last slice was written"
+        );
+        drop(last);
         assert_eq!(budget.in_use(), 0);
-        drop(budget.answer(Bytes::from(vec![7u8; 2 << 20])).unwrap());
+        drop(budget.answer(vec![7u8; 2 << 20]).unwrap());
     }
 
     #[test]
-    fn holds_add_up_and_are_given_back_when_dropped() {
-        let budget = BodyBudget::new(1 << 20);
+    fn answers_leave_the_reserve_for_arriving_bodies() {
+        let budget = BodyBudget::new(8 << 20, 4 << 20);
+        let answer = budget.answer(vec![0u8; 4 << 20]).unwrap();
+        assert!(budget.answer(vec![0u8; 1 << 10]).is_err());
+        let mut arriving = Held::default();
+        budget.hold_total(&mut arriving, 4 << 20).unwrap();
+        drop((answer, arriving));
+        assert_eq!(budget.in_use(), 0);
+    }
+
+    #[test]
+    fn small_pieces_are_charged_by_their_total() {
+        let budget = BodyBudget::new(4 << 20, 0);
         let mut held = Held::default();
-        budget.hold(&mut held, 300 << 10).unwrap();
-        budget.hold(&mut held, 300 << 10).unwrap();
-        assert_eq!(budget.in_use(), 600 << 10);
-        assert!(budget.hold(&mut Held::default(), 500 << 10).is_err());
+        let mut total = 0;
+        for _ in 0..30_000 {
+            total += 100;
+            budget.hold_total(&mut held, total).unwrap();
+        }
+        assert_eq!(budget.in_use(), (3_000_000u64).div_ceil(UNIT) * UNIT);
+        assert!(budget.hold_total(&mut Held::default(), 2 << 20).is_err());
         drop(held);
         assert_eq!(budget.in_use(), 0);
     }

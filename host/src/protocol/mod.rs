@@ -207,13 +207,19 @@ async fn collect(
 ) -> Result<Bytes, Collect> {
     use http_body_util::BodyExt;
     let hint = usize::try_from(http_body::Body::size_hint(&body).lower()).unwrap_or(max);
+    // What the buffer takes is charged before it is taken: its capacity
+    // up front (from Content-Length), then as it grows.
+    let mut charge_capacity = |capacity: usize| match &mut charge {
+        Some((budget, held)) => budget.hold_total(held, capacity).map_err(Collect::Refused),
+        None => Ok(()),
+    };
+    charge_capacity(hint.min(max))?;
     let mut buffer = bytes::BytesMut::with_capacity(hint.min(max));
     while let Some(frame) = body.frame().await {
         if let Ok(data) = frame.map_err(Collect::Body)?.into_data() {
-            if let Some((budget, held)) = &mut charge {
-                budget.hold(held, data.len()).map_err(Collect::Refused)?;
-            }
+            charge_capacity(buffer.len() + data.len())?;
             buffer.extend_from_slice(&data);
+            charge_capacity(buffer.capacity())?;
         }
     }
     Ok(buffer.freeze())

@@ -65,7 +65,15 @@ async fn dispatch<S: Storage>(
         "POST" | "PUT" | "LOCK" | "UNLOCK" => {
             // Writers must at least write before the server reads a body.
             caller.may(target.backend, Some(target.workspace), Role::Write)?;
-            app.read_body(body).await?
+            match method.as_str() {
+                // A lock's details are small, and never wait on the body
+                // budget: readers filling it must not strand a lock.
+                "LOCK" | "UNLOCK" => (
+                    app.read_body_up_to(body, LOCK_BODY_BYTES).await?,
+                    Held::default(),
+                ),
+                _ => app.read_body(body).await?,
+            }
         }
         _ => (Bytes::new(), Held::default()),
     };
@@ -124,6 +132,10 @@ async fn dispatch<S: Storage>(
     .await
 }
 
+/// The largest LOCK or UNLOCK body (Terraform's lock details are a few
+/// hundred bytes; the lock fields a guest keeps are cut to 4 KiB).
+const LOCK_BODY_BYTES: usize = 1 << 20;
+
 async fn read<S: Storage>(
     bodies: &BodyBudget,
     target: Target<'_, S>,
@@ -132,7 +144,7 @@ async fn read<S: Storage>(
         Ok(Some(state)) => Ok((
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
-            bodies.answer(state.into())?,
+            bodies.answer(state)?,
         )
             .into_response()),
         Ok(None) => Err(ApiError::not_found(format!(

@@ -34,7 +34,7 @@ pub async fn read<S: Storage>(
         Some(state) => Ok((
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
-            bodies.answer(state.into())?,
+            bodies.answer(state)?,
         )
             .into_response()),
         None => Err(ApiError::not_found(format!(

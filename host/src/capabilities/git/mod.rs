@@ -72,8 +72,9 @@ pub struct GitHost {
     max_file_bytes: u64,
     /// One lock (holding the opened clone, reused across calls) per normalised URL.
     repos: Mutex<HashMap<String, Arc<parking_lot::Mutex<Slot>>>>,
-    /// Holds `clones_dir` for this process alone.
-    _owner: Option<std::fs::File>,
+    /// Holds `clones_dir` for this process alone; why not, when it cannot
+    /// (every git call then fails saying so).
+    owner: Result<std::fs::File, String>,
 }
 
 /// What one backend's guest may do with git: the host's clones and the
@@ -117,10 +118,13 @@ impl GitHost {
     /// `wasmstate <wasmstate@localhost>`. Also sets libgit2's network timeouts (once per process).
     pub fn new(clones_dir: PathBuf) -> Self {
         set_network_timeouts();
-        let (clones_dir, owner) = claim_clones_dir(&clones_dir);
+        let (clones_dir, owner) = match claim_clones_dir(&clones_dir) {
+            Ok((dir, file)) => (dir, Ok(file)),
+            Err(why) => (clones_dir, Err(why)),
+        };
         GitHost {
             clones_dir,
-            _owner: owner,
+            owner,
             identity: ("wasmstate".into(), "wasmstate@localhost".into()),
             max_clone_bytes: DEFAULT_MAX_CLONE_BYTES,
             max_file_bytes: DEFAULT_MAX_FILE_BYTES,
@@ -155,6 +159,11 @@ impl GitHost {
                 redact(&url)
             ))
         })?;
+        if let Err(why) = &self.owner {
+            return Err(GitError::Internal(format!(
+                "the host keeps no git clones: {why}"
+            )));
+        }
         let clone_key = clone_key(&url, grant);
         let slot = lock(&self.repos)
             .entry(clone_key.clone())

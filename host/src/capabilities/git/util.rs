@@ -22,32 +22,42 @@ pub(super) fn dir_size(dir: &Path) -> u64 {
         .sum()
 }
 
-/// The clones directory this process may own: `dir`, or when another
+/// The clones directory this process owns: `dir`, or when another
 /// process holds it (replicas sharing a data directory), the first free
 /// `dir/replicas/N`. Held by an exclusive `flock` on `.owner` in it for
 /// the life of the returned file: clones are only safe (and stale lock
-/// files only safe to remove) when one process uses them.
-pub(super) fn claim_clones_dir(dir: &Path) -> (PathBuf, Option<std::fs::File>) {
+/// files only safe to remove) when one process uses them. Only "held by
+/// another" moves on to the next; a filesystem without working locks is
+/// an error, never a directory shared unowned.
+pub(super) fn claim_clones_dir(dir: &Path) -> Result<(PathBuf, std::fs::File), String> {
     use rustix::fs::{FlockOperation, flock};
     let candidates = std::iter::once(dir.to_path_buf())
         .chain((1..=64).map(|n| dir.join("replicas").join(n.to_string())));
     for candidate in candidates {
-        let owned = std::fs::create_dir_all(&candidate).and_then(|()| {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(candidate.join(".owner"))
-        });
-        let Ok(file) = owned else {
-            // Cannot even create it: later calls report the directory.
-            return (dir.to_path_buf(), None);
-        };
-        if flock(&file, FlockOperation::NonBlockingLockExclusive).is_ok() {
-            return (candidate, Some(file));
+        let file = std::fs::create_dir_all(&candidate)
+            .and_then(|()| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(candidate.join(".owner"))
+            })
+            .map_err(|e| format!("cannot create {}: {e}", candidate.display()))?;
+        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok((candidate, file)),
+            Err(rustix::io::Errno::WOULDBLOCK) => continue,
+            Err(e) => {
+                return Err(format!(
+                    "cannot lock {} ({e}); keep data_dir on a filesystem with working flock",
+                    candidate.join(".owner").display()
+                ));
+            }
         }
     }
-    (dir.to_path_buf(), None)
+    Err(format!(
+        "all 65 clone directories under {} are held by other processes",
+        dir.display()
+    ))
 }
 
 /// Remove every `*.lock` file under `dir`, returning how many there were.

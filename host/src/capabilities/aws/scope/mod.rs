@@ -128,6 +128,9 @@ impl SigningScope {
                 "{host} is not S3 or DynamoDB: the host signs nothing else for a guest"
             ));
         }
+        if request.headers().get_all("x-amz-target").iter().count() > 1 {
+            return Err("X-Amz-Target given twice".into());
+        }
         let target = request
             .headers()
             .get("x-amz-target")
@@ -178,9 +181,14 @@ impl SigningScope {
                 "S3 header {h} (access, retention or tags) is not a state store's call"
             ));
         }
+        let mut seen = std::collections::HashSet::new();
         for (name, _) in form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes()) {
             if !S3_QUERY.contains(&name.as_ref()) {
                 return Err(format!("S3 ?{name} is not a state store's call"));
+            }
+            // The check reads one value; a store might act on another.
+            if !seen.insert(name.clone()) {
+                return Err(format!("S3 ?{name} given twice"));
             }
         }
         let host = request.uri().host().unwrap_or_default();

@@ -188,6 +188,26 @@ fn other_backends_in_a_shared_bucket_and_table_are_out_of_reach() {
         ))
         .is_ok()
     );
+    // A parameter or the target given twice: the check reads one value.
+    assert!(
+        s.check(&request(
+            "GET",
+            "http://127.0.0.1:5000/states?list-type=2&prefix=env%3A%2F&prefix=",
+            &[],
+            ""
+        ))
+        .is_err()
+    );
+    let twice = request(
+        "POST",
+        "http://127.0.0.1:5000/",
+        &[
+            ("x-amz-target", "DynamoDB_20120810.GetItem"),
+            ("x-amz-target", "DynamoDB_20120810.DeleteTable"),
+        ],
+        r#"{"TableName":"locks","Key":{"LockID":{"S":"states/app/terraform.tfstate"}}}"#,
+    );
+    assert!(s.check(&twice).is_err());
     // An endpoint named like the bucket, path-style: the bucket is the
     // path's first segment.
     let minio = SigningScope::from_config(&[

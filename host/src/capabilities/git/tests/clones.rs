@@ -211,3 +211,23 @@ fn a_second_host_on_the_same_clones_directory_uses_its_own() {
     fetch_one(&third.repo(&g, &url).unwrap(), MAIN);
     assert!(!held.exists(), "a stale lock file stayed");
 }
+
+/// A second process that cannot claim a directory of its own refuses
+/// git, instead of sharing the first one's unowned.
+#[test]
+fn a_host_that_cannot_claim_a_clones_directory_refuses_git() {
+    let r = Remote::new();
+    let clones = r.tmp.path().join("clones");
+    let url = r.bare.to_str().unwrap().to_owned();
+    let g = grants(&url);
+    let first = GitHost::new(clones.clone());
+    fetch_one(&first.repo(&g, &url).unwrap(), MAIN);
+    std::fs::write(clones.join("replicas"), "not a directory").unwrap();
+    let second = GitHost::new(clones.clone());
+    let refused = second.repo(&g, &url).err();
+    assert!(
+        matches!(&refused, Some(GitError::Internal(m)) if m.contains("keeps no git clones")),
+        "{:?}",
+        refused.map(|e| e.to_string())
+    );
+}
