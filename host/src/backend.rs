@@ -301,7 +301,7 @@ pub async fn stored_version<S: Storage>(
     // Parsing a big state whole is the backend's host work, off the workers.
     let header = storage
         .host_work()
-        .run(stored.len(), move || statefile::read(&stored).ok())
+        .run_over(stored, |stored| statefile::read(stored).ok())
         .await?;
     Ok(header.and_then(|h| h.version().map(|(l, s)| (l.to_string(), s))))
 }

@@ -144,8 +144,7 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
             network
                 .max_buffered_bytes
                 .unwrap_or_else(|| crate::config::default_max_buffered(config.max_body_bytes)),
-            // One arriving body of the largest size always fits.
-            config.max_body_bytes as u64 + (64 << 20),
+            crate::config::buffered_reserve(config.max_body_bytes),
         ),
     });
     let console = crate::console::Options {

@@ -77,6 +77,20 @@ impl HostWork {
         .map_err(|e| WorkError::Failed(e.to_string()))
     }
 
+    /// [`Self::run`] over `data` (its length decides where it runs).
+    pub async fn run_over<T, R>(
+        &self,
+        data: T,
+        work: impl FnOnce(&[u8]) -> R + Send + 'static,
+    ) -> Result<R, WorkError>
+    where
+        T: AsRef<[u8]> + Send + 'static,
+        R: Send + 'static,
+    {
+        let bytes = data.as_ref().len();
+        self.run(bytes, move || work(data.as_ref())).await
+    }
+
     /// How many pieces of work may run now.
     pub fn available(&self) -> usize {
         self.slots.available_permits()

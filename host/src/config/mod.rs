@@ -150,7 +150,13 @@ pub fn default_max_buffered(max_body_bytes: usize) -> u64 {
 
 /// The least `max_buffered_mib` may be: two of the largest bodies plus 64 MiB.
 pub fn buffered_floor(max_body_bytes: usize) -> u64 {
-    2 * max_body_bytes as u64 + (64 << 20)
+    max_body_bytes as u64 + buffered_reserve(max_body_bytes)
+}
+
+/// What answers leave free of the body budget, so one arriving body of
+/// the largest size always fits: that body plus 64 MiB.
+pub fn buffered_reserve(max_body_bytes: usize) -> u64 {
+    max_body_bytes as u64 + (64 << 20)
 }
 
 /// Connections a server holds at once by default: most of its file

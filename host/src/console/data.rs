@@ -361,9 +361,8 @@ pub async fn restore<S: Storage>(
     let old: std::sync::Arc<[u8]> = version_bytes(storage, backend, workspace, id).await?.into();
     // Parsing and renumbering a big state is the backend's host work.
     let work = storage.host_work();
-    let parsing = old.clone();
     let header = work
-        .run(old.len(), move || crate::statefile::read(&parsing))
+        .run_over(old.clone(), crate::statefile::read)
         .await
         .map_err(|e| ApiError::from_storage(backend, e.into()))?
         .map_err(|e| ApiError::bad_request(format!("version {id}: {e}; nothing was changed")))?;
@@ -394,9 +393,8 @@ pub async fn restore<S: Storage>(
                 .await
                 .map_err(|e| target.error(e))?;
             let serial = current.map_or(1, |(_, s)| s + 1);
-            let renumbering = old.clone();
             let renumbered = work
-                .run(old.len(), move || crate::statefile::with_serial(&renumbering, serial))
+                .run_over(old.clone(), move |old| crate::statefile::with_serial(old, serial))
                 .await
                 .map_err(|e| target.error(e.into()))?
                 .map_err(|e| {

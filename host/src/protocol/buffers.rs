@@ -8,7 +8,8 @@
 
 use super::error::ApiError;
 use axum::body::{Body, Bytes};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -85,10 +86,20 @@ impl BodyBudget {
         Ok(())
     }
 
-    /// An answer of `state`, charged (its whole allocation) until the
-    /// last slice of it is freed, i.e. until the connection has written
-    /// it or dropped it. Answers leave the reserve free.
-    pub fn answer(&self, mut state: Vec<u8>) -> Result<Body, ApiError> {
+    /// A state answered (200, JSON), charged (its whole allocation) until
+    /// the last slice of it is freed, i.e. until the connection has
+    /// written it or dropped it. Answers leave the reserve free.
+    pub fn answer(&self, state: Vec<u8>) -> Result<Response, ApiError> {
+        Ok((
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            self.charged(state)?,
+        )
+            .into_response())
+    }
+
+    /// `state` as a body, charged as [`Self::answer`] says.
+    fn charged(&self, mut state: Vec<u8>) -> Result<Body, ApiError> {
         // A state gathered in growing chunks may have twice its length
         // allocated; give the rest back (a large shrink is a remap, not a
         // copy) so the charge is what it holds.
@@ -174,10 +185,10 @@ mod tests {
     #[tokio::test]
     async fn an_answer_is_charged_until_its_last_slice_is_freed() {
         let budget = BodyBudget::new(4 << 20, 0);
-        let mut body = budget.answer(vec![7u8; 3 << 20]).unwrap();
+        let mut body = budget.charged(vec![7u8; 3 << 20]).unwrap();
         assert_eq!(budget.in_use(), 3 << 20);
         assert!(matches!(
-            budget.answer(vec![7u8; 2 << 20]),
+            budget.charged(vec![7u8; 2 << 20]),
             Err(ApiError::RetryAfter(StatusCode::SERVICE_UNAVAILABLE, ..))
         ));
         // As hyper does: take the frames, drop the body at its end, keep
@@ -194,14 +205,14 @@ mod tests {
         );
         drop(last);
         assert_eq!(budget.in_use(), 0);
-        drop(budget.answer(vec![7u8; 2 << 20]).unwrap());
+        drop(budget.charged(vec![7u8; 2 << 20]).unwrap());
     }
 
     #[test]
     fn answers_leave_the_reserve_for_arriving_bodies() {
         let budget = BodyBudget::new(8 << 20, 4 << 20);
-        let answer = budget.answer(vec![0u8; 4 << 20]).unwrap();
-        assert!(budget.answer(vec![0u8; 1 << 10]).is_err());
+        let answer = budget.charged(vec![0u8; 4 << 20]).unwrap();
+        assert!(budget.charged(vec![0u8; 1 << 10]).is_err());
         let mut arriving = Held::default();
         budget.hold_total(&mut arriving, 4 << 20).unwrap();
         drop((answer, arriving));

@@ -26,10 +26,10 @@ pub(crate) async fn write_unless_stale<S: Storage>(
     body: Bytes,
 ) -> Result<(), ApiError> {
     // Parsing a big state whole is the backend's host work, off the workers.
-    let parsing = body.clone();
-    let work = target.storage.host_work();
-    let parsed = work.run(body.len(), move || statefile::read(&parsing));
-    let incoming = parsed
+    let incoming = target
+        .storage
+        .host_work()
+        .run_over(body.clone(), statefile::read)
         .await
         .map_err(|e| target.error(e.into()))?
         .map_err(|e| ApiError::bad_request(format!("{e}; nothing was written")))?;

@@ -141,12 +141,7 @@ async fn read<S: Storage>(
     target: Target<'_, S>,
 ) -> Result<Response, ApiError> {
     match target.storage.read(target.workspace).await {
-        Ok(Some(state)) => Ok((
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/json")],
-            bodies.answer(state)?,
-        )
-            .into_response()),
+        Ok(Some(state)) => bodies.answer(state),
         Ok(None) => Err(ApiError::not_found(format!(
             "workspace {:?} has no state yet",
             target.workspace

@@ -6,7 +6,6 @@
 use super::Target;
 use super::error::ApiError;
 use crate::backend::Storage;
-use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 /// `GET …/versions`: a JSON list of `{id, serial, created_unix_ms, bytes}`.
@@ -31,12 +30,7 @@ pub async fn read<S: Storage>(
         .await
         .map_err(|e| target.error(e))?
     {
-        Some(state) => Ok((
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/json")],
-            bodies.answer(state)?,
-        )
-            .into_response()),
+        Some(state) => bodies.answer(state),
         None => Err(ApiError::not_found(format!(
             "no version {id:?} of {}/{}; list them at /states/{}/{}/versions",
             target.backend, target.workspace, target.backend, target.workspace

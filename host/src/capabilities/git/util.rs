@@ -7,19 +7,25 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Bytes of the files under `dir` (0 when it cannot be read).
-pub(super) fn dir_size(dir: &Path) -> u64 {
+/// The sum of `count` over every file under `dir` (what cannot be read
+/// counts nothing).
+fn sum_files(dir: &Path, count: &impl Fn(&std::fs::DirEntry) -> u64) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
     entries
         .filter_map(Result::ok)
         .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => dir_size(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            Ok(t) if t.is_dir() => sum_files(&e.path(), count),
+            Ok(t) if t.is_file() => count(&e),
             _ => 0,
         })
         .sum()
+}
+
+/// Bytes of the files under `dir` (0 when it cannot be read).
+pub(super) fn dir_size(dir: &Path) -> u64 {
+    sum_files(dir, &|e| e.metadata().map_or(0, |m| m.len()))
 }
 
 /// The clones directory this process owns: `dir`, or when another
@@ -66,20 +72,11 @@ pub(super) fn claim_clones_dir(dir: &Path) -> Result<(PathBuf, std::fs::File), S
 /// later update of that file fails with "locked" forever. Only for a clone
 /// this process owns (`clones_dir` is not shared) and opens afresh, so no
 /// call of ours can hold one.
-pub(super) fn remove_stale_locks(dir: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .filter_map(Result::ok)
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => remove_stale_locks(&e.path()),
-            Ok(t) if t.is_file() && e.file_name().to_string_lossy().ends_with(".lock") => {
-                usize::from(std::fs::remove_file(e.path()).is_ok())
-            }
-            _ => 0,
-        })
-        .sum()
+pub(super) fn remove_stale_locks(dir: &Path) -> u64 {
+    sum_files(dir, &|e| {
+        let lock = e.file_name().to_string_lossy().ends_with(".lock");
+        u64::from(lock && std::fs::remove_file(e.path()).is_ok())
+    })
 }
 
 /// Whether `pattern` covers `name`: `*` matches within one `/`-separated

@@ -2,12 +2,21 @@
 
 use super::*;
 
+/// The scope of a configuration given as `(key, value)` pairs.
+fn scope_of(config: &[(&str, &str)]) -> SigningScope {
+    let config: Vec<(String, String)> = config
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    SigningScope::from_config(&config)
+}
+
 fn scope() -> SigningScope {
-    SigningScope::from_config(&[
-        ("bucket".into(), "states".into()),
-        ("key".into(), "app/terraform.tfstate".into()),
-        ("dynamodb_table".into(), "locks".into()),
-        ("endpoints.dynamodb".into(), "http://127.0.0.1:5000".into()),
+    scope_of(&[
+        ("bucket", "states"),
+        ("key", "app/terraform.tfstate"),
+        ("dynamodb_table", "locks"),
+        ("endpoints.dynamodb", "http://127.0.0.1:5000"),
     ])
 }
 
@@ -210,21 +219,21 @@ fn other_backends_in_a_shared_bucket_and_table_are_out_of_reach() {
     assert!(s.check(&twice).is_err());
     // An endpoint named like the bucket, path-style: the bucket is the
     // path's first segment.
-    let minio = SigningScope::from_config(&[
-        ("bucket".into(), "tfstate".into()),
-        ("key".into(), "terraform.tfstate".into()),
-        ("workspace_key_prefix".into(), "".into()),
-        ("use_path_style".into(), "true".into()),
+    let minio = scope_of(&[
+        ("bucket", "tfstate"),
+        ("key", "terraform.tfstate"),
+        ("workspace_key_prefix", ""),
+        ("use_path_style", "true"),
     ]);
     let get = |uri: &str| minio.check(&request("GET", uri, &[], ""));
     assert!(get("https://tfstate.minio.example/victim/terraform.tfstate").is_err());
     assert!(get("https://tfstate.minio.example/tfstate/terraform.tfstate").is_ok());
 
     // No workspace prefix: `<workspace>/<key>`.
-    let bare = SigningScope::from_config(&[
-        ("bucket".into(), "states".into()),
-        ("key".into(), "terraform.tfstate".into()),
-        ("workspace_key_prefix".into(), "".into()),
+    let bare = scope_of(&[
+        ("bucket", "states"),
+        ("key", "terraform.tfstate"),
+        ("workspace_key_prefix", ""),
     ]);
     let get = |uri: &str| bare.check(&request("GET", uri, &[], ""));
     assert!(get("http://127.0.0.1:5000/states/ws/terraform.tfstate").is_ok());

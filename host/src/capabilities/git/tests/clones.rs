@@ -85,10 +85,7 @@ fn backends_granted_one_repository_differently_do_not_share_a_clone() {
 /// "locked", forever. A host opening the clone afresh removes them.
 #[test]
 fn lock_files_a_stopped_host_left_in_a_clone_are_removed() {
-    let r = Remote::new();
-    let clones = r.tmp.path().join("clones");
-    let url = r.bare.to_str().unwrap().to_owned();
-    let g = grants(&url);
+    let (r, clones, url, g) = granted_remote();
     {
         let host = GitHost::new(clones.clone());
         fetch_one(&host.repo(&g, &url).unwrap(), MAIN);
@@ -125,11 +122,8 @@ fn lock_files_a_stopped_host_left_in_a_clone_are_removed() {
 /// was kept. Now it is retryable and the clone is fetched afresh.
 #[test]
 fn a_push_over_a_clone_missing_history_is_retryable_and_heals() {
-    let r = Remote::new();
-    let clones = r.tmp.path().join("clones");
+    let (r, clones, url, g) = granted_remote();
     let host = GitHost::new(clones.clone());
-    let url = r.bare.to_str().unwrap().to_owned();
-    let g = grants(&url);
     let h = host.repo(&g, &url).unwrap();
     let tip = fetch_one(&h, MAIN).unwrap();
     // Commits made in the clone are loose objects: lose the middle one.
@@ -186,10 +180,7 @@ fn the_clone(clones: &Path) -> PathBuf {
 /// other holds. The second claims a directory of its own.
 #[test]
 fn a_second_host_on_the_same_clones_directory_uses_its_own() {
-    let r = Remote::new();
-    let clones = r.tmp.path().join("clones");
-    let url = r.bare.to_str().unwrap().to_owned();
-    let g = grants(&url);
+    let (_remote, clones, url, g) = granted_remote();
     let first = GitHost::new(clones.clone());
     fetch_one(&first.repo(&g, &url).unwrap(), MAIN);
     let mine = the_clone(&clones);
@@ -216,10 +207,7 @@ fn a_second_host_on_the_same_clones_directory_uses_its_own() {
 /// git, instead of sharing the first one's unowned.
 #[test]
 fn a_host_that_cannot_claim_a_clones_directory_refuses_git() {
-    let r = Remote::new();
-    let clones = r.tmp.path().join("clones");
-    let url = r.bare.to_str().unwrap().to_owned();
-    let g = grants(&url);
+    let (_remote, clones, url, g) = granted_remote();
     let first = GitHost::new(clones.clone());
     fetch_one(&first.repo(&g, &url).unwrap(), MAIN);
     std::fs::write(clones.join("replicas"), "not a directory").unwrap();
@@ -230,4 +218,14 @@ fn a_host_that_cannot_claim_a_clones_directory_refuses_git() {
         "{:?}",
         refused.map(|e| e.to_string())
     );
+}
+
+/// A remote, where a host's clones of it go, its URL (a path) and a grant
+/// of all of it.
+fn granted_remote() -> (Remote, PathBuf, String, Vec<GitGrant>) {
+    let r = Remote::new();
+    let clones = r.tmp.path().join("clones");
+    let url = r.bare.to_str().unwrap().to_owned();
+    let g = grants(&url);
+    (r, clones, url, g)
 }
