@@ -257,6 +257,13 @@ mod tests {
         let marks = RollbackMarks::default();
         let long = "l".repeat(1 << 20);
         marks.wrote("w", Some(&long), 5);
+        // What is kept is 32 bytes, whatever the lineage's length (a kept
+        // lineage would hold its megabyte here).
+        let kept = marks
+            .marks()
+            .get("w")
+            .and_then(|m| m.lineage.map(|l| l.len()));
+        assert_eq!(kept, Some(32));
         assert!(marks.read("w", Some(&long), 4, marks.read_start()).is_err());
         assert!(marks.read("w", Some("l"), 4, marks.read_start()).is_ok());
     }
