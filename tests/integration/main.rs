@@ -24,6 +24,7 @@ mod network;
 mod opentofu;
 mod production;
 mod protocol;
+mod quota_races;
 mod safety;
 mod sandbox;
 mod storage_faults;

@@ -277,7 +277,7 @@ impl Shared {
             ),
             quota: self.quota.clone(),
             quota_refused: Arc::new(AtomicBool::new(false)),
-            open_files: super::fs::OpenFiles::new(self.quota.clone()),
+            open_files: super::quota::InstanceFiles::new(self.quota.clone()),
             stderr,
             backend: self.name.clone(),
             config: self.config.clone(),

@@ -35,7 +35,6 @@ use crate::metrics::Metrics;
 use crate::policy::OutboundPolicy;
 use anyhow::Context;
 use limits::Budget;
-use quota::DirQuota;
 use sandbox::Sandbox;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -72,6 +71,8 @@ pub struct Runtime {
     tasks: tokio_util::task::TaskTracker,
     /// The longest `timeout_ms` of any backend: what draining waits for.
     longest_call: std::time::Duration,
+    /// One quota per directory, across reloads.
+    quotas: quota::DirQuotas,
     _ticker: engine::EpochTicker,
 }
 
@@ -114,6 +115,7 @@ impl Runtime {
             cache_dir: config.cache_dir(),
             cache_key: cache::CacheKey::load_or_create(&config.data_dir.join("cache.key"))?,
             tasks: tokio_util::task::TaskTracker::new(),
+            quotas: quota::DirQuotas::default(),
             longest_call: config
                 .backends
                 .iter()
@@ -196,7 +198,7 @@ impl Runtime {
                     .with_context(|| format!("{}: cannot create {}", context(), dir.display()))?;
                 backend
                     .disk_quota_bytes
-                    .map(|limit| DirQuota::measure(dir, limit))
+                    .map(|limit| self.quotas.of(dir, limit))
                     .transpose()
                     .with_context(|| format!("{}: cannot measure {}", context(), dir.display()))?
             }

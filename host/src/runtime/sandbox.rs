@@ -41,7 +41,7 @@ pub struct Sandbox {
     /// Set when the quota refused a growth during this request.
     pub quota_refused: Arc<AtomicBool>,
     /// The files this instance holds open (for the quota's credits).
-    pub open_files: super::fs::OpenFiles,
+    pub open_files: super::quota::InstanceFiles,
     /// When this request's guest time runs out; host work done for the
     /// guest (git) stops then too.
     pub deadline: Instant,

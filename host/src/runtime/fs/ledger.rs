@@ -1,20 +1,95 @@
-//! The disk quota's side of [`GuestFs`]: what each change charges before
-//! it happens and credits once it did.
+//! The disk quota's side of [`GuestFs`]: each change that grows or frees
+//! space, charged before it happens and credited once it did, measured,
+//! made and settled under the quota's lock ([`DirQuota::changes`]) so that
+//! another instance of the backend cannot change what was measured in
+//! between.
 
-use super::{GuestFs, borrow, open_files};
-use crate::runtime::quota::ENTRY_BYTES;
+use super::{GuestFs, borrow, io_error};
+use crate::runtime::quota::{DirQuota, ENTRY_BYTES, Identity, OpenFiles};
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::task::{Context, Poll, Wake, Waker};
 use wasmtime::component::Resource;
 use wasmtime_wasi::p2::FsError;
 use wasmtime_wasi::p2::FsResult;
 use wasmtime_wasi::p2::bindings::filesystem::types::{self, HostDescriptor};
 
+/// Most bytes one positional write under a quota writes.
+const MAX_WRITE: usize = 1 << 20;
+
 /// What a removal (unlink, or a rename over an existing name) frees.
 #[derive(Default)]
 pub(super) struct Removal {
     /// Credited as soon as it happened.
-    pub(super) credit: u64,
-    /// A file this instance holds open, whose bytes are owed at its close.
-    pub(super) held_open: Option<open_files::Identity>,
+    credit: u64,
+    /// A file some descriptor or stream holds open, whose bytes are owed
+    /// when the last one lets go.
+    held_open: Option<Identity>,
+}
+
+/// Run one of wasmtime-wasi's filesystem calls to its end on this thread.
+///
+/// The sandbox lets file I/O block its thread
+/// (`allow_blocking_current_thread`), so these calls finish on their first
+/// poll; that is what lets them run under the quota's lock, which is never
+/// held across a suspension. Should one not finish (a wasmtime-wasi that
+/// moved it to a blocking pool), it is waited for here, not dropped half
+/// done.
+pub(super) fn inline<F: Future>(call: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let mut call = pin!(call);
+    if let Poll::Ready(done) = call.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        return done;
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    loop {
+        if let Poll::Ready(done) = call.as_mut().poll(&mut Context::from_waker(&waker)) {
+            return done;
+        }
+        std::thread::park();
+    }
+}
+
+/// A call that adds one entry (a directory, a symlink, a hard link),
+/// charged the entry. Under the lock: a link made between another
+/// instance's count of a file's names and its removal would leave that
+/// removal credited for bytes still on disk.
+pub(super) fn new_entry(
+    quota: Option<&Arc<DirQuota>>,
+    refused: &AtomicBool,
+    call: impl Future<Output = FsResult<()>>,
+) -> FsResult<()> {
+    let Some(quota) = quota else {
+        return inline(call);
+    };
+    let _changes = quota.changes();
+    quota.charge(ENTRY_BYTES, refused).map_err(FsError::from)?;
+    let done = inline(call);
+    if done.is_err() {
+        quota.credit(ENTRY_BYTES);
+    }
+    done
+}
+
+/// A directory's removal, credited its entry once it happened (under the
+/// lock, like every change to names).
+pub(super) fn entry_removed(
+    quota: Option<&Arc<DirQuota>>,
+    call: impl Future<Output = FsResult<()>>,
+) -> FsResult<()> {
+    let Some(quota) = quota else {
+        return inline(call);
+    };
+    let _changes = quota.changes();
+    inline(call)?;
+    quota.credit(ENTRY_BYTES);
+    Ok(())
 }
 
 impl GuestFs<'_> {
@@ -31,30 +106,166 @@ impl GuestFs<'_> {
         }
     }
 
+    /// A positional write, charged what it grows the file by; at most
+    /// [`MAX_WRITE`] of it (a short write, which WASI allows), so the lock
+    /// is held briefly.
+    pub(super) fn write_charged(
+        &mut self,
+        quota: &DirQuota,
+        file: &std::fs::File,
+        fd: Resource<types::Descriptor>,
+        mut buf: Vec<u8>,
+        offset: types::Filesize,
+    ) -> FsResult<types::Filesize> {
+        buf.truncate(MAX_WRITE);
+        let _changes = quota.changes();
+        let before = file.metadata().map_err(io_error)?.len();
+        let end = offset.saturating_add(buf.len() as u64);
+        let growth = end.saturating_sub(before);
+        self.charge(growth)?;
+        let written = inline(HostDescriptor::write(&mut self.fs, fd, buf, offset));
+        // A short or failed write grew the file less than charged.
+        let after = file.metadata().map_or(end.max(before), |m| m.len());
+        self.credit(growth.saturating_sub(after.saturating_sub(before)));
+        written
+    }
+
+    /// A `set-size`: charged what it grows, credited what it frees.
+    pub(super) fn set_size_charged(
+        &mut self,
+        quota: &DirQuota,
+        file: &std::fs::File,
+        fd: Resource<types::Descriptor>,
+        size: types::Filesize,
+    ) -> FsResult<()> {
+        let _changes = quota.changes();
+        let before = file.metadata().map_err(io_error)?.len();
+        self.charge(size.saturating_sub(before))?;
+        let done = inline(HostDescriptor::set_size(&mut self.fs, fd, size));
+        match done {
+            Ok(()) => self.credit(before.saturating_sub(size)),
+            Err(_) => self.credit(size.saturating_sub(before)),
+        }
+        done
+    }
+
+    /// An `open-at`: a new file charged its entry, a truncated one
+    /// credited its bytes, and the file entered in the register of open
+    /// files.
+    pub(super) fn open_charged(
+        &mut self,
+        quota: &DirQuota,
+        fd: Resource<types::Descriptor>,
+        path_flags: types::PathFlags,
+        path: String,
+        oflags: types::OpenFlags,
+        flags: types::DescriptorFlags,
+    ) -> FsResult<Resource<types::Descriptor>> {
+        let mut changes = quota.changes();
+        let existing = inline(HostDescriptor::stat_at(
+            &mut self.fs,
+            borrow(&fd),
+            path_flags,
+            path.clone(),
+        ))
+        .ok();
+        let creates = oflags.contains(types::OpenFlags::CREATE) && existing.is_none();
+        if creates {
+            self.charge(ENTRY_BYTES)?;
+        }
+        let opened = inline(HostDescriptor::open_at(
+            &mut self.fs,
+            fd,
+            path_flags,
+            path,
+            oflags,
+            flags,
+        ));
+        let opened = match opened {
+            Ok(opened) => opened,
+            Err(e) => {
+                if creates {
+                    self.credit(ENTRY_BYTES);
+                }
+                return Err(e);
+            }
+        };
+        if oflags.contains(types::OpenFlags::TRUNCATE)
+            && let Some(st) = existing
+        {
+            self.credit(st.size);
+        }
+        if let Some(file) = self.file_of(&opened)?
+            && let Some(identity) = self.identity_of(&opened)
+        {
+            changes.opened(self.files.holder(opened.rep()), identity, file);
+        }
+        Ok(opened)
+    }
+
+    /// A `rename-at`: credited what the name it replaces freed.
+    pub(super) fn rename_charged(
+        &mut self,
+        quota: &DirQuota,
+        fd: Resource<types::Descriptor>,
+        old_path: String,
+        new_fd: Resource<types::Descriptor>,
+        new_path: String,
+    ) -> FsResult<()> {
+        let mut changes = quota.changes();
+        // A rename between two names of one file (the same name, or two
+        // hard links) succeeds and changes nothing: it frees nothing.
+        let from = self.identity_at(&fd, &old_path);
+        let same_file = from.is_some() && from == self.identity_at(&new_fd, &new_path);
+        let replaced = match same_file {
+            true => Removal::default(),
+            false => self.freed_by_removing(&changes, &new_fd, &new_path),
+        };
+        inline(HostDescriptor::rename_at(
+            &mut self.fs,
+            fd,
+            old_path,
+            new_fd,
+            new_path,
+        ))?;
+        self.removed(&mut changes, replaced);
+        Ok(())
+    }
+
+    /// An `unlink-file-at`: credited what it freed.
+    pub(super) fn unlink_charged(
+        &mut self,
+        quota: &DirQuota,
+        fd: Resource<types::Descriptor>,
+        path: String,
+    ) -> FsResult<()> {
+        let mut changes = quota.changes();
+        let freed = self.freed_by_removing(&changes, &fd, &path);
+        inline(HostDescriptor::unlink_file_at(&mut self.fs, fd, path))?;
+        self.removed(&mut changes, freed);
+        Ok(())
+    }
+
     /// What removing `path` would free: its size and entry when it is a
     /// file no other name points at, its entry when it is anything else.
-    /// A file this instance holds open frees only its entry now; its bytes
-    /// are owed when its last descriptor closes ([`OpenFiles`]), which
-    /// [`Removal::done`] arranges once the removal happened.
-    pub(super) async fn freed_by_removing(
+    /// A file something holds open frees only its entry now; its bytes
+    /// are owed when the last holder lets go ([`OpenFiles`]), which
+    /// [`Self::removed`] arranges once the removal happened.
+    fn freed_by_removing(
         &mut self,
+        open: &OpenFiles,
         fd: &Resource<types::Descriptor>,
         path: &str,
     ) -> Removal {
-        if self.quota.is_none() {
-            return Removal::default();
-        }
-        let stat = HostDescriptor::stat_at(
+        let stat = inline(HostDescriptor::stat_at(
             &mut self.fs,
             borrow(fd),
             types::PathFlags::empty(),
             path.to_string(),
-        )
-        .await;
+        ));
         match stat {
             Ok(st) if st.type_ == types::DescriptorType::RegularFile && st.link_count <= 1 => {
-                let identity = self.identity_at(fd, path).await;
-                match identity.filter(|id| self.open_files.holds(*id)) {
+                match self.identity_at(fd, path).filter(|id| open.holds(*id)) {
                     Some(held) => Removal {
                         credit: ENTRY_BYTES,
                         held_open: Some(held),
@@ -74,28 +285,30 @@ impl GuestFs<'_> {
     }
 
     /// The identity (device and inode) of what `path` names, if anything.
-    pub(super) async fn identity_at(
-        &mut self,
-        fd: &Resource<types::Descriptor>,
-        path: &str,
-    ) -> Option<open_files::Identity> {
-        HostDescriptor::metadata_hash_at(
+    fn identity_at(&mut self, fd: &Resource<types::Descriptor>, path: &str) -> Option<Identity> {
+        inline(HostDescriptor::metadata_hash_at(
             &mut self.fs,
             borrow(fd),
             types::PathFlags::empty(),
             path.to_string(),
-        )
-        .await
+        ))
         .ok()
         .map(|h| (h.upper, h.lower))
     }
 
     /// Settle a removal that happened: credit what it freed now, and owe
-    /// the bytes of a file still held open until it closes.
-    pub(super) fn removed(&mut self, removal: Removal) {
+    /// the bytes of a file still held open until it is let go.
+    fn removed(&mut self, open: &mut OpenFiles, removal: Removal) {
         self.credit(removal.credit);
         if let Some(identity) = removal.held_open {
-            self.open_files.removed(identity);
+            open.removed(identity);
         }
+    }
+
+    /// The identity of the file `fd` is, for the register of open files.
+    pub(super) fn identity_of(&mut self, fd: &Resource<types::Descriptor>) -> Option<Identity> {
+        inline(HostDescriptor::metadata_hash(&mut self.fs, borrow(fd)))
+            .ok()
+            .map(|h| (h.upper, h.lower))
     }
 }

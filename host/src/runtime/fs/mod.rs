@@ -10,21 +10,19 @@
 //!   another guest, so holding a turn through it cannot deadlock.)
 //! - **Disk.** Every growth is charged to the directory's quota
 //!   ([`super::quota`]) before it happens; a refusal is "no space"
-//!   (ENOSPC, WASI's `insufficient-space`) inside the guest.
+//!   (ENOSPC, WASI's `insufficient-space`) inside the guest. A change
+//!   whose charge or credit depends on a size measured before it is
+//!   measured, made and settled under the quota's lock ([`ledger`]).
 //!
 //! Every other method is passed through unchanged. File streams are
 //! wrapped the same way ([`streams`]).
 
 mod ledger;
-mod open_files;
 mod streams;
 
-pub use open_files::OpenFiles;
-
-use super::quota::{DirQuota, ENTRY_BYTES};
+use super::quota::{DirQuota, Holder, Identity, InstanceFiles};
 use super::sandbox::Sandbox;
 use super::turns::Core;
-use ledger::Removal;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use streams::{GuestInput, GuestOutput};
@@ -44,7 +42,7 @@ pub struct GuestFs<'a> {
     quota: Option<&'a Arc<DirQuota>>,
     refused: &'a Arc<AtomicBool>,
     core: &'a Core,
-    open_files: &'a mut OpenFiles,
+    files: &'a InstanceFiles,
 }
 
 /// The `HasData` marker for linking [`GuestFs`].
@@ -64,7 +62,7 @@ pub fn guest_fs(sandbox: &mut Sandbox) -> GuestFs<'_> {
         quota: sandbox.quota.as_ref(),
         refused: &sandbox.quota_refused,
         core: &sandbox.core,
-        open_files: &mut sandbox.open_files,
+        files: &sandbox.open_files,
     }
 }
 
@@ -93,36 +91,71 @@ impl GuestFs<'_> {
         })
     }
 
-    async fn exists(
+    /// What a stream on the file `fd` takes in the register of open files
+    /// (a stream keeps its file on disk as a descriptor does); entered
+    /// once the stream is in the table.
+    fn stream_hold(
         &mut self,
         fd: &Resource<types::Descriptor>,
-        flags: types::PathFlags,
-        path: &str,
-    ) -> Option<types::DescriptorStat> {
-        HostDescriptor::stat_at(&mut self.fs, borrow(fd), flags, path.to_string())
-            .await
-            .ok()
+        file: Option<&Arc<std::fs::File>>,
+    ) -> Option<StreamHold> {
+        let (quota, file) = (self.quota?.clone(), file?.clone());
+        Some(StreamHold {
+            identity: self.identity_of(fd)?,
+            holder: self.files.stream_holder(),
+            quota,
+            file,
+        })
     }
 
-    fn wrap_output(
+    /// Put this module's output stream in place of wasmtime-wasi's (made
+    /// only for its checks) for a file.
+    fn replace_output(
         &mut self,
         stream: Resource<DynOutputStream>,
         file: Option<Arc<std::fs::File>>,
         position: Option<u64>,
+        hold: Option<StreamHold>,
     ) -> FsResult<Resource<DynOutputStream>> {
         let Some(file) = file else {
             return Ok(stream);
         };
-        let inner: DynOutputStream = self.fs.table.delete(stream)?;
-        let wrapped: DynOutputStream = Box::new(GuestOutput {
-            inner,
+        let _checked: DynOutputStream = self.fs.table.delete(stream)?;
+        let own: DynOutputStream = Box::new(GuestOutput::new(
             file,
             position,
-            quota: self.quota.cloned(),
-            refused: self.refused.clone(),
-            core: self.core.clone(),
-        });
-        Ok(self.fs.table.push(wrapped)?)
+            hold.as_ref().map(StreamHold::owner),
+            self.refused.clone(),
+            self.core.clone(),
+        ));
+        let pushed = self.fs.table.push(own)?;
+        if let Some(hold) = hold {
+            hold.enter();
+        }
+        Ok(pushed)
+    }
+}
+
+/// A stream's place in the register of open files, before it is entered.
+struct StreamHold {
+    quota: Arc<DirQuota>,
+    holder: Holder,
+    identity: Identity,
+    file: Arc<std::fs::File>,
+}
+
+impl StreamHold {
+    /// Who lets go when the stream is dropped.
+    fn owner(&self) -> (Arc<DirQuota>, Holder) {
+        (self.quota.clone(), self.holder)
+    }
+
+    /// Enter it, once the stream is in the table (a stream that never got
+    /// there must not be left holding the file).
+    fn enter(self) {
+        self.quota
+            .changes()
+            .opened(self.holder, self.identity, self.file);
     }
 }
 
@@ -147,25 +180,9 @@ impl HostDescriptor for GuestFs<'_> {
         offset: types::Filesize,
     ) -> FsResult<types::Filesize> {
         self.core.hold().await.map_err(FsError::trap)?;
-        let (Some(_), Some(file)) = (self.quota, self.file_of(&fd)?) else {
-            return HostDescriptor::write(&mut self.fs, fd, buf, offset).await;
-        };
-        let before = file.metadata().map_err(io_error)?.len();
-        let end = offset.saturating_add(buf.len() as u64);
-        let growth = end.saturating_sub(before);
-        self.charge(growth)?;
-        match HostDescriptor::write(&mut self.fs, fd, buf, offset).await {
-            Ok(written) => {
-                // A short write grew the file less than charged.
-                let after = file.metadata().map_or(end.max(before), |m| m.len());
-                self.credit(growth.saturating_sub(after.saturating_sub(before)));
-                Ok(written)
-            }
-            Err(e) => {
-                let after = file.metadata().map_or(before, |m| m.len());
-                self.credit(growth.saturating_sub(after.saturating_sub(before)));
-                Err(e)
-            }
+        match (self.quota, self.file_of(&fd)?) {
+            (Some(quota), Some(file)) => self.write_charged(quota, &file, fd, buf, offset),
+            _ => HostDescriptor::write(&mut self.fs, fd, buf, offset).await,
         }
     }
 
@@ -175,20 +192,9 @@ impl HostDescriptor for GuestFs<'_> {
         size: types::Filesize,
     ) -> FsResult<()> {
         self.core.hold().await.map_err(FsError::trap)?;
-        let (Some(_), Some(file)) = (self.quota, self.file_of(&fd)?) else {
-            return HostDescriptor::set_size(&mut self.fs, fd, size).await;
-        };
-        let before = file.metadata().map_err(io_error)?.len();
-        self.charge(size.saturating_sub(before))?;
-        match HostDescriptor::set_size(&mut self.fs, fd, size).await {
-            Ok(()) => {
-                self.credit(before.saturating_sub(size));
-                Ok(())
-            }
-            Err(e) => {
-                self.credit(size.saturating_sub(before));
-                Err(e)
-            }
+        match (self.quota, self.file_of(&fd)?) {
+            (Some(quota), Some(file)) => self.set_size_charged(quota, &file, fd, size),
+            _ => HostDescriptor::set_size(&mut self.fs, fd, size).await,
         }
     }
 
@@ -198,8 +204,9 @@ impl HostDescriptor for GuestFs<'_> {
         offset: types::Filesize,
     ) -> FsResult<Resource<DynOutputStream>> {
         let file = self.file_of(&fd)?;
+        let hold = self.stream_hold(&fd, file.as_ref());
         let stream = HostDescriptor::write_via_stream(&mut self.fs, fd, offset)?;
-        self.wrap_output(stream, file, Some(offset))
+        self.replace_output(stream, file, Some(offset), hold)
     }
 
     fn append_via_stream(
@@ -207,8 +214,9 @@ impl HostDescriptor for GuestFs<'_> {
         fd: Resource<types::Descriptor>,
     ) -> FsResult<Resource<DynOutputStream>> {
         let file = self.file_of(&fd)?;
+        let hold = self.stream_hold(&fd, file.as_ref());
         let stream = HostDescriptor::append_via_stream(&mut self.fs, fd)?;
-        self.wrap_output(stream, file, None)
+        self.replace_output(stream, file, None, hold)
     }
 
     async fn open_at(
@@ -220,36 +228,10 @@ impl HostDescriptor for GuestFs<'_> {
         flags: types::DescriptorFlags,
     ) -> FsResult<Resource<types::Descriptor>> {
         self.core.hold().await.map_err(FsError::trap)?;
-        if self.quota.is_none() {
-            return HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, oflags, flags)
-                .await;
-        }
-        let existing = self.exists(&fd, path_flags, &path).await;
-        let creates = oflags.contains(types::OpenFlags::CREATE) && existing.is_none();
-        if creates {
-            self.charge(ENTRY_BYTES)?;
-        }
-        match HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, oflags, flags).await {
-            Ok(opened) => {
-                if oflags.contains(types::OpenFlags::TRUNCATE)
-                    && let Some(st) = existing
-                {
-                    self.credit(st.size);
-                }
-                if let Some(file) = self.file_of(&opened)?
-                    && let Ok(hash) =
-                        HostDescriptor::metadata_hash(&mut self.fs, borrow(&opened)).await
-                {
-                    self.open_files
-                        .opened(opened.rep(), (hash.upper, hash.lower), file);
-                }
-                Ok(opened)
-            }
-            Err(e) => {
-                if creates {
-                    self.credit(ENTRY_BYTES);
-                }
-                Err(e)
+        match self.quota {
+            Some(quota) => self.open_charged(quota, fd, path_flags, path, oflags, flags),
+            None => {
+                HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, oflags, flags).await
             }
         }
     }
@@ -260,12 +242,11 @@ impl HostDescriptor for GuestFs<'_> {
         path: String,
     ) -> FsResult<()> {
         self.core.hold().await.map_err(FsError::trap)?;
-        self.charge(ENTRY_BYTES)?;
-        let done = HostDescriptor::create_directory_at(&mut self.fs, fd, path).await;
-        if done.is_err() {
-            self.credit(ENTRY_BYTES);
-        }
-        done
+        ledger::new_entry(
+            self.quota,
+            self.refused,
+            HostDescriptor::create_directory_at(&mut self.fs, fd, path),
+        )
     }
 
     async fn symlink_at(
@@ -275,12 +256,11 @@ impl HostDescriptor for GuestFs<'_> {
         dest_path: String,
     ) -> FsResult<()> {
         self.core.hold().await.map_err(FsError::trap)?;
-        self.charge(ENTRY_BYTES)?;
-        let done = HostDescriptor::symlink_at(&mut self.fs, fd, src_path, dest_path).await;
-        if done.is_err() {
-            self.credit(ENTRY_BYTES);
-        }
-        done
+        ledger::new_entry(
+            self.quota,
+            self.refused,
+            HostDescriptor::symlink_at(&mut self.fs, fd, src_path, dest_path),
+        )
     }
 
     async fn link_at(
@@ -292,20 +272,18 @@ impl HostDescriptor for GuestFs<'_> {
         new_path: String,
     ) -> FsResult<()> {
         self.core.hold().await.map_err(FsError::trap)?;
-        self.charge(ENTRY_BYTES)?;
-        let done = HostDescriptor::link_at(
-            &mut self.fs,
-            fd,
-            old_path_flags,
-            old_path,
-            new_descriptor,
-            new_path,
+        ledger::new_entry(
+            self.quota,
+            self.refused,
+            HostDescriptor::link_at(
+                &mut self.fs,
+                fd,
+                old_path_flags,
+                old_path,
+                new_descriptor,
+                new_path,
+            ),
         )
-        .await;
-        if done.is_err() {
-            self.credit(ENTRY_BYTES);
-        }
-        done
     }
 
     async fn rename_at(
@@ -316,19 +294,10 @@ impl HostDescriptor for GuestFs<'_> {
         new_path: String,
     ) -> FsResult<()> {
         self.core.hold().await.map_err(FsError::trap)?;
-        // A rename between two names of one file (the same name, or two
-        // hard links) succeeds and changes nothing: it frees nothing.
-        let same_file = self.quota.is_some() && {
-            let from = self.identity_at(&fd, &old_path).await;
-            from.is_some() && from == self.identity_at(&new_fd, &new_path).await
-        };
-        let replaced = match same_file {
-            true => Removal::default(),
-            false => self.freed_by_removing(&new_fd, &new_path).await,
-        };
-        HostDescriptor::rename_at(&mut self.fs, fd, old_path, new_fd, new_path).await?;
-        self.removed(replaced);
-        Ok(())
+        match self.quota {
+            Some(quota) => self.rename_charged(quota, fd, old_path, new_fd, new_path),
+            None => HostDescriptor::rename_at(&mut self.fs, fd, old_path, new_fd, new_path).await,
+        }
     }
 
     async fn unlink_file_at(
@@ -337,10 +306,10 @@ impl HostDescriptor for GuestFs<'_> {
         path: String,
     ) -> FsResult<()> {
         self.core.hold().await.map_err(FsError::trap)?;
-        let freed = self.freed_by_removing(&fd, &path).await;
-        HostDescriptor::unlink_file_at(&mut self.fs, fd, path).await?;
-        self.removed(freed);
-        Ok(())
+        match self.quota {
+            Some(quota) => self.unlink_charged(quota, fd, path),
+            None => HostDescriptor::unlink_file_at(&mut self.fs, fd, path).await,
+        }
     }
 
     async fn remove_directory_at(
@@ -349,9 +318,10 @@ impl HostDescriptor for GuestFs<'_> {
         path: String,
     ) -> FsResult<()> {
         self.core.hold().await.map_err(FsError::trap)?;
-        HostDescriptor::remove_directory_at(&mut self.fs, fd, path).await?;
-        self.credit(ENTRY_BYTES);
-        Ok(())
+        ledger::entry_removed(
+            self.quota,
+            HostDescriptor::remove_directory_at(&mut self.fs, fd, path),
+        )
     }
 
     // Everything below changes nothing the quota counts.
@@ -449,9 +419,12 @@ impl HostDescriptor for GuestFs<'_> {
     }
 
     fn drop(&mut self, fd: Resource<types::Descriptor>) -> wasmtime::Result<()> {
-        let rep = fd.rep();
+        let holder = self.files.holder(fd.rep());
         let dropped = HostDescriptor::drop(&mut self.fs, fd);
-        self.open_files.closed(rep);
+        if let Some(quota) = self.quota {
+            let freed = quota.changes().closed(holder);
+            quota.credit(freed);
+        }
         dropped
     }
 
@@ -469,13 +442,20 @@ impl HostDescriptor for GuestFs<'_> {
         fd: Resource<types::Descriptor>,
         offset: types::Filesize,
     ) -> FsResult<Resource<DynInputStream>> {
+        let file = self.file_of(&fd)?;
+        let hold = self.stream_hold(&fd, file.as_ref());
         let stream = HostDescriptor::read_via_stream(&mut self.fs, fd, offset)?;
         let inner: DynInputStream = self.fs.table.delete(stream)?;
         let wrapped: DynInputStream = Box::new(GuestInput {
             inner,
             core: self.core.clone(),
+            held: hold.as_ref().map(StreamHold::owner),
         });
-        Ok(self.fs.table.push(wrapped)?)
+        let pushed = self.fs.table.push(wrapped)?;
+        if let Some(hold) = hold {
+            hold.enter();
+        }
+        Ok(pushed)
     }
 
     async fn is_same_object(

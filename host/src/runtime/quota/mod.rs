@@ -12,10 +12,22 @@
 //! size; each directory entry counts [`ENTRY_BYTES`], so a flood of empty
 //! files or directories is bounded too. Usage is measured by walking the
 //! directory when the backend loads and kept current from then on.
+//!
+//! Several instances of a backend run at once, so a charge or credit that
+//! depends on a size measured before the change (a write's growth, a
+//! truncation's or removal's freed bytes) is measured, made and settled
+//! under the quota's lock ([`DirQuota::changes`]): two instances
+//! truncating one file cannot both be credited its size, nor a write land
+//! past a truncation it measured before.
 
-use std::path::Path;
-use std::sync::Arc;
+mod open_files;
+
+pub use open_files::{Holder, Identity, InstanceFiles, OpenFiles};
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
 
 /// What one directory entry (a file's or directory's name and inode)
@@ -26,26 +38,40 @@ pub const ENTRY_BYTES: u64 = 4096;
 /// instance of the backend.
 #[derive(Debug)]
 pub struct DirQuota {
-    limit: u64,
+    /// A reload may change it; the count carries over.
+    limit: AtomicU64,
     used: AtomicU64,
     /// Set when a growth was refused; the runtime reads and clears it to
     /// answer the request with 507.
     refusals: AtomicU64,
+    /// Held through every change whose charge or credit depends on what
+    /// was measured before it; holds the backend's open files.
+    changes: Mutex<OpenFiles>,
 }
 
 impl DirQuota {
     /// A quota of `limit` bytes on `dir`, whose current use is measured now.
     pub fn measure(dir: &Path, limit: u64) -> std::io::Result<Arc<DirQuota>> {
         Ok(Arc::new(DirQuota {
-            limit,
+            limit: AtomicU64::new(limit),
             used: AtomicU64::new(usage(dir)?),
             refusals: AtomicU64::new(0),
+            changes: Mutex::default(),
         }))
+    }
+
+    /// Take the lock for one change measured before it is made (see the
+    /// module's doc), with the backend's open files. Held only by code
+    /// that does not suspend, so never across an `.await`.
+    pub fn changes(&self) -> MutexGuard<'_, OpenFiles> {
+        // A panic under the lock left the register as consistent as any
+        // single change does; refusing every later change would be worse.
+        self.changes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The quota in bytes.
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.limit.load(Ordering::Relaxed)
     }
 
     /// Bytes counted against it now.
@@ -65,7 +91,7 @@ impl DirQuota {
         }
         self.used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|n| *n <= self.limit)
+                used.checked_add(bytes).filter(|n| *n <= self.limit())
             })
             .map(drop)
             .map_err(|_| {
@@ -85,6 +111,31 @@ impl DirQuota {
     }
 }
 
+/// The quotas of the directories the server serves, one per directory
+/// for as long as anything uses it: a reload's backend takes over the
+/// quota (its count, lock and open files) that requests still running
+/// on the backend it replaces hold, instead of measuring a second one
+/// that cannot see the files they hold open.
+#[derive(Debug, Default)]
+pub struct DirQuotas(Mutex<HashMap<PathBuf, Weak<DirQuota>>>);
+
+impl DirQuotas {
+    /// The quota of `dir`, now of `limit` bytes: the one in use, or one
+    /// measured now.
+    pub fn of(&self, dir: &Path, limit: u64) -> std::io::Result<Arc<DirQuota>> {
+        let key = dir.canonicalize()?;
+        let mut quotas = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        quotas.retain(|_, q| q.strong_count() > 0);
+        if let Some(quota) = quotas.get(&key).and_then(Weak::upgrade) {
+            quota.limit.store(limit, Ordering::Relaxed);
+            return Ok(quota);
+        }
+        let quota = DirQuota::measure(&key, limit)?;
+        quotas.insert(key, Arc::downgrade(&quota));
+        Ok(quota)
+    }
+}
+
 impl crate::metrics::Usage for DirQuota {
     fn used(&self) -> u64 {
         DirQuota::used(self)
@@ -95,8 +146,15 @@ impl crate::metrics::Usage for DirQuota {
 }
 
 /// What is under `dir`, counted as the quota counts: file sizes plus
-/// [`ENTRY_BYTES`] per entry. Symlinks are not followed.
+/// [`ENTRY_BYTES`] per entry, a file with several names (hard links) its
+/// size once, as `link-at` charges only the new entry. Symlinks are not
+/// followed.
 pub fn usage(dir: &Path) -> std::io::Result<u64> {
+    usage_of(dir, &mut std::collections::HashSet::new())
+}
+
+fn usage_of(dir: &Path, seen: &mut std::collections::HashSet<(u64, u64)>) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
     let mut total = 0;
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
@@ -108,8 +166,8 @@ pub fn usage(dir: &Path) -> std::io::Result<u64> {
         let meta = entry.path().symlink_metadata()?;
         total += ENTRY_BYTES;
         if meta.is_dir() {
-            total += usage(&entry.path())?;
-        } else if meta.is_file() {
+            total += usage_of(&entry.path(), seen)?;
+        } else if meta.is_file() && seen.insert((meta.dev(), meta.ino())) {
             total += meta.len();
         }
     }
@@ -127,6 +185,31 @@ mod tests {
         std::fs::write(dir.path().join("ws/terraform.tfstate"), vec![0u8; 10_000]).unwrap();
         assert_eq!(usage(dir.path()).unwrap(), 2 * ENTRY_BYTES + 10_000);
         assert_eq!(usage(&dir.path().join("missing")).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_file_with_two_names_counts_its_size_once() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a"), vec![0u8; 10_000]).unwrap();
+        std::fs::hard_link(dir.path().join("a"), dir.path().join("b")).unwrap();
+        assert_eq!(usage(dir.path()).unwrap(), 2 * ENTRY_BYTES + 10_000);
+    }
+
+    #[test]
+    fn a_directory_keeps_one_quota_while_it_is_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let quotas = DirQuotas::default();
+        let first = quotas.of(dir.path(), 100).unwrap();
+        first.charge(60, &AtomicBool::new(false)).unwrap();
+        let again = quotas.of(&dir.path().join("."), 200).unwrap();
+        assert!(Arc::ptr_eq(&first, &again));
+        assert_eq!((again.used(), first.limit()), (60, 200));
+        drop((first, again));
+        assert_eq!(
+            quotas.of(dir.path(), 100).unwrap().used(),
+            0,
+            "measured afresh"
+        );
     }
 
     #[test]
