@@ -91,20 +91,26 @@ fn concurrent_changes_to_shared_files_keep_the_quota_count_exact() {
     let server = Server::with_config(
         &dir.path().join("data"),
         &format!(
-            "[backends.race]\nguest = {HOSTILE_WASM:?}\ndir = {race:?}\ndisk_quota_mib = 256\ntimeout_ms = 60000\n\
+            "[backends.race]\nguest = {HOSTILE_WASM:?}\ndir = {race:?}\ndisk_quota_mib = 1\ntimeout_ms = 60000\n\
              max_cores = 4\n\
              [backends.race.config]\nattack = \"disk-race\"\n"
         ),
     );
     let url = server.state_url("race", "attack");
+    let mut refused = 0;
     for _ in 0..3 {
         for answer in at_once(&url, 6) {
             assert_eq!(answer.status, 200, "{}", answer.text());
-            // "N of 4000 changes worked": most of them, or the run tested
-            // little.
-            let worked: u64 = answer.text().split(' ').next().unwrap().parse().unwrap();
-            assert!(worked >= 1000, "{}", answer.text());
+            // "N of 4000 changes worked, R refused for space": many worked,
+            // or the run tested little.
+            let text = answer.text();
+            let words: Vec<&str> = text.split(' ').collect();
+            let worked: u64 = words[0].parse().unwrap();
+            assert!(worked >= 1000, "{text}");
+            refused += words[5].parse::<u64>().unwrap();
         }
         assert_count_matches(&server, "race", &race);
     }
+    // It ran into its quota too: refusals (and what they give back) raced.
+    assert!(refused > 0, "the quota never refused a change");
 }

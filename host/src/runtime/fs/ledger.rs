@@ -5,7 +5,7 @@
 //! between.
 
 use super::{GuestFs, borrow, io_error};
-use crate::runtime::quota::{DirQuota, ENTRY_BYTES, Identity, OpenFiles};
+use crate::runtime::quota::{DirQuota, ENTRY_BYTES, Identity};
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -18,14 +18,15 @@ use wasmtime_wasi::p2::bindings::filesystem::types::{self, HostDescriptor};
 /// Most bytes one positional write under a quota writes.
 const MAX_WRITE: usize = 1 << 20;
 
-/// What a removal (unlink, or a rename over an existing name) frees.
+/// What a removal (unlink, or a rename over an existing name) frees,
+/// measured before it.
 #[derive(Default)]
 pub(super) struct Removal {
-    /// Credited as soon as it happened.
-    credit: u64,
-    /// A file some descriptor or stream holds open, whose bytes are owed
-    /// when the last one lets go.
-    held_open: Option<Identity>,
+    /// The name's entry, credited once it happened.
+    entry: u64,
+    /// A file that loses its last name, and its size: credited then, or,
+    /// if something still holds it open, when the last holder lets go.
+    file: Option<(Identity, u64)>,
 }
 
 /// Run one of wasmtime-wasi's filesystem calls to its end on this thread.
@@ -161,7 +162,7 @@ impl GuestFs<'_> {
         oflags: types::OpenFlags,
         flags: types::DescriptorFlags,
     ) -> FsResult<Resource<types::Descriptor>> {
-        let mut changes = quota.changes();
+        let _changes = quota.changes();
         let existing = inline(HostDescriptor::stat_at(
             &mut self.fs,
             borrow(&fd),
@@ -198,7 +199,9 @@ impl GuestFs<'_> {
         if let Some(file) = self.file_of(&opened)?
             && let Some(identity) = self.identity_of(&opened)
         {
-            changes.opened(self.files.holder(opened.rep()), identity, file);
+            quota
+                .open_files()
+                .opened(self.files.holder(opened.rep()), identity, file);
         }
         Ok(opened)
     }
@@ -212,14 +215,14 @@ impl GuestFs<'_> {
         new_fd: Resource<types::Descriptor>,
         new_path: String,
     ) -> FsResult<()> {
-        let mut changes = quota.changes();
+        let _changes = quota.changes();
         // A rename between two names of one file (the same name, or two
         // hard links) succeeds and changes nothing: it frees nothing.
         let from = self.identity_at(&fd, &old_path);
         let same_file = from.is_some() && from == self.identity_at(&new_fd, &new_path);
         let replaced = match same_file {
             true => Removal::default(),
-            false => self.freed_by_removing(&changes, &new_fd, &new_path),
+            false => self.freed_by_removing(&new_fd, &new_path),
         };
         inline(HostDescriptor::rename_at(
             &mut self.fs,
@@ -228,7 +231,7 @@ impl GuestFs<'_> {
             new_fd,
             new_path,
         ))?;
-        self.removed(&mut changes, replaced);
+        self.removed(quota, replaced);
         Ok(())
     }
 
@@ -239,24 +242,17 @@ impl GuestFs<'_> {
         fd: Resource<types::Descriptor>,
         path: String,
     ) -> FsResult<()> {
-        let mut changes = quota.changes();
-        let freed = self.freed_by_removing(&changes, &fd, &path);
+        let _changes = quota.changes();
+        let freed = self.freed_by_removing(&fd, &path);
         inline(HostDescriptor::unlink_file_at(&mut self.fs, fd, path))?;
-        self.removed(&mut changes, freed);
+        self.removed(quota, freed);
         Ok(())
     }
 
-    /// What removing `path` would free: its size and entry when it is a
-    /// file no other name points at, its entry when it is anything else.
-    /// A file something holds open frees only its entry now; its bytes
-    /// are owed when the last holder lets go ([`OpenFiles`]), which
-    /// [`Self::removed`] arranges once the removal happened.
-    fn freed_by_removing(
-        &mut self,
-        open: &OpenFiles,
-        fd: &Resource<types::Descriptor>,
-        path: &str,
-    ) -> Removal {
+    /// What removing `path` would free (measured under the quota's
+    /// lock, so no write changes it before the removal): its entry, and
+    /// when it is a file no other name points at, its bytes.
+    fn freed_by_removing(&mut self, fd: &Resource<types::Descriptor>, path: &str) -> Removal {
         let stat = inline(HostDescriptor::stat_at(
             &mut self.fs,
             borrow(fd),
@@ -265,20 +261,14 @@ impl GuestFs<'_> {
         ));
         match stat {
             Ok(st) if st.type_ == types::DescriptorType::RegularFile && st.link_count <= 1 => {
-                match self.identity_at(fd, path).filter(|id| open.holds(*id)) {
-                    Some(held) => Removal {
-                        credit: ENTRY_BYTES,
-                        held_open: Some(held),
-                    },
-                    None => Removal {
-                        credit: st.size + ENTRY_BYTES,
-                        held_open: None,
-                    },
+                Removal {
+                    entry: ENTRY_BYTES,
+                    file: self.identity_at(fd, path).map(|id| (id, st.size)),
                 }
             }
             Ok(_) => Removal {
-                credit: ENTRY_BYTES,
-                held_open: None,
+                entry: ENTRY_BYTES,
+                file: None,
             },
             Err(_) => Removal::default(),
         }
@@ -296,12 +286,15 @@ impl GuestFs<'_> {
         .map(|h| (h.upper, h.lower))
     }
 
-    /// Settle a removal that happened: credit what it freed now, and owe
-    /// the bytes of a file still held open until it is let go.
-    fn removed(&mut self, open: &mut OpenFiles, removal: Removal) {
-        self.credit(removal.credit);
-        if let Some(identity) = removal.held_open {
-            open.removed(identity);
+    /// Settle a removal that happened: credit its entry, and the bytes of
+    /// a file nothing holds open any more (one still held is credited when
+    /// the last holder lets go: [`crate::runtime::quota::OpenFiles`]).
+    fn removed(&mut self, quota: &DirQuota, removal: Removal) {
+        self.credit(removal.entry);
+        if let Some((identity, size)) = removal.file
+            && !quota.open_files().removed_if_held(identity)
+        {
+            self.credit(size);
         }
     }
 

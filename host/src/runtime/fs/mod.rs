@@ -25,7 +25,7 @@ use super::sandbox::Sandbox;
 use super::turns::Core;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use streams::{GuestInput, GuestOutput};
+use streams::{GuestInput, GuestOutput, Target};
 use wasmtime::component::{HasData, Resource};
 use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemCtxView};
 use wasmtime_wasi::p2::bindings::filesystem::types::{
@@ -91,6 +91,24 @@ impl GuestFs<'_> {
         })
     }
 
+    /// The file `fd` is, when this descriptor may write it: only such a
+    /// write or `set-size` is charged (one that will fail is passed on to
+    /// fail as it does without a quota, charged nothing).
+    fn writable_file_of(
+        &self,
+        fd: &Resource<types::Descriptor>,
+    ) -> FsResult<Option<Arc<std::fs::File>>> {
+        Ok(match self.fs.table.get(fd)? {
+            Descriptor::File(f)
+                if !f.perms.write_not_permitted()
+                    && f.open_mode.contains(wasmtime_wasi::OpenMode::WRITE) =>
+            {
+                Some(f.file.clone())
+            }
+            _ => None,
+        })
+    }
+
     /// What a stream on the file `fd` takes in the register of open files
     /// (a stream keeps its file on disk as a descriptor does); entered
     /// once the stream is in the table.
@@ -121,13 +139,14 @@ impl GuestFs<'_> {
             return Ok(stream);
         };
         let _checked: DynOutputStream = self.fs.table.delete(stream)?;
-        let own: DynOutputStream = Box::new(GuestOutput::new(
+        let target = Target {
             file,
-            position,
-            hold.as_ref().map(StreamHold::owner),
-            self.refused.clone(),
-            self.core.clone(),
-        ));
+            // Charged even if the file's identity could not be taken.
+            quota: self.quota.cloned(),
+            holder: hold.as_ref().map(|h| h.holder),
+            refused: self.refused.clone(),
+        };
+        let own: DynOutputStream = Box::new(GuestOutput::new(target, position, self.core.clone()));
         let pushed = self.fs.table.push(own)?;
         if let Some(hold) = hold {
             hold.enter();
@@ -154,7 +173,7 @@ impl StreamHold {
     /// there must not be left holding the file).
     fn enter(self) {
         self.quota
-            .changes()
+            .open_files()
             .opened(self.holder, self.identity, self.file);
     }
 }
@@ -180,8 +199,10 @@ impl HostDescriptor for GuestFs<'_> {
         offset: types::Filesize,
     ) -> FsResult<types::Filesize> {
         self.core.hold().await.map_err(FsError::trap)?;
-        match (self.quota, self.file_of(&fd)?) {
-            (Some(quota), Some(file)) => self.write_charged(quota, &file, fd, buf, offset),
+        match (self.quota, self.writable_file_of(&fd)?) {
+            (Some(quota), Some(file)) if !buf.is_empty() => {
+                self.write_charged(quota, &file, fd, buf, offset)
+            }
             _ => HostDescriptor::write(&mut self.fs, fd, buf, offset).await,
         }
     }
@@ -192,7 +213,7 @@ impl HostDescriptor for GuestFs<'_> {
         size: types::Filesize,
     ) -> FsResult<()> {
         self.core.hold().await.map_err(FsError::trap)?;
-        match (self.quota, self.file_of(&fd)?) {
+        match (self.quota, self.writable_file_of(&fd)?) {
             (Some(quota), Some(file)) => self.set_size_charged(quota, &file, fd, size),
             _ => HostDescriptor::set_size(&mut self.fs, fd, size).await,
         }
@@ -422,8 +443,7 @@ impl HostDescriptor for GuestFs<'_> {
         let holder = self.files.holder(fd.rep());
         let dropped = HostDescriptor::drop(&mut self.fs, fd);
         if let Some(quota) = self.quota {
-            let freed = quota.changes().closed(holder);
-            quota.credit(freed);
+            quota.release(holder);
         }
         dropped
     }

@@ -2,16 +2,17 @@
 //! made under its lock, and blocking reads and writes (which run inline)
 //! holding the instance's turn.
 //!
-//! wasmtime-wasi's file output stream starts each write on a blocking pool
-//! and lets it land later, so the size its charge was measured against
-//! could change before the bytes landed (another instance truncating the
-//! file between the two left a hole it was never charged for, credited
-//! later when the file shrank). This one makes each write before `write`
-//! returns, measured, charged and written under the quota's lock; at most
-//! [`WRITE_CAPACITY`] at a time, so the lock is held briefly and nothing
-//! waits in host memory. A non-blocking `write` runs without the
-//! instance's turn, as wasmtime-wasi's did on its pool; the blocking one
-//! holds it.
+//! wasmtime-wasi's file output stream measured nothing: the size a charge
+//! was measured against could change before its bytes landed (another
+//! instance truncating the file between the two left a hole it was never
+//! charged for, credited later when the file shrank). This one measures,
+//! charges and writes in one step under the quota's lock. Like
+//! wasmtime-wasi's, a non-blocking `write` (at most [`WRITE_CAPACITY`])
+//! runs on the blocking pool, so waiting for the lock there holds no guest
+//! thread; `check-write` allows nothing more until the guest has waited
+//! for it. A blocking write runs inline, holding the instance's turn. A
+//! write still running when the stream is dropped finishes (its bytes
+//! are not lost), and the file is let go after it.
 
 use super::super::quota::{DirQuota, Holder};
 use super::super::turns::Core;
@@ -27,48 +28,140 @@ use wasmtime_wasi::p2::{
 /// wasmtime-wasi's file streams allow too). A larger one traps.
 pub(super) const WRITE_CAPACITY: usize = 64 << 10;
 
+/// The file a stream writes, and what a write owes the quota. Shared
+/// with a write running on the blocking pool; the file is let go (in the
+/// register of open files) when the last of them is dropped.
+pub(super) struct Target {
+    pub(super) file: Arc<std::fs::File>,
+    pub(super) quota: Option<Arc<DirQuota>>,
+    /// The stream's place in the register of open files (a stream keeps
+    /// its file on disk as a descriptor does).
+    pub(super) holder: Option<Holder>,
+    pub(super) refused: Arc<AtomicBool>,
+}
+
+impl Target {
+    /// Write `bytes` at `at` (at the end for `None`), charging what the
+    /// file grows by first: measured, charged and written under the
+    /// quota's lock.
+    fn write(&self, bytes: &[u8], at: Option<u64>) -> std::io::Result<()> {
+        let _changes = self.quota.as_ref().map(|q| q.changes());
+        let len = bytes.len() as u64;
+        let size = self.file.metadata()?.len();
+        let growth = match at {
+            Some(at) => at.saturating_add(len).saturating_sub(size),
+            None => len,
+        };
+        if let Some(quota) = &self.quota {
+            quota
+                .charge(growth, &self.refused)
+                .map_err(|_| std::io::Error::from_raw_os_error(ENOSPC))?;
+        }
+        let written = match at {
+            Some(at) => self.file.write_all_at(bytes, at),
+            None => append(&self.file, bytes),
+        };
+        if let (Err(_), Some(quota)) = (&written, &self.quota) {
+            // It failed part way: credit what it did not grow.
+            let after = self.file.metadata().map_or(size + growth, |m| m.len());
+            quota.credit(growth.saturating_sub(after.saturating_sub(size)));
+        }
+        written
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if let (Some(quota), Some(holder)) = (&self.quota, self.holder) {
+            quota.release(holder);
+        }
+    }
+}
+
+/// Append `bytes` atomically (`RWF_APPEND`, as wasmtime-wasi does), so
+/// instances appending to one file without a quota's lock do not write
+/// over each other.
+fn append(file: &std::fs::File, mut bytes: &[u8]) -> std::io::Result<()> {
+    use rustix::io::{Errno, ReadWriteFlags, pwritev2};
+    while !bytes.is_empty() {
+        let n = match pwritev2(
+            file,
+            &[std::io::IoSlice::new(bytes)],
+            0,
+            ReadWriteFlags::APPEND,
+        ) {
+            Ok(n) => n,
+            Err(Errno::NOSYS | Errno::NOTSUP) => {
+                // A kernel without it (before 4.16): at the end as it is.
+                let end = file.metadata()?.len();
+                return file.write_all_at(bytes, end);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        bytes = &bytes[n..];
+    }
+    Ok(())
+}
+
+/// What a file's output stream is doing.
+enum Output {
+    Ready,
+    /// A write running on the blocking pool.
+    Writing(tokio::task::JoinHandle<std::io::Result<()>>),
+    /// The last write failed; the next call reports it.
+    Failed(std::io::Error),
+    Closed,
+}
+
 /// A file's output stream (see the module's doc).
 pub(super) struct GuestOutput {
-    file: Arc<std::fs::File>,
+    target: Arc<Target>,
     /// Where the next write lands; `None` for an appending stream.
     position: Option<u64>,
-    quota: Option<Arc<DirQuota>>,
-    /// This stream's place in the backend's register of open files: a
-    /// stream keeps its file on disk as a descriptor does.
-    holder: Option<Holder>,
-    refused: Arc<AtomicBool>,
     core: Core,
-    /// A write failed: the stream is closed.
-    closed: bool,
+    state: Output,
 }
 
 impl GuestOutput {
-    pub(super) fn new(
-        file: Arc<std::fs::File>,
-        position: Option<u64>,
-        quota: Option<(Arc<DirQuota>, Holder)>,
-        refused: Arc<AtomicBool>,
-        core: Core,
-    ) -> Self {
-        let (quota, holder) = quota.unzip();
+    pub(super) fn new(target: Target, position: Option<u64>, core: Core) -> Self {
         GuestOutput {
-            file,
+            target: Arc::new(target),
             position,
-            quota,
-            holder,
-            refused,
             core,
-            closed: false,
+            state: Output::Ready,
         }
     }
 
-    /// Write `bytes` where the stream is, charging what the file grows by
-    /// first: measured, charged and written under the quota's lock.
-    fn write_now(&mut self, bytes: &[u8]) -> StreamResult<()> {
-        if self.closed {
-            return Err(StreamError::Closed);
+    /// Where a write of `len` bytes lands, moving the stream past it.
+    fn advance(&mut self, len: usize) -> Option<u64> {
+        let at = self.position;
+        if let Some(position) = &mut self.position {
+            *position += len as u64;
         }
-        if bytes.len() > WRITE_CAPACITY {
+        at
+    }
+
+    /// Report a failed write once; after it, the stream is closed.
+    fn failure(&mut self) -> StreamResult<()> {
+        match std::mem::replace(&mut self.state, Output::Closed) {
+            Output::Failed(e) => Err(StreamError::LastOperationFailed(e.into())),
+            Output::Closed => Err(StreamError::Closed),
+            other => {
+                self.state = other;
+                Ok(())
+            }
+        }
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl OutputStream for GuestOutput {
+    fn write(&mut self, bytes: bytes::Bytes) -> StreamResult<()> {
+        self.failure()?;
+        if !matches!(self.state, Output::Ready) || bytes.len() > WRITE_CAPACITY {
             return Err(StreamError::trap(
                 "write not permitted: more than check-write allowed",
             ));
@@ -76,63 +169,42 @@ impl GuestOutput {
         if bytes.is_empty() {
             return Ok(());
         }
-        self.write_locked(bytes).map_err(|e| {
-            self.closed = true;
-            StreamError::LastOperationFailed(e.into())
-        })
-    }
-
-    fn write_locked(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        let _changes = self.quota.as_ref().map(|q| q.changes());
-        let len = bytes.len() as u64;
-        let size = self.file.metadata()?.len();
-        // An appending stream writes at the end: under the lock, nothing
-        // else of this backend moves it before the bytes land.
-        let at = self.position.unwrap_or(size);
-        let growth = at.saturating_add(len).saturating_sub(size);
-        if let Some(quota) = &self.quota {
-            quota
-                .charge(growth, &self.refused)
-                .map_err(|_| std::io::Error::from_raw_os_error(ENOSPC))?;
-        }
-        let written = self.file.write_all_at(bytes, at);
-        if let (Err(_), Some(quota)) = (&written, &self.quota) {
-            // It failed part way: credit what it did not grow.
-            let after = self.file.metadata().map_or(size + growth, |m| m.len());
-            quota.credit(growth.saturating_sub(after.saturating_sub(size)));
-        }
-        written?;
-        if let Some(position) = &mut self.position {
-            *position += len;
-        }
+        let at = self.advance(bytes.len());
+        let target = self.target.clone();
+        self.state = Output::Writing(tokio::task::spawn_blocking(move || {
+            target.write(&bytes, at)
+        }));
         Ok(())
-    }
-}
-
-#[wasmtime_wasi::async_trait]
-impl OutputStream for GuestOutput {
-    fn write(&mut self, bytes: bytes::Bytes) -> StreamResult<()> {
-        self.write_now(&bytes)
     }
 
     fn flush(&mut self) -> StreamResult<()> {
-        // Every write has landed when `write` returns.
-        match self.closed {
-            true => Err(StreamError::Closed),
-            false => Ok(()),
-        }
+        // A running write is waited for with the stream's readiness.
+        self.failure()
     }
 
     fn check_write(&mut self) -> StreamResult<usize> {
-        self.flush().map(|()| WRITE_CAPACITY)
+        self.failure()?;
+        Ok(match self.state {
+            Output::Ready => WRITE_CAPACITY,
+            _ => 0,
+        })
     }
 
     async fn blocking_write_and_flush(&mut self, bytes: bytes::Bytes) -> StreamResult<()> {
+        self.ready().await;
+        self.failure()?;
         self.core
             .hold()
             .await
             .map_err(|t| StreamError::Trap(t.into()))?;
-        self.write_now(&bytes)
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let at = self.advance(bytes.len());
+        self.target.write(&bytes, at).map_err(|e| {
+            self.state = Output::Closed;
+            StreamError::LastOperationFailed(e.into())
+        })
     }
 
     fn write_zeroes(&mut self, n: usize) -> StreamResult<()> {
@@ -141,29 +213,26 @@ impl OutputStream for GuestOutput {
                 "write-zeroes not permitted: more than check-write allowed",
             ));
         }
-        self.write_now(&vec![0; n])
+        self.write(bytes::Bytes::from(vec![0; n]))
     }
 
-    async fn cancel(&mut self) {}
+    async fn cancel(&mut self) {
+        // Let a running write finish, as wasmtime-wasi's stream does.
+        self.ready().await;
+        self.state = Output::Closed;
+    }
 }
 
 #[wasmtime_wasi::async_trait]
 impl Pollable for GuestOutput {
-    async fn ready(&mut self) {}
-}
-
-impl Drop for GuestOutput {
-    fn drop(&mut self) {
-        release(self.quota.as_ref(), self.holder);
-    }
-}
-
-/// A stream let go of its file: credit what that freed (a removed file's
-/// bytes, once nothing holds it).
-fn release(quota: Option<&Arc<DirQuota>>, holder: Option<Holder>) {
-    if let (Some(quota), Some(holder)) = (quota, holder) {
-        let freed = quota.changes().closed(holder);
-        quota.credit(freed);
+    async fn ready(&mut self) {
+        if let Output::Writing(task) = &mut self.state {
+            self.state = match task.await {
+                Ok(Ok(())) => Output::Ready,
+                Ok(Err(e)) => Output::Failed(e),
+                Err(e) => Output::Failed(std::io::Error::other(e)),
+            };
+        }
     }
 }
 
@@ -178,8 +247,9 @@ pub(super) struct GuestInput {
 
 impl Drop for GuestInput {
     fn drop(&mut self) {
-        let (quota, holder) = self.held.take().unzip();
-        release(quota.as_ref(), holder);
+        if let Some((quota, holder)) = self.held.take() {
+            quota.release(holder);
+        }
     }
 }
 

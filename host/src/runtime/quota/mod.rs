@@ -25,7 +25,7 @@ mod open_files;
 pub use open_files::{Holder, Identity, InstanceFiles, OpenFiles};
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
@@ -45,8 +45,10 @@ pub struct DirQuota {
     /// answer the request with 507.
     refusals: AtomicU64,
     /// Held through every change whose charge or credit depends on what
-    /// was measured before it; holds the backend's open files.
-    changes: Mutex<OpenFiles>,
+    /// was measured before it.
+    changes: Mutex<()>,
+    /// The backend's open files; held briefly, never through I/O.
+    open: Mutex<OpenFiles>,
 }
 
 impl DirQuota {
@@ -57,16 +59,43 @@ impl DirQuota {
             used: AtomicU64::new(usage(dir)?),
             refusals: AtomicU64::new(0),
             changes: Mutex::default(),
+            open: Mutex::default(),
         }))
     }
 
     /// Take the lock for one change measured before it is made (see the
-    /// module's doc), with the backend's open files. Held only by code
-    /// that does not suspend, so never across an `.await`.
-    pub fn changes(&self) -> MutexGuard<'_, OpenFiles> {
-        // A panic under the lock left the register as consistent as any
+    /// module's doc). Held only by code that does not suspend, so never
+    /// across an `.await`; taken on the async workers only with the
+    /// instance's turn held (so a backend's waiters are within its share
+    /// of the cores), otherwise on the blocking pool.
+    pub fn changes(&self) -> MutexGuard<'_, ()> {
+        // A panic under the lock left the count as consistent as any
         // single change does; refusing every later change would be worse.
         self.changes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The backend's register of open files. Taken after [`Self::changes`]
+    /// when both are, and held only for its own bookkeeping, so closing a
+    /// file never waits for another instance's write.
+    pub fn open_files(&self) -> MutexGuard<'_, OpenFiles> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Set the count to what `dir` holds now, plus the removed files still
+    /// held open (which a walk cannot see). Exact: no change runs while
+    /// the walk does, nor does any holder let go.
+    fn measure_again(&self, dir: &Path) -> std::io::Result<()> {
+        let _changes = self.changes();
+        let open = self.open_files();
+        let now = usage(dir)? + open.removed_bytes();
+        self.used.store(now, Ordering::Release);
+        Ok(())
+    }
+
+    /// `holder` let go of its file: credit what that freed.
+    pub fn release(&self, holder: Holder) {
+        let freed = self.open_files().closed(holder);
+        self.credit(freed);
     }
 
     /// The quota in bytes.
@@ -112,25 +141,30 @@ impl DirQuota {
 }
 
 /// The quotas of the directories the server serves, one per directory
-/// for as long as anything uses it: a reload's backend takes over the
-/// quota (its count, lock and open files) that requests still running
-/// on the backend it replaces hold, instead of measuring a second one
-/// that cannot see the files they hold open.
+/// (by device and inode, so a symlink or bind mount is the same one) for
+/// as long as anything uses it: a reload's backend takes over the quota
+/// (its lock and open files) that requests still running on the backend
+/// it replaces hold, instead of a second one that cannot see the files
+/// they hold open.
 #[derive(Debug, Default)]
-pub struct DirQuotas(Mutex<HashMap<PathBuf, Weak<DirQuota>>>);
+pub struct DirQuotas(Mutex<HashMap<(u64, u64), Weak<DirQuota>>>);
 
 impl DirQuotas {
-    /// The quota of `dir`, now of `limit` bytes: the one in use, or one
-    /// measured now.
+    /// The quota of `dir`, now of `limit` bytes: the one in use (measured
+    /// again, so a reload picks up what an operator removed by hand), or
+    /// one measured now.
     pub fn of(&self, dir: &Path, limit: u64) -> std::io::Result<Arc<DirQuota>> {
-        let key = dir.canonicalize()?;
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(dir)?;
+        let key = (meta.dev(), meta.ino());
         let mut quotas = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         quotas.retain(|_, q| q.strong_count() > 0);
         if let Some(quota) = quotas.get(&key).and_then(Weak::upgrade) {
             quota.limit.store(limit, Ordering::Relaxed);
+            quota.measure_again(dir)?;
             return Ok(quota);
         }
-        let quota = DirQuota::measure(&key, limit)?;
+        let quota = DirQuota::measure(dir, limit)?;
         quotas.insert(key, Arc::downgrade(&quota));
         Ok(quota)
     }
@@ -196,15 +230,30 @@ mod tests {
     }
 
     #[test]
-    fn a_directory_keeps_one_quota_while_it_is_in_use() {
+    fn a_directory_keeps_one_quota_while_it_is_in_use_measured_again_on_reload() {
         let dir = tempfile::tempdir().unwrap();
         let quotas = DirQuotas::default();
-        let first = quotas.of(dir.path(), 100).unwrap();
-        first.charge(60, &AtomicBool::new(false)).unwrap();
-        let again = quotas.of(&dir.path().join("."), 200).unwrap();
-        assert!(Arc::ptr_eq(&first, &again));
-        assert_eq!((again.used(), first.limit()), (60, 200));
+        let first = quotas.of(dir.path(), 100_000).unwrap();
+        std::fs::write(dir.path().join("a"), vec![0u8; 1000]).unwrap();
+        // A file removed while a request holds it open: still on disk.
+        let held = Arc::new(std::fs::File::create(dir.path().join("b")).unwrap());
+        held.set_len(500).unwrap();
+        first.open_files().opened((1, 1), (7, 7), held.clone());
+        std::fs::remove_file(dir.path().join("b")).unwrap();
+        assert!(first.open_files().removed_if_held((7, 7)));
+        let again = quotas.of(&dir.path().join("."), 200_000).unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "a second quota for one directory"
+        );
+        assert_eq!(
+            (again.used(), first.limit()),
+            (ENTRY_BYTES + 1000 + 500, 200_000)
+        );
+        first.release((1, 1));
+        assert_eq!(first.used(), ENTRY_BYTES + 1000);
         drop((first, again));
+        std::fs::remove_file(dir.path().join("a")).unwrap();
         assert_eq!(
             quotas.of(dir.path(), 100).unwrap().used(),
             0,

@@ -13,8 +13,10 @@
 //!
 //! The register is the backend's, not one instance's: a file one request
 //! holds open and another removes stays on disk just the same. It lives in
-//! the quota's lock ([`super::DirQuota::changes`]), with every change
-//! whose credit depends on it.
+//! its own lock ([`super::DirQuota::open_files`]), held briefly: a
+//! removal marks the file after it happened, so a holder letting go at
+//! the same moment either sees the mark (and credits the bytes) or is
+//! gone before it (and the removal credits them).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -61,16 +63,31 @@ impl OpenFiles {
             .descriptors += 1;
     }
 
-    /// Whether any descriptor holds the file `identity`.
+    /// Whether anything holds the file `identity`.
     pub fn holds(&self, identity: Identity) -> bool {
         self.files.contains_key(&identity)
     }
 
-    /// The file `identity` lost its last name while held open.
-    pub fn removed(&mut self, identity: Identity) {
-        if let Some(held) = self.files.get_mut(&identity) {
-            held.removed = true;
+    /// The file `identity` lost its last name: if something still holds
+    /// it, its bytes are owed when the last holder lets go (true);
+    /// otherwise they were freed now (false).
+    pub fn removed_if_held(&mut self, identity: Identity) -> bool {
+        match self.files.get_mut(&identity) {
+            Some(held) => {
+                held.removed = true;
+                true
+            }
+            None => false,
         }
+    }
+
+    /// The bytes of the removed files something still holds open.
+    pub fn removed_bytes(&self) -> u64 {
+        self.files
+            .values()
+            .filter(|f| f.removed)
+            .map(|f| f.file.metadata().map_or(0, |m| m.len()))
+            .sum()
     }
 
     /// Descriptor `holder` closed; the bytes to credit (a removed file's,
@@ -83,12 +100,14 @@ impl OpenFiles {
     }
 
     /// Instance `instance` ended with descriptors still open: they close
-    /// now. The bytes to credit.
+    /// now. The bytes to credit. (Its streams let go by themselves, when
+    /// the last write they started has finished: one may still be running
+    /// on the blocking pool, and what it writes is owed with the file.)
     pub fn instance_ended(&mut self, instance: u64) -> u64 {
         let holders: Vec<Holder> = self
             .descriptors
             .keys()
-            .filter(|(i, _)| *i == instance)
+            .filter(|(i, key)| *i == instance && *key < FIRST_STREAM)
             .copied()
             .collect();
         holders.into_iter().map(|h| self.closed(h)).sum()
@@ -118,6 +137,9 @@ pub struct InstanceFiles {
     streams: AtomicU64,
 }
 
+/// The first key of a stream's holder (descriptors' handles are below).
+const FIRST_STREAM: u64 = 1 << 32;
+
 /// Numbers instances.
 static INSTANCES: AtomicU64 = AtomicU64::new(0);
 
@@ -127,7 +149,7 @@ impl InstanceFiles {
         InstanceFiles {
             quota,
             instance: INSTANCES.fetch_add(1, Ordering::Relaxed),
-            streams: AtomicU64::new(1 << 32),
+            streams: AtomicU64::new(FIRST_STREAM),
         }
     }
 
@@ -146,7 +168,7 @@ impl InstanceFiles {
 impl Drop for InstanceFiles {
     fn drop(&mut self) {
         if let Some(quota) = &self.quota {
-            let freed = quota.changes().instance_ended(self.instance);
+            let freed = quota.open_files().instance_ended(self.instance);
             quota.credit(freed);
         }
     }
@@ -172,7 +194,7 @@ mod tests {
         let mut files = OpenFiles::default();
         files.opened((1, 1), (1, 2), file.clone());
         files.opened((1, 2), (1, 2), file.clone());
-        files.removed((1, 2));
+        assert!(files.removed_if_held((1, 2)));
         assert_eq!(files.closed((1, 1)), 0, "credited while still held open");
         assert_eq!(files.closed((1, 2)), 1000);
         assert_eq!(files.closed((1, 2)), 0, "credited twice");
@@ -186,10 +208,11 @@ mod tests {
         files.opened((1, 5), (3, 4), file.clone());
         files.opened((2, 5), (3, 4), file);
         assert!(files.holds((3, 4)));
-        files.removed((3, 4));
+        assert!(files.removed_if_held((3, 4)));
         assert_eq!(files.instance_ended(2), 0, "instance 1 still holds it");
         assert_eq!(files.instance_ended(1), 700);
         assert!(!files.holds((3, 4)));
+        assert!(!files.removed_if_held((3, 4)), "no one holds it: freed now");
     }
 
     #[test]
@@ -201,9 +224,9 @@ mod tests {
         let instance = InstanceFiles::new(Some(quota.clone()));
         let file = file_of(dir.path(), "f", 500);
         quota
-            .changes()
+            .open_files()
             .opened(instance.holder(7), (3, 4), file.clone());
-        quota.changes().removed((3, 4));
+        assert!(quota.open_files().removed_if_held((3, 4)));
         drop(instance);
         assert_eq!(quota.used(), used - 500);
     }
