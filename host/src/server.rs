@@ -61,15 +61,20 @@ fn force_push_backends(config: &Config) -> impl Iterator<Item = String> + '_ {
 /// Run the server described by `config` until a shutdown signal. With
 /// `source`, SIGHUP re-reads the config file and swaps the backends in.
 pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Result<()> {
-    let auth = Arc::new(Authenticator::new(
-        config.users.clone(),
-        config.tokens.clone(),
-    ));
+    let issuers = config
+        .oidc
+        .iter()
+        .cloned()
+        .map(crate::auth::oidc::Issuer::new)
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let auth = Arc::new(
+        Authenticator::new(config.users.clone(), config.tokens.clone()).with_oidc(issuers),
+    );
     let client_certs = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
     if !config.listen.ip().is_loopback() && !auth.enabled() && !client_certs {
         anyhow::bail!(
             "refusing to listen on {} without authentication: anyone who can reach it could read \
-             and overwrite state. Add [[users]] or [[tokens]] to the config file, require client \
+             and overwrite state. Add [[users]], [[tokens]] or [[oidc]] to the config file, require client \
              certificates with [tls] client_ca, or listen on 127.0.0.1",
             config.listen
         );

@@ -21,6 +21,7 @@ mod languages;
 mod marketplace;
 mod metrics;
 mod network;
+mod oidc;
 mod opentofu;
 mod production;
 mod protocol;

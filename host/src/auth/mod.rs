@@ -15,6 +15,7 @@
 //! verified against a hash of the same cost, so it is refused in the same
 //! time as a known one.
 
+pub mod oidc;
 pub mod throttle;
 
 use base64::Engine as _;
@@ -160,6 +161,8 @@ pub struct Authenticator {
     verifying: Arc<tokio::sync::Semaphore>,
     /// What an unknown user name's password is checked against.
     decoy_hash: String,
+    /// Issuers whose tokens sign callers in.
+    oidc: Vec<oidc::Issuer>,
 }
 
 impl Default for Authenticator {
@@ -185,13 +188,58 @@ impl Authenticator {
             throttle: Throttle::default(),
             verifying: Arc::new(tokio::sync::Semaphore::new(cores)),
             decoy_hash,
+            oidc: Vec::new(),
         }
+    }
+
+    /// Also sign in callers with tokens from these issuers.
+    pub fn with_oidc(mut self, issuers: Vec<oidc::Issuer>) -> Self {
+        self.oidc = issuers;
+        self
+    }
+
+    /// The configured issuer `token` says it is from, if it is a JWT.
+    fn issuer_of(&self, token: &str) -> Option<&oidc::Issuer> {
+        if self.oidc.is_empty() {
+            return None;
+        }
+        let claimed = oidc::unchecked_issuer(token)?;
+        self.oidc.iter().find(|i| i.issuer() == claimed)
+    }
+
+    /// Sign in with an OIDC token: a valid one is never slowed by anyone's
+    /// failures; a bad one counts against its address like a wrong
+    /// password.
+    async fn oidc_sign_in(
+        &self,
+        issuer: &oidc::Issuer,
+        token: &str,
+        client: IpAddr,
+    ) -> Result<Identity, AuthError> {
+        let result = issuer.verify(token).await;
+        if result.is_err() {
+            self.throttle
+                .check(client, None)
+                .map_err(AuthError::Throttled)?;
+            self.throttle.failed(client, None);
+        }
+        result
+    }
+
+    /// Whether `password` is a token of a configured OIDC issuer.
+    pub fn is_oidc_token(&self, password: &str) -> bool {
+        self.issuer_of(password).is_some()
+    }
+
+    /// Fetches of the key sets of the issuers so far.
+    pub fn oidc_key_fetches(&self) -> u64 {
+        self.oidc.iter().map(oidc::Issuer::key_fetches).sum()
     }
 
     /// Whether any user or token is configured (otherwise everyone is
     /// allowed everything, which the server permits only on loopback).
     pub fn enabled(&self) -> bool {
-        !self.users.is_empty() || !self.tokens.is_empty()
+        !self.users.is_empty() || !self.tokens.is_empty() || !self.oidc.is_empty()
     }
 
     /// Who sent a request with this `Authorization` header, from `client`.
@@ -203,7 +251,20 @@ impl Authenticator {
         let header = header.ok_or(AuthError::Missing)?;
         let (scheme, credentials) = header.trim().split_once(' ').ok_or(AuthError::Missing)?;
         match scheme.to_ascii_lowercase().as_str() {
-            "basic" => self.basic(credentials.trim(), client).await,
+            "basic" => {
+                let (name, password) = split_basic(credentials.trim())?;
+                // Terraform sends an OIDC token as the password
+                // (TF_HTTP_PASSWORD), with any user name.
+                match self.issuer_of(&password) {
+                    Some(issuer) => self.oidc_sign_in(issuer, &password, client).await,
+                    None => self.basic(&name, &password, client).await,
+                }
+            }
+            "bearer" if self.issuer_of(credentials.trim()).is_some() => {
+                let token = credentials.trim();
+                let issuer = self.issuer_of(token).expect("checked by the guard");
+                self.oidc_sign_in(issuer, token, client).await
+            }
             "bearer" => {
                 // A valid token is a hash away: never slowed by anyone's
                 // failures. Wrong ones count against their address.
@@ -220,12 +281,12 @@ impl Authenticator {
         }
     }
 
-    async fn basic(&self, encoded: &str, client: IpAddr) -> Result<Identity, AuthError> {
-        let decoded = base64::engine::general_purpose::STANDARD
-            .decode(encoded)
-            .map_err(|_| AuthError::Invalid)?;
-        let text = String::from_utf8(decoded).map_err(|_| AuthError::Invalid)?;
-        let (name, password) = text.split_once(':').ok_or(AuthError::Invalid)?;
+    async fn basic(
+        &self,
+        name: &str,
+        password: &str,
+        client: IpAddr,
+    ) -> Result<Identity, AuthError> {
         let user = self.users.iter().find(|u| u.name == name);
         // A sign-in that worked minutes ago is not slowed by anyone.
         let hash = user.map_or(self.decoy_hash.as_str(), |u| u.password_hash.as_str());
@@ -286,6 +347,16 @@ impl Authenticator {
             })
             .ok_or(AuthError::Invalid)
     }
+}
+
+/// The user name and password of HTTP Basic credentials.
+fn split_basic(encoded: &str) -> Result<(String, String), AuthError> {
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map_err(|_| AuthError::Invalid)?;
+    let text = String::from_utf8(decoded).map_err(|_| AuthError::Invalid)?;
+    let (name, password) = text.split_once(':').ok_or(AuthError::Invalid)?;
+    Ok((name.to_string(), password.to_string()))
 }
 
 fn identity_of(user: &User) -> Identity {

@@ -37,6 +37,14 @@
 //! name = "ci"
 //! sha256 = "9f86d081..."
 //! grants = ["*:*:admin"]
+//!
+//! [[oidc]]                 # CI jobs' OIDC tokens (Bearer, or the Basic password)
+//! name = "github"
+//! issuer = "https://token.actions.githubusercontent.com"
+//! audiences = ["wasmstate"]
+//! [[oidc.roles]]
+//! bound_claims = { repository = "acme/infra", ref = "refs/heads/main" }
+//! grants = ["prod:*:write"]
 //! ```
 
 use crate::auth::{Grant, Token, User, check_hash};
@@ -88,6 +96,8 @@ pub struct Config {
     pub users: Vec<User>,
     /// Bearer tokens.
     pub tokens: Vec<Token>,
+    /// Issuers whose OIDC tokens sign callers in.
+    pub oidc: Vec<crate::auth::oidc::OidcConfig>,
     /// HTTPS settings; plain HTTP when `None`.
     pub tls: Option<TlsConfig>,
     /// Signature policy and catalogue for installed guests.
@@ -309,6 +319,7 @@ pub struct Overrides {
 pub struct ConfigError(String);
 
 mod backend;
+mod oidc;
 mod raw;
 #[cfg(test)]
 mod tests;
@@ -398,6 +409,7 @@ impl Config {
             }],
             users: Vec::new(),
             tokens: Vec::new(),
+            oidc: Vec::new(),
             tls: None,
             marketplace: MarketplaceConfig::default(),
             max_guest_memory_bytes: None,

@@ -21,6 +21,8 @@ pub(super) struct RawConfig {
     pub(super) users: Vec<RawUser>,
     #[serde(default)]
     pub(super) tokens: Vec<RawToken>,
+    #[serde(default)]
+    pub(super) oidc: Vec<super::oidc::RawOidc>,
     pub(super) tls: Option<RawTls>,
     #[serde(default)]
     pub(super) marketplace: MarketplaceConfig,

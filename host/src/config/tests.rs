@@ -371,3 +371,46 @@ fn a_body_budget_below_two_largest_bodies_is_refused() {
     assert_eq!(config.network.max_buffered_bytes, Some(192 << 20));
     assert!(crate::config::default_max_buffered(512 << 20) >= (1088 << 20));
 }
+
+#[test]
+fn oidc_issuers_and_their_roles_are_validated() {
+    let with = |oidc: &str| parse(&format!("[backends.prod]\nguest = \"local\"\n{oidc}"));
+    let good = with(
+        "[[oidc]]\nname = \"github\"\nissuer = \"https://token.actions.githubusercontent.com\"\n\
+         audiences = [\"wasmstate\"]\n[[oidc.roles]]\nbound_claims = { repository = \"acme/*\" }\n\
+         grants = [\"prod:*:read\"]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        good.oidc[0].roles[0].bound_claims,
+        [("repository".into(), "acme/*".into())]
+    );
+    for (oidc, says) in [
+        (
+            "[[oidc]]\nname = \"g\"\nissuer = \"https://x.example\"\naudiences = [\"w\"]\n\
+             [[oidc.roles]]\nbound_claims = {}\ngrants = [\"prod:*:read\"]\n",
+            "bound_claims is empty",
+        ),
+        (
+            "[[oidc]]\nname = \"g\"\nissuer = \"http://x.example\"\naudiences = [\"w\"]\n",
+            "must be an https:// URL",
+        ),
+        (
+            "[[oidc]]\nname = \"g\"\nissuer = \"https://x.example\"\naudiences = []\n",
+            "audiences must name",
+        ),
+        (
+            "[[oidc]]\nname = \"g\"\nissuer = \"https://x.example\"\naudiences = [\"w\"]\n\
+             [[oidc]]\nname = \"g\"\nissuer = \"https://y.example\"\naudiences = [\"w\"]\n",
+            "a name of its own",
+        ),
+        (
+            "[[oidc]]\nname = \"g\"\nissuer = \"https://x.example\"\naudiences = [\"w\"]\n\
+             [[oidc.roles]]\nbound_claims = { a = \"b\" }\ngrants = [\"nope:*:read\"]\n",
+            "not configured",
+        ),
+    ] {
+        let err = with(oidc).unwrap_err().to_string();
+        assert!(err.contains(says), "{err}");
+    }
+}

@@ -106,6 +106,7 @@ pub(super) fn validate(
             sha256: t.sha256.to_ascii_lowercase(),
         });
     }
+    let oidc = super::oidc::validate_oidc(raw.oidc, base, file, &grants)?;
     let tls = raw
         .tls
         .map(|t| -> Result<TlsConfig, ConfigError> {
@@ -136,6 +137,7 @@ pub(super) fn validate(
         tls,
         users,
         tokens,
+        oidc,
         listen,
         data_dir,
         cache_dir,

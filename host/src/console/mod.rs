@@ -266,6 +266,17 @@ async fn login<S: Storage>(
     Form(form): Form<Credentials>,
 ) -> Response {
     use base64::Engine as _;
+    // A CI job's token lives minutes; a console session, hours: signing in
+    // with one would keep its grants past its expiry.
+    if console.app.auth.is_oidc_token(&form.password) {
+        let why = "an OIDC token signs in to the API only (a console session would outlive it): \
+                   sign in with a user name and password";
+        return (
+            StatusCode::FORBIDDEN,
+            Html(pages::login(Some(why)).into_string()),
+        )
+            .into_response();
+    }
     // The same check as the API's Basic sign-in, throttling included.
     let basic = base64::engine::general_purpose::STANDARD
         .encode(format!("{}:{}", form.user, form.password));
