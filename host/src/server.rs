@@ -125,6 +125,7 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
             metrics.clone(),
             allow_force_push.clone(),
             marks,
+            sign_in_settings(&config),
         ));
     }
     let draining = Arc::new(AtomicBool::new(false));
@@ -212,6 +213,12 @@ fn print_banner<'a>(scheme: &str, addr: SocketAddr, backends: impl Iterator<Item
     let _ = out.flush();
 }
 
+/// Who may sign in, as the config says: a reload does not change it.
+fn sign_in_settings(config: &Config) -> String {
+    format!("{:?}{:?}{:?}", config.users, config.tokens, config.oidc)
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn reload_on_sighup(
     mut hangups: tokio::signal::unix::Signal,
     source: ConfigSource,
@@ -220,6 +227,7 @@ async fn reload_on_sighup(
     metrics: Arc<Metrics>,
     allow_force_push: Arc<ForcePush>,
     marks: Marks,
+    sign_in: String,
 ) {
     let max_stored = runtime.max_stored_bytes();
     let build =
@@ -229,6 +237,12 @@ async fn reload_on_sighup(
         match crate::reload::reload(&source, &runtime, &served, build).await {
             Ok(outcome) => {
                 allow_force_push.set(force_push_backends(&outcome.config));
+                if sign_in_settings(&outcome.config) != sign_in {
+                    tracing::warn!(
+                        "[[users]], [[tokens]] or [[oidc]] changed in the config: they take \
+                         effect at the next restart (a reload swaps backends only)"
+                    );
+                }
                 metrics.reloaded(true);
                 // Metrics first: whoever reads the log line reads them true.
                 for (name, slot) in &served {

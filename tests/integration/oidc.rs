@@ -42,7 +42,13 @@ struct TestIssuer {
     child: Child,
     log: Arc<Mutex<String>>,
     keys: Vec<(String, KeyPair)>,
+    /// Published beside the keys: an HMAC key, key-1 again marked for
+    /// ES384, and a key of a kind jsonwebtoken does not know.
+    odd: Vec<serde_json::Value>,
 }
+
+/// The secret of the `oct` key the issuer publishes (never to be trusted).
+const HMAC_SECRET: &[u8] = b"a shared secret no issuer should publish";
 
 impl Drop for TestIssuer {
     fn drop(&mut self) {
@@ -99,8 +105,18 @@ impl TestIssuer {
             child,
             log,
             keys: Vec::new(),
+            odd: Vec::new(),
         };
         issuer.rotate_in("key-1");
+        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+        let mut es384 = jwk("key-384", &issuer.keys[0].1);
+        es384["alg"] = "ES384".into();
+        issuer.odd = vec![
+            serde_json::json!({"kty": "oct", "kid": "hmac", "k": b64(HMAC_SECRET)}),
+            es384,
+            serde_json::json!({"kty": "OKP", "crv": "X448", "kid": "unknown-kind", "x": b64(&[7; 56])}),
+        ];
+        issuer.rotate_in("key-1b");
         issuer
     }
 
@@ -112,7 +128,9 @@ impl TestIssuer {
     fn rotate_in(&mut self, kid: &str) {
         self.keys
             .push((kid.to_string(), KeyPair::generate().unwrap()));
-        let keys: Vec<serde_json::Value> = self.keys.iter().map(|(kid, k)| jwk(kid, k)).collect();
+        let mut keys: Vec<serde_json::Value> =
+            self.keys.iter().map(|(kid, k)| jwk(kid, k)).collect();
+        keys.extend(self.odd.iter().cloned());
         let jwks = self.dir.path().join("site/jwks.json");
         std::fs::write(jwks, serde_json::json!({ "keys": keys }).to_string()).unwrap();
     }
@@ -178,9 +196,13 @@ fn server_for(issuer: &TestIssuer, data: &Path) -> Server {
              [[oidc]]\nname = \"ci\"\nissuer = {:?}\naudiences = [\"wasmstate\"]\nca_file = {:?}\n\
              [[oidc.roles]]\nbound_claims = {{ repository = \"acme/infra\", ref = \"refs/heads/main\" }}\n\
              grants = [\"default:*:write\"]\n\
-             [[oidc.roles]]\nbound_claims = {{ repository = \"acme/*\" }}\ngrants = [\"default:*:read\"]\n",
+             [[oidc.roles]]\nbound_claims = {{ repository = \"acme/*\" }}\ngrants = [\"default:*:read\"]\n\
+             [[oidc]]\nname = \"other\"\nissuer = \"https://127.0.0.1:1\"\naudiences = [\"wasmstate\"]\n\
+             [[oidc.roles]]\nbound_claims = {{ repository = \"acme/*\" }}\ngrants = [\"default:*:write\"]\n\
+             [[users]]\nname = \"alice\"\npassword_hash = {:?}\ngrants = [\"default:*:read\"]\n",
             issuer.url,
-            issuer.ca_file()
+            issuer.ca_file(),
+            crate::auth::hash("alice's password"),
         ),
     )
 }
@@ -257,8 +279,23 @@ fn terraform_applies_with_a_ci_token_and_bad_tokens_change_nothing() {
     assert_eq!(with_token("GET", &url, &stranger, 4, None), 403);
 
     // Every bad token: 401, and nothing changes.
+    // Users sign in beside tokens.
+    let alice = base64::engine::general_purpose::STANDARD.encode("alice:alice's password");
+    let alice = send_with(
+        "GET",
+        &url,
+        None,
+        &[("Authorization", &format!("Basic {alice}"))],
+    );
+    assert_eq!(alice.status, 200);
+
     let rogue = KeyPair::generate().unwrap();
     let claims = issuer.claims(serde_json::json!({}));
+    let without = |claim: &str| {
+        let mut c = claims.clone();
+        c.as_object_mut().unwrap().remove(claim);
+        sign("key-1", &issuer.keys[0].1, &c)
+    };
     let bad: Vec<(&str, String)> = vec![
         (
             "wrong audience",
@@ -301,13 +338,42 @@ fn terraform_applies_with_a_ci_token_and_bad_tokens_change_nothing() {
             .unwrap(),
         ),
         (
-            "another issuer",
+            "HMAC with a published oct key",
+            jsonwebtoken::encode(
+                &Header {
+                    kid: Some("hmac".into()),
+                    ..Header::new(Algorithm::HS256)
+                },
+                &claims,
+                &EncodingKey::from_secret(HMAC_SECRET),
+            )
+            .unwrap(),
+        ),
+        (
+            "a key published for ES384",
+            sign("key-384", &issuer.keys[0].1, &claims),
+        ),
+        (
+            "an unknown issuer",
             issuer.token("key-1", serde_json::json!({"iss": "https://evil.example"})),
         ),
-        ("no subject", {
-            let mut c = claims.clone();
-            c.as_object_mut().unwrap().remove("sub");
-            sign("key-1", &issuer.keys[0].1, &c)
+        (
+            "another configured issuer, signed with this one's key",
+            issuer.token("key-1", serde_json::json!({"iss": "https://127.0.0.1:1"})),
+        ),
+        ("no subject", without("sub")),
+        ("no audience", without("aud")),
+        ("no expiry", without("exp")),
+        ("a crit header", {
+            let header =
+                serde_json::json!({"alg": "ES256", "kid": "key-1", "crit": ["exp"], "exp": 1});
+            let signing_input = format!("{}.{}", b64json(&header), b64json(&claims));
+            let key =
+                EncodingKey::from_ec_pem(issuer.keys[0].1.serialize_pem().as_bytes()).unwrap();
+            let signature =
+                jsonwebtoken::crypto::sign(signing_input.as_bytes(), &key, Algorithm::ES256)
+                    .unwrap();
+            format!("{signing_input}.{signature}")
         }),
     ];
     for (i, (case, token)) in bad.iter().enumerate() {
@@ -356,6 +422,17 @@ fn terraform_applies_with_a_ci_token_and_bad_tokens_change_nothing() {
     );
     // A valid token is not slowed by that address's failures.
     assert_eq!(with_token("GET", &url, &write, 50, None), 200);
+
+    // Bad tokens count against their address like wrong passwords.
+    let expired = issuer.token("key-1", serde_json::json!({"exp": now() - 3600}));
+    for _ in 0..6 {
+        assert_eq!(with_token("GET", &url, &expired, 60, None), 401);
+    }
+    // Then refused unchecked, for a backoff that doubles with each failure
+    // (the first is 1 s: a busy machine may let it pass before the next).
+    let throttled = (0..6).any(|_| with_token("GET", &url, &expired, 60, None) == 429);
+    assert!(throttled, "bad tokens were never throttled");
+    assert_eq!(with_token("GET", &url, &write, 60, None), 200);
 
     // The console takes no token: its session would outlive it.
     let console = reqwest::blocking::Client::new()

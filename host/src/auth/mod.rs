@@ -260,12 +260,10 @@ impl Authenticator {
                     None => self.basic(&name, &password, client).await,
                 }
             }
-            "bearer" if self.issuer_of(credentials.trim()).is_some() => {
-                let token = credentials.trim();
-                let issuer = self.issuer_of(token).expect("checked by the guard");
-                self.oidc_sign_in(issuer, token, client).await
-            }
             "bearer" => {
+                if let Some(issuer) = self.issuer_of(credentials.trim()) {
+                    return self.oidc_sign_in(issuer, credentials.trim(), client).await;
+                }
                 // A valid token is a hash away: never slowed by anyone's
                 // failures. Wrong ones count against their address.
                 let result = self.bearer(credentials.trim());

@@ -75,6 +75,17 @@ pub(super) fn validate_oidc(
                      e.g. {{ repository = \"acme/infra\" }}"
                 )));
             }
+            if let Some((claim, _)) = role
+                .bound_claims
+                .iter()
+                .find(|(_, pattern)| pattern.chars().all(|c| c == '*'))
+            {
+                return Err(fail(format!(
+                    "roles[{i}]: bound_claims.{claim} matches any value: bind it to something, \
+                     e.g. \"acme/*\" (prefer ids, such as GitHub's repository_owner_id, which \
+                     cannot be renamed and re-registered)"
+                )));
+            }
             roles.push(OidcRole {
                 grants: grants(&format!("{who}: roles[{i}]"), &role.grants)?,
                 bound_claims: role.bound_claims.into_iter().collect(),

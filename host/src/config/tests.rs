@@ -392,6 +392,11 @@ fn oidc_issuers_and_their_roles_are_validated() {
             "bound_claims is empty",
         ),
         (
+            "[[oidc]]\nname = \"g\"\nissuer = \"https://x.example\"\naudiences = [\"w\"]\n\
+             [[oidc.roles]]\nbound_claims = { repository = \"**\" }\ngrants = [\"prod:*:read\"]\n",
+            "matches any value",
+        ),
+        (
             "[[oidc]]\nname = \"g\"\nissuer = \"http://x.example\"\naudiences = [\"w\"]\n",
             "must be an https:// URL",
         ),

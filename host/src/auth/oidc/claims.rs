@@ -4,7 +4,7 @@ use super::super::Grant;
 use serde_json::Value;
 
 /// One `[[oidc.roles]]`: every bound claim must match for its grants.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OidcRole {
     /// Claim name and pattern (`*` matches any run of characters).
     pub bound_claims: Vec<(String, String)>,

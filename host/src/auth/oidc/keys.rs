@@ -21,6 +21,10 @@ const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 const MAX_DOCUMENT_BYTES: usize = 1 << 20;
 /// How long one fetch may take.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long past their expiry keys stay in use while fetching them again
+/// fails (an issuer down); after that a key the issuer may have withdrawn
+/// is no longer trusted.
+const MAX_STALE: Duration = Duration::from_secs(24 * 3600);
 
 /// The keys of one issuer.
 pub struct Keys {
@@ -30,6 +34,8 @@ pub struct Keys {
     cached: RwLock<Cached>,
     /// When a fetch last started; held while one runs.
     last_fetch: tokio::sync::Mutex<Option<Instant>>,
+    /// A background fetch is under way (one at a time).
+    refreshing: std::sync::atomic::AtomicBool,
     fetches: std::sync::atomic::AtomicU64,
 }
 
@@ -63,6 +69,7 @@ impl Keys {
             jwks_url: jwks_url.map(str::to_string),
             cached: RwLock::default(),
             last_fetch: tokio::sync::Mutex::new(None),
+            refreshing: Default::default(),
             fetches: Default::default(),
         })
     }
@@ -78,9 +85,13 @@ impl Keys {
     pub async fn key(self: &Arc<Self>, kid: &str) -> Option<Jwk> {
         let (found, expired) = self.cached(kid);
         if let Some(key) = found {
-            if expired {
+            use std::sync::atomic::Ordering;
+            if expired && !self.refreshing.swap(true, Ordering::AcqRel) {
                 let keys = self.clone();
-                tokio::spawn(async move { keys.refresh().await });
+                tokio::spawn(async move {
+                    keys.refresh().await;
+                    keys.refreshing.store(false, Ordering::Release);
+                });
             }
             return Some(key);
         }
@@ -95,8 +106,10 @@ impl Keys {
             .iter()
             .find(|k| k.common.key_id.as_deref() == Some(kid))
             .cloned();
-        let expired = cached.expires.is_none_or(|at| Instant::now() >= at);
-        (key, expired)
+        let now = Instant::now();
+        let expired = cached.expires.is_none_or(|at| now >= at);
+        let withdrawn = cached.expires.is_none_or(|at| now >= at + MAX_STALE);
+        (key.filter(|_| !withdrawn), expired)
     }
 
     /// Fetch the keys again, unless a fetch started within the gap (one
@@ -117,8 +130,8 @@ impl Keys {
                 };
             }
             Err(e) => tracing::warn!(
-                issuer = %self.issuer,
-                "cannot fetch the issuer's signing keys (the cached ones stay in use): {e:#}"
+                issuer = ?self.issuer,
+                "cannot fetch the issuer's signing keys (the cached ones stay in use for up to 24 h past their expiry): {e:#}"
             ),
         }
     }
@@ -129,9 +142,21 @@ impl Keys {
             None => self.discover().await?,
         };
         let (body, ttl) = self.get(&url).await?;
-        let set: JwkSet = serde_json::from_slice(&body)
-            .map_err(|e| anyhow::anyhow!("{url}: not a JSON Web Key Set: {e}"))?;
-        Ok((set, ttl))
+        #[derive(serde::Deserialize)]
+        struct RawSet {
+            keys: Vec<serde_json::Value>,
+        }
+        let raw: RawSet = serde_json::from_slice(&body)
+            .map_err(|e| anyhow::anyhow!("{url:?}: not a JSON Web Key Set: {e}"))?;
+        // One key of a kind this host does not know (another curve, an
+        // encryption key) must not take the issuer's other keys with it.
+        let keys = raw
+            .keys
+            .into_iter()
+            .filter(|k| k.get("use").is_none_or(|u| u == "sig"))
+            .filter_map(|k| serde_json::from_value::<Jwk>(k).ok())
+            .collect();
+        Ok((JwkSet { keys }, ttl))
     }
 
     /// The `jwks_uri` of the issuer's discovery document.
@@ -147,13 +172,25 @@ impl Keys {
         );
         let (body, _) = self.get(&url).await?;
         let found: Discovery = serde_json::from_slice(&body)
-            .map_err(|e| anyhow::anyhow!("{url}: not an OpenID discovery document: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("{url:?}: not an OpenID discovery document: {e}"))?;
         // OpenID Connect Discovery 1.0, 4.3: the document names its issuer.
         anyhow::ensure!(
             found.issuer == self.issuer,
             "{url} names issuer {:?}, not {:?}",
             found.issuer,
             self.issuer
+        );
+        // Keys from the issuer's own host: a discovery document cannot send
+        // the host to fetch from elsewhere (set jwks_url for that).
+        let host = |u: &str| {
+            reqwest::Url::parse(u)
+                .ok()
+                .and_then(|u| u.host_str().map(str::to_string))
+        };
+        anyhow::ensure!(
+            host(&found.jwks_uri).is_some() && host(&found.jwks_uri) == host(&self.issuer),
+            "{url:?} puts the keys at {:?}, not on the issuer's host; set jwks_url to allow it",
+            found.jwks_uri
         );
         Ok(found.jwks_uri)
     }
@@ -172,7 +209,7 @@ impl Keys {
         while let Some(chunk) = answer.chunk().await? {
             anyhow::ensure!(
                 body.len() + chunk.len() <= MAX_DOCUMENT_BYTES,
-                "{url}: larger than {MAX_DOCUMENT_BYTES} bytes"
+                "{url:?}: larger than {MAX_DOCUMENT_BYTES} bytes"
             );
             body.extend_from_slice(&chunk);
         }

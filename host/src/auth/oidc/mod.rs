@@ -43,8 +43,11 @@ pub const LEEWAY: Duration = Duration::from_secs(60);
 /// Longest `sub` kept in a caller's name; longer ones are cut.
 const MAX_SUBJECT: usize = 200;
 
+/// Longest token read at all (CI tokens are 1 to 2 KiB).
+pub const MAX_TOKEN_BYTES: usize = 16 << 10;
+
 /// One `[[oidc]]`, validated.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OidcConfig {
     /// Shown in logs and callers' names (`oidc:<name>:<sub>`).
     pub name: String,
@@ -107,6 +110,11 @@ impl Issuer {
 
     /// Who `token` signs in, with the grants its claims earn.
     pub async fn verify(&self, token: &str) -> Result<Identity, AuthError> {
+        // RFC 7515 4.1.11: a `crit` extension not understood is refused;
+        // this host understands none.
+        if json_part(token, 0).is_none_or(|h| h.get("crit").is_some()) {
+            return Err(AuthError::Invalid);
+        }
         let header = jsonwebtoken::decode_header(token).map_err(|_| AuthError::Invalid)?;
         if !ALGORITHMS.contains(&header.alg) {
             return Err(AuthError::Invalid);
@@ -168,17 +176,25 @@ impl Issuer {
 /// The `iss` a JWT says it has, read without checking anything, to pick
 /// the issuer that checks it; `None` for what is not a JWT.
 pub fn unchecked_issuer(token: &str) -> Option<String> {
-    let mut parts = token.split('.');
-    let (_, payload, _) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() {
+    match json_part(token, 1)?.get("iss")? {
+        Value::String(iss) => Some(iss.clone()),
+        _ => None,
+    }
+}
+
+/// Part `index` (0: header, 1: payload) of a compact JWT of three parts,
+/// decoded as a JSON object; `None` for anything else or past
+/// [`MAX_TOKEN_BYTES`].
+fn json_part(token: &str, index: usize) -> Option<serde_json::Map<String, Value>> {
+    if token.len() > MAX_TOKEN_BYTES || token.split('.').count() != 3 {
         return None;
     }
-    #[derive(serde::Deserialize)]
-    struct Issued {
-        iss: String,
-    }
+    let part = token.split('.').nth(index)?;
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(payload)
+        .decode(part)
         .ok()?;
-    serde_json::from_slice::<Issued>(&bytes).ok().map(|i| i.iss)
+    match serde_json::from_slice(&bytes).ok()? {
+        Value::Object(map) => Some(map),
+        _ => None,
+    }
 }
