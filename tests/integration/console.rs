@@ -140,6 +140,8 @@ fn the_console_shows_states_diffs_and_locks_in_a_real_browser() {
     assert_eq!(again.status, 200, "{}", again.text());
     assert_eq!(serial(), second + 1, "the restore wrote the next serial");
     for page in [
+        "deep-link",
+        "workspaces-1280",
         "backends",
         "workspaces-reader",
         "guests",

@@ -122,8 +122,9 @@ def open_page(driver, url, locator, what):
     return loaded(driver, locator, what)
 
 
-def sign_in(driver, user, password):
-    button = open_page(driver, f"{BASE}/ui/login", (By.ID, "sign-in"), "the login form")
+def sign_in(driver, user, password, login=None):
+    login = login or f"{BASE}/ui/login"
+    button = open_page(driver, login, (By.ID, "sign-in"), "the login form")
     driver.find_element(By.ID, "user").send_keys(user)
     driver.find_element(By.ID, "password").send_keys(password)
     # A refused sign-in shows the login form again: the wait's failure says so.
@@ -182,7 +183,16 @@ diff_page = f"{versions_page}?from={CONFIG['from_version']}&to=current"
 # A reader: sees states, the lock's holder, no admin buttons.
 reader = browser()
 try:
-    sign_in(reader, *CONFIG["reader"])
+    # A deep link opened without a session (pasted in a chat): the login
+    # form, then back to the page it named.
+    button = open_page(reader, workspaces_page, (By.ID, "sign-in"), "the login form a deep link leads to")
+    reader.find_element(By.ID, "user").send_keys(CONFIG["reader"][0])
+    reader.find_element(By.ID, "password").send_keys(CONFIG["reader"][1])
+    click_then(reader, button, (By.CSS_SELECTOR, row), "the deep-linked page after signing in")
+    check(reader.current_url == workspaces_page,
+          f"a deep link lands on its own page after signing in ({reader.current_url})")
+    shot(reader, "deep-link")
+    open_page(reader, f"{BASE}/ui/backends", (By.ID, "backends"), "the backends page")
     shot(reader, "backends")
     check(backend in texts(reader, "#backends td a"), "the backends page lists the backend")
     check("local (embedded)" not in reader.page_source, "a reader is not shown what a backend is made of")
@@ -200,7 +210,10 @@ finally:
 
 admin = browser()
 try:
-    sign_in(admin, *CONFIG["admin"])
+    # A login link naming another site as where to go next: the console's
+    # own backends page instead (sign_in waits for it).
+    sign_in(admin, *CONFIG["admin"], login=f"{BASE}/ui/login?next=//evil.example/ui/x")
+    check(True, "a next= naming another site is ignored")
     open_page(admin, f"{BASE}/ui/guests", (By.ID, "guests"), "the guests table")
     shot(admin, "guests")
     check("local (embedded)" in admin.page_source, "the guests page shows an admin the guest")
@@ -226,6 +239,24 @@ try:
     open_page(admin, workspaces_page, (By.CSS_SELECTOR, row), "the workspace's row")
     holder = admin.find_element(By.CSS_SELECTOR, f"{row} td.lock").text
     check(CONFIG["holder"] in holder, "the lock is still held after the forged POST")
+
+    # At 1280 px the lock's text and the force-unlock button sit apart.
+    admin.set_window_size(1280, 900)
+    open_page(admin, workspaces_page, (By.CSS_SELECTOR, row), "the workspace's row at 1280 px")
+    apart, inside, rects = admin.execute_script("""
+        const cell = document.querySelector(arguments[0] + ' td.lock');
+        const text = cell.querySelector('.lock-text').getBoundingClientRect();
+        const button = cell.querySelector('button.force-unlock').getBoundingClientRect();
+        const box = cell.getBoundingClientRect();
+        const apart = text.right <= button.left || button.right <= text.left
+            || text.bottom <= button.top || button.bottom <= text.top;
+        const inside = [text, button].every(r => r.left >= box.left - 0.5 && r.right <= box.right + 0.5
+            && r.top >= box.top - 0.5 && r.bottom <= box.bottom + 0.5);
+        return [apart, inside, JSON.stringify({text, button, cell: box})];
+    """, row)
+    shot(admin, "workspaces-1280")
+    check(apart and inside, f"at 1280 px the lock text and the force-unlock button do not overlap ({rects})")
+    admin.set_window_size(1400, 900)
 
     # The admin's own force-unlock, from the page.
     shot(admin, "workspaces-admin")

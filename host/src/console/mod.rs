@@ -15,8 +15,11 @@
 
 pub mod data;
 pub mod diff;
+mod next;
 mod pages;
 mod session;
+
+use next::{login_url, safe_next};
 
 use crate::auth::Identity;
 use crate::backend::Storage;
@@ -216,7 +219,13 @@ impl<S: Storage> FromRequestParts<Arc<Console<S>>> for Visitor {
         if !console.app.auth.enabled() && parts.uri.path().starts_with("/ui/api/") {
             return Ok(Visitor::Header(Caller::from_identity(None)));
         }
-        Err(Redirect::to("/ui/login").into_response())
+        // A page opened without a session (a link pasted in a chat) is
+        // where the browser goes back to after signing in.
+        let wanted = parts.uri.path_and_query().map_or("", |p| p.as_str());
+        let back = (parts.method == axum::http::Method::GET)
+            .then(|| safe_next(wanted))
+            .flatten();
+        Err(Redirect::to(&login_url(back)).into_response())
     }
 }
 
@@ -235,29 +244,42 @@ fn session_cookie(value: &str, max_age: time::Duration, secure: bool) -> HeaderV
     HeaderValue::from_str(&cookie.to_string()).expect("a cookie is a valid header value")
 }
 
-fn signed_in<S>(console: &Console<S>, identity: Option<Identity>) -> Response {
+fn signed_in<S>(console: &Console<S>, identity: Option<Identity>, next: Option<&str>) -> Response {
     let id = console.sessions.start(identity);
     let lifetime = time::Duration::seconds(session::SESSION_LIFETIME.as_secs() as i64);
     let cookie = session_cookie(&id, lifetime, console.options.secure_cookies);
-    ([(header::SET_COOKIE, cookie)], Redirect::to("/ui/backends")).into_response()
+    let to = next.and_then(safe_next).unwrap_or("/ui/backends");
+    ([(header::SET_COOKIE, cookie)], Redirect::to(to)).into_response()
 }
 
-async fn login_page<S: Storage>(State(console): Shared<S>, headers: HeaderMap) -> Response {
+#[derive(Deserialize, Default)]
+struct AfterSignIn {
+    next: Option<String>,
+}
+
+async fn login_page<S: Storage>(
+    State(console): Shared<S>,
+    headers: HeaderMap,
+    axum::extract::Query(wanted): axum::extract::Query<AfterSignIn>,
+) -> Response {
+    let next = wanted.next.as_deref().and_then(safe_next);
     if !console.app.auth.enabled() {
         if cookie_value(&headers).is_some_and(|id| console.sessions.get(&id).is_some()) {
-            return Redirect::to("/ui/backends").into_response();
+            return Redirect::to(next.unwrap_or("/ui/backends")).into_response();
         }
         // No users: everyone may do anything (loopback only), yet admin
         // forms still need a session's token.
-        return signed_in(&console, None);
+        return signed_in(&console, None, next);
     }
-    Html(pages::login(None).into_string()).into_response()
+    Html(pages::login(None, next).into_string()).into_response()
 }
 
 #[derive(Deserialize)]
 struct Credentials {
     user: String,
     password: String,
+    /// The page to go back to (checked again: the form is the client's).
+    next: Option<String>,
 }
 
 async fn login<S: Storage>(
@@ -273,7 +295,7 @@ async fn login<S: Storage>(
                    sign in with a user name and password";
         return (
             StatusCode::FORBIDDEN,
-            Html(pages::login(Some(why)).into_string()),
+            Html(pages::login(Some(why), form.next.as_deref().and_then(safe_next)).into_string()),
         )
             .into_response();
     }
@@ -285,10 +307,11 @@ async fn login<S: Storage>(
         headers.insert(header::AUTHORIZATION, value);
     }
     match console.app.identify(&headers, client).await {
-        Ok(caller) => signed_in(&console, caller.identity().cloned()),
+        Ok(caller) => signed_in(&console, caller.identity().cloned(), form.next.as_deref()),
         Err(e) => {
             let status = e.status();
-            (status, Html(pages::login(Some(&e.message())).into_string())).into_response()
+            let page = pages::login(Some(&e.message()), form.next.as_deref().and_then(safe_next));
+            (status, Html(page.into_string())).into_response()
         }
     }
 }

@@ -56,8 +56,9 @@ pub fn layout(title: &str, viewer: &Viewer<'_>, body: Markup) -> Markup {
     }
 }
 
-/// The sign-in form.
-pub fn login(message: Option<&str>) -> Markup {
+/// The sign-in form; after it, the browser goes to `next` (a console
+/// path, checked by the caller).
+pub fn login(message: Option<&str>, next: Option<&str>) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -71,6 +72,7 @@ pub fn login(message: Option<&str>) -> Markup {
                     h1 { "wasmstate" }
                     @if let Some(message) = message { p.error id="login-error" { (message) } }
                     form method="post" action="/ui/login" {
+                        @if let Some(next) = next { input type="hidden" name="next" value=(next); }
                         label { "User " input id="user" name="user" autocomplete="username" required; }
                         label { "Password " input id="password" name="password" type="password" autocomplete="current-password" required; }
                         button id="sign-in" type="submit" { "Sign in" }
@@ -138,11 +140,15 @@ pub fn workspaces(backend: &str, page: &Page<WorkspaceView>, viewer: &Viewer<'_>
                         td { (w.last_write_unix_ms.map(format_unix_ms).unwrap_or_else(|| "-".into())) }
                         td.lock {
                             @if let Some(lock) = &w.lock {
-                                span.holder { (lock.who) } " · " (lock.operation) " · since " (lock.created)
-                                @if w.admin && !viewer.csrf.is_empty() {
-                                    form.admin method="post" action={ "/ui/backends/" (backend) "/" (w.name) "/force-unlock" } {
-                                        input type="hidden" name="csrf" value=(viewer.csrf);
-                                        button.force-unlock type="submit" { "Force unlock" }
+                                // Text and button side by side, the button
+                                // on a line of its own when there is no room.
+                                div.lock-cell {
+                                    span.lock-text { span.holder { (lock.who) } " · " (lock.operation) " · since " (lock.created) }
+                                    @if w.admin && !viewer.csrf.is_empty() {
+                                        form.admin method="post" action={ "/ui/backends/" (backend) "/" (w.name) "/force-unlock" } {
+                                            input type="hidden" name="csrf" value=(viewer.csrf);
+                                            button.force-unlock type="submit" { "Force unlock" }
+                                        }
                                     }
                                 }
                             } @else { "unlocked" }
