@@ -12,6 +12,45 @@ use crate::work::WorkError;
 
 pub use wasmstate_types::LockInfo;
 
+/// A lock someone holds, as `GET /ui/api/backends/{backend}/locks` lists
+/// it (and `wasmstate lock list` reads it).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct HeldLock {
+    /// The locked workspace.
+    pub workspace: String,
+    /// `user@host` of the holder.
+    pub who: String,
+    /// What it is doing (`OperationTypeApply`…).
+    pub operation: String,
+    /// Since when, as the holder's client said (RFC 3339).
+    pub created: String,
+    /// Seconds since `created`, when it parses (a client's clock).
+    pub age_seconds: Option<u64>,
+    /// The lock ID: admins only (whoever knows it can unlock).
+    pub id: Option<String>,
+}
+
+impl HeldLock {
+    /// `lock`, held on `workspace`, as `now` sees it; its ID only for an
+    /// admin.
+    pub fn of(workspace: String, lock: LockInfo, admin: bool, now: time::OffsetDateTime) -> Self {
+        let created = time::OffsetDateTime::parse(
+            &lock.created,
+            &time::format_description::well_known::Rfc3339,
+        );
+        HeldLock {
+            workspace,
+            age_seconds: created
+                .ok()
+                .map(|at| (now - at).whole_seconds().max(0) as u64),
+            who: lock.who,
+            operation: lock.operation,
+            created: lock.created,
+            id: admin.then_some(lock.id),
+        }
+    }
+}
+
 /// A lock the host or its tools take themselves (a restore, an unlocked
 /// write), in Terraform's shape so `terraform force-unlock` and the console
 /// understand who holds it. Its id is random, as Terraform's are: nobody

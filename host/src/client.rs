@@ -163,6 +163,13 @@ impl Client {
         }
     }
 
+    /// The locks held on `backend`, oldest first.
+    pub async fn locks(&self, backend: &str) -> anyhow::Result<Vec<crate::backend::HeldLock>> {
+        let url = format!("{}/ui/api/backends/{backend}/locks", self.server);
+        let response = self.send(self.http.get(&url), &url).await?;
+        Ok(response.json().await?)
+    }
+
     /// The workspaces of `backend`.
     pub async fn list(&self, backend: &str) -> anyhow::Result<Vec<String>> {
         let url = format!("{}/workspaces/{backend}", self.server);

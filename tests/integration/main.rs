@@ -18,6 +18,7 @@ mod git;
 mod hostile;
 mod isolation;
 mod languages;
+mod locks;
 mod marketplace;
 mod metrics;
 mod network;

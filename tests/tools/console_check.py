@@ -202,6 +202,7 @@ try:
     check(serial == str(CONFIG["serial"]), f"the workspace shows serial {CONFIG['serial']} (shown: {serial!r})")
     holder = reader.find_element(By.CSS_SELECTOR, f"{row} td.lock").text
     check(CONFIG["holder"] in holder, f"the lock's holder is shown ({holder!r})")
+    check(" · held " in holder, f"the lock's age is shown ({holder!r})")
     check(not reader.find_elements(By.CSS_SELECTOR, "button.force-unlock"), "a reader sees no force-unlock button")
     open_page(reader, versions_page, (By.ID, "versions"), "the versions table")
     check(not reader.find_elements(By.CSS_SELECTOR, "button.restore"), "a reader sees no restore button")

@@ -80,6 +80,16 @@ pub enum Command {
         #[command(flatten)]
         remote: RemoteArgs,
     },
+    /// See the locks held on a running server's backend: holder, operation
+    /// and age.
+    Lock {
+        /// Which operation.
+        #[command(subcommand)]
+        action: LockAction,
+        /// Which server and how to sign in.
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
     /// Make a random AES-256 key for a backend's `encryption.keys`: prints it
     /// base64-encoded; keep it in a file or environment variable.
     GenerateKey,
@@ -143,6 +153,18 @@ impl RemoteArgs {
         };
         Client::new(&self.server, credentials, &tls)
     }
+}
+
+/// Lock operations.
+#[derive(Debug, Subcommand)]
+pub enum LockAction {
+    /// Print every held lock, oldest first: workspace, age, holder,
+    /// operation, since when (and the lock ID, for an admin).
+    List {
+        /// Only locks held at least this long, e.g. `1h`, `30m`.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Option<std::time::Duration>,
+    },
 }
 
 /// State operations.
@@ -255,6 +277,36 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 WorkspaceAction::Delete { name } => {
                     println!("{}", client.delete(backend, &name).await?)
                 }
+            }
+            Ok(())
+        }
+        Command::Lock {
+            action: LockAction::List { older_than },
+            remote,
+        } => {
+            let held = remote.client()?.locks(&remote.backend).await?;
+            let min = older_than.map_or(0, |d| d.as_secs());
+            println!(
+                "{:<24} {:>10}  {:<24} {:<20} since",
+                "workspace", "age", "holder", "operation"
+            );
+            for lock in held
+                .iter()
+                .filter(|l| l.age_seconds.unwrap_or(u64::MAX) >= min)
+            {
+                let age = lock.age_seconds.map_or("?".to_string(), |s| {
+                    humantime::format_duration(std::time::Duration::from_secs(s)).to_string()
+                });
+                let age = age.split(' ').take(2).collect::<Vec<_>>().join(" ");
+                let id = lock
+                    .id
+                    .as_deref()
+                    .map(|id| format!("  id {id}"))
+                    .unwrap_or_default();
+                println!(
+                    "{:<24} {:>10}  {:<24} {:<20} {}{id}",
+                    lock.workspace, age, lock.who, lock.operation, lock.created
+                );
             }
             Ok(())
         }

@@ -45,19 +45,6 @@ fn paginate<T>(all: Vec<T>, page: usize) -> Page<T> {
     Page { items, page, pages }
 }
 
-/// Who holds a lock, as the console shows it.
-#[derive(Debug, Serialize)]
-pub struct LockView {
-    /// `user@host` of the holder.
-    pub who: String,
-    /// What it is doing (`OperationTypeApply`…).
-    pub operation: String,
-    /// Since when (RFC 3339, as the client sent it).
-    pub created: String,
-    /// The lock ID: admins only (whoever knows it can unlock).
-    pub id: Option<String>,
-}
-
 /// One workspace on a backend's page.
 #[derive(Debug, Serialize)]
 pub struct WorkspaceView {
@@ -71,7 +58,7 @@ pub struct WorkspaceView {
     /// When the state was last written (Unix ms), when a history knows.
     pub last_write_unix_ms: Option<u64>,
     /// The lock holder, if locked.
-    pub lock: Option<LockView>,
+    pub lock: Option<crate::backend::HeldLock>,
     /// Whether the caller may force-unlock and restore here.
     pub admin: bool,
     /// Why the row is incomplete, when storage failed for it.
@@ -224,16 +211,47 @@ async fn workspace<S: Storage>(
                 row.size = Some(newest.bytes);
             }
             row.last_write_unix_ms = newest.map(|v| v.created_unix_ms);
-            row.lock = holder.map(|h: LockInfo| LockView {
-                who: h.who,
-                operation: h.operation,
-                created: h.created,
-                id: admin.then_some(h.id),
-            });
+            let now = time::OffsetDateTime::now_utc();
+            row.lock = holder
+                .map(|h: LockInfo| crate::backend::HeldLock::of(row.name.clone(), h, admin, now));
         }
         Err(e) => row.error = Some(ApiError::from_storage(backend, e).message()),
     }
     row
+}
+
+/// Every lock held on `backend` that the caller may see, oldest first:
+/// one `current-lock` call per readable workspace.
+pub async fn held_locks<S: Storage>(
+    app: &App<S>,
+    caller: &Caller,
+    backend: &str,
+) -> Result<Vec<crate::backend::HeldLock>, ApiError> {
+    let storage = storage_of(app, caller, backend, None)?;
+    let mut names = storage
+        .list_workspaces()
+        .await
+        .map_err(storage_error(backend))?;
+    names.retain(|n| {
+        crate::names::check_name("workspace", n).is_ok()
+            && caller.allows(backend, Some(n), Role::Read)
+    });
+    names.sort();
+    names.dedup();
+    let now = time::OffsetDateTime::now_utc();
+    let mut held = Vec::new();
+    for name in names {
+        let lock = storage
+            .current_lock(&name)
+            .await
+            .map_err(|e| ApiError::from_storage(backend, e))?;
+        if let Some(lock) = lock {
+            let admin = caller.is_admin(backend, &name);
+            held.push(crate::backend::HeldLock::of(name, lock, admin, now));
+        }
+    }
+    held.sort_by_key(|h| std::cmp::Reverse(h.age_seconds));
+    Ok(held)
 }
 
 /// One page of a workspace's versions, newest first.

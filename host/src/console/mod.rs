@@ -91,6 +91,7 @@ pub fn routes<S: Storage>(app: Arc<App<S>>, options: Options) -> Router {
         .route("/ui/api/backends", get(backends_json::<S>))
         .route("/ui/api/guests", get(installed_json::<S>))
         .route("/ui/api/backends/{backend}", get(workspaces_json::<S>))
+        .route("/ui/api/backends/{backend}/locks", get(locks_json::<S>))
         .route(
             "/ui/api/backends/{backend}/{workspace}/versions",
             get(versions_json::<S>),
@@ -483,6 +484,15 @@ async fn workspaces_json<S: Storage>(
 ) -> Answer {
     let list = data::workspaces(&console.app, &visitor.caller(), &backend, paging.page()).await?;
     Ok(Json(list).into_response())
+}
+
+async fn locks_json<S: Storage>(
+    State(console): Shared<S>,
+    Path(backend): Path<String>,
+    visitor: Visitor,
+) -> Answer {
+    let held = data::held_locks(&console.app, &visitor.caller(), &backend).await?;
+    Ok(Json(held).into_response())
 }
 
 async fn versions_json<S: Storage>(

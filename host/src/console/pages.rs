@@ -83,6 +83,16 @@ pub fn login(message: Option<&str>, next: Option<&str>) -> Markup {
     }
 }
 
+/// How long a lock has been held, to the minute (`3h 12m`, `4d 1h`).
+fn held_for(seconds: u64) -> String {
+    let text = humantime::format_duration(std::time::Duration::from_secs(seconds - seconds % 60));
+    let text = text.to_string();
+    match text.as_str() {
+        "0s" => "under a minute".to_string(),
+        _ => text.split(' ').take(2).collect::<Vec<_>>().join(" "),
+    }
+}
+
 fn pager(page: usize, pages: usize, base: &str) -> Markup {
     let join = if base.contains('?') { '&' } else { '?' };
     html! {
@@ -143,7 +153,10 @@ pub fn workspaces(backend: &str, page: &Page<WorkspaceView>, viewer: &Viewer<'_>
                                 // Text and button side by side, the button
                                 // on a line of its own when there is no room.
                                 div.lock-cell {
-                                    span.lock-text { span.holder { (lock.who) } " · " (lock.operation) " · since " (lock.created) }
+                                    span.lock-text {
+                                        span.holder { (lock.who) } " · " (lock.operation) " · since " (lock.created)
+                                        @if let Some(age) = lock.age_seconds { " · held " span.age { (held_for(age)) } }
+                                    }
                                     @if w.admin && !viewer.csrf.is_empty() {
                                         form.admin method="post" action={ "/ui/backends/" (backend) "/" (w.name) "/force-unlock" } {
                                             input type="hidden" name="csrf" value=(viewer.csrf);

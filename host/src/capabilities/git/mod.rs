@@ -584,7 +584,7 @@ impl RepoHandle<'_> {
         if is_local(&self.url) {
             self.update_local(repo, name, Some(new), expected)
         } else {
-            self.push_remote(repo, name, &format!("{new}:{name}"), expected)
+            self.push_remote(repo, damaged, name, &format!("{new}:{name}"), expected)
         }
     }
 
@@ -599,7 +599,13 @@ impl RepoHandle<'_> {
         if is_local(&self.url) {
             self.update_local(repo, name, None, Some(expected))
         } else {
-            self.push_remote(repo, name, &format!(":{name}"), Some(expected))
+            self.push_remote(
+                repo,
+                &Cell::new(false),
+                name,
+                &format!(":{name}"),
+                Some(expected),
+            )
         }
     }
 }

@@ -5,10 +5,14 @@
 use super::*;
 
 impl RepoHandle<'_> {
-    /// Push `refspec` (an update or a deletion of `name`) if the advertised value is `expected`.
+    /// Push `refspec` (an update or a deletion of `name`) if the advertised
+    /// value is `expected`. A push that finds the clone missing objects it
+    /// needs (a fetch or a host cut off part way) sets `damaged`: the clone
+    /// is fetched afresh at the next call, and this one is retryable.
     pub(super) fn push_remote(
         &self,
         repo: &Repository,
+        damaged: &Cell<bool>,
         name: &str,
         refspec: &str,
         expected: Option<Oid>,
@@ -45,9 +49,18 @@ impl RepoHandle<'_> {
                 .follow_redirects(git2::RemoteRedirect::None);
             // Same connection: libgit2 reuses a connected transport and sends the
             // old values advertised above, which receive-pack verifies atomically.
-            conn.remote()
-                .push(&[refspec], Some(&mut opts))
-                .or_net(self, &auth)?;
+            if let Err(e) = conn.remote().push(&[refspec], Some(&mut opts)) {
+                if is_damage(&e) {
+                    tracing::warn!(url = %redact(&self.url), "git clone is missing objects a push needs: discarding it; the next call fetches afresh");
+                    damaged.set(true);
+                    return Err(GitError::Unavailable(format!(
+                        "the local clone of {} is missing objects ({}) and is fetched afresh; retry",
+                        redact(&self.url),
+                        self.clean(e.message())
+                    )));
+                }
+                return Err(self.net_error(&auth, e));
+            }
         }
         match rejection.into_inner() {
             Some(msg) => Err(GitError::Rejected(format!(
