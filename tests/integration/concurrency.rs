@@ -55,6 +55,13 @@ pub fn increment_concurrently(urls: &[String], clients: usize, increments: usize
                         match answer.status {
                             200 => break,
                             423 => assert!(Instant::now() < deadline, "lock starvation"),
+                            // The remote briefly out of reach (a git daemon
+                            // on a loaded machine): the server says retry.
+                            503 => assert!(
+                                Instant::now() < deadline,
+                                "LOCK kept answering 503: {}",
+                                answer.text()
+                            ),
                             other => panic!("LOCK: {other} {}", answer.text()),
                         }
                         std::thread::yield_now();
