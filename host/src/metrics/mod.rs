@@ -90,6 +90,7 @@ pub struct Metrics {
     faults: Family<FaultLabels, Counter>,
     lock_conflicts: Family<BackendLabels, Counter>,
     locks_held: Family<BackendLabels, Gauge>,
+    oldest_lock_seconds: Family<BackendLabels, Gauge>,
     lock_held_seconds: Family<BackendLabels, Histogram, fn() -> Histogram>,
     /// Locks granted through this server, for the held gauge and duration.
     /// Keyed by backend and workspace (validated names); the holder kept
@@ -181,6 +182,12 @@ impl Metrics {
             "How long locks granted here were held",
             lock_held_seconds.clone(),
         );
+        let oldest_lock_seconds = Family::default();
+        registry.register(
+            "oldest_lock_seconds",
+            "Age of the oldest lock granted through this server and not yet released through it (0: none); with replicas, take the max across them",
+            oldest_lock_seconds.clone(),
+        );
         let resources = resources::Resources::new(&mut registry);
         let auth_failures = Family::default();
         registry.register(
@@ -236,6 +243,7 @@ impl Metrics {
             faults,
             lock_conflicts,
             locks_held,
+            oldest_lock_seconds,
             lock_held_seconds,
             held: Mutex::new(HashMap::new()),
         }
@@ -336,6 +344,24 @@ impl Metrics {
         }
     }
 
+    /// Set each backend's oldest-lock gauge from the locks held now.
+    fn sample_oldest_locks(&self) {
+        let mut oldest: HashMap<String, u64> = HashMap::new();
+        for ((backend, _), (_, since)) in self.held.lock().unwrap_or_else(|e| e.into_inner()).iter()
+        {
+            let age = oldest.entry(self.backend(backend)).or_default();
+            *age = (*age).max(since.elapsed().as_secs());
+        }
+        for backend in &self.backends {
+            let age = oldest.get(backend).copied().unwrap_or(0);
+            self.oldest_lock_seconds
+                .get_or_create(&BackendLabels {
+                    backend: backend.clone(),
+                })
+                .set(age as i64);
+        }
+    }
+
     /// The lock of `workspace` was released (by its holder or by force).
     pub fn lock_released(&self, backend: &str, workspace: &str) {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
@@ -416,6 +442,7 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         self.resources.sample();
+        self.sample_oldest_locks();
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
@@ -499,6 +526,35 @@ mod tests {
             )),
             "{}",
             &text[..text.len().min(2000)]
+        );
+    }
+
+    #[test]
+    fn the_oldest_held_lock_ages_and_goes_to_zero_when_released() {
+        let m = Metrics::new(["prod".to_string(), "dev".to_string()]);
+        m.lock_granted("prod", "new", "a");
+        // An hour ago, on this machine's monotonic clock (which starts at
+        // boot: a machine up for less has nothing to test here).
+        let Some(an_hour_ago) = Instant::now().checked_sub(std::time::Duration::from_secs(3600))
+        else {
+            return;
+        };
+        m.held
+            .lock()
+            .unwrap()
+            .insert(("prod".into(), "old".into()), ([0; 32], an_hour_ago));
+        let text = m.render();
+        let age: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(r#"wasmstate_oldest_lock_seconds{backend="prod"} "#))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("the gauge is exported");
+        assert!((3600..3700).contains(&age), "{age}");
+        assert!(text.contains(r#"wasmstate_oldest_lock_seconds{backend="dev"} 0"#));
+        m.held.lock().unwrap().clear();
+        assert!(
+            m.render()
+                .contains(r#"wasmstate_oldest_lock_seconds{backend="prod"} 0"#)
         );
     }
 
