@@ -30,6 +30,12 @@ pub struct HeldLock {
     pub id: Option<String>,
 }
 
+/// `seconds` in its two largest units (`3h 12m`, `4days 1h`, `42s`).
+pub fn age_text(seconds: u64) -> String {
+    let text = humantime::format_duration(std::time::Duration::from_secs(seconds)).to_string();
+    text.split(' ').take(2).collect::<Vec<_>>().join(" ")
+}
+
 impl HeldLock {
     /// `lock`, held on `workspace`, as `now` sees it; its ID only for an
     /// admin.

@@ -8,7 +8,7 @@
 //! times.
 
 use crate::common::*;
-use crate::terraform::{CONFIG, HTTP_BACKEND, backend_config, terraform};
+use crate::terraform::{CONFIG, HTTP_BACKEND, backend_config, ok_with_env};
 use base64::Engine as _;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer as CertIssuer, KeyPair};
@@ -243,31 +243,20 @@ fn terraform_applies_with_a_ci_token_and_bad_tokens_change_nothing() {
             all.extend(backend_config(&url));
         }
         let all: Vec<&str> = all.iter().map(String::as_str).collect();
-        let out = terraform(tf.path(), &all)
-            .env("TF_HTTP_USERNAME", "ci")
-            .env("TF_HTTP_PASSWORD", &write)
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "terraform {args:?}:\n{text}");
-        text
+        let env = [
+            ("TF_HTTP_USERNAME", "ci"),
+            ("TF_HTTP_PASSWORD", write.as_str()),
+        ];
+        ok_with_env(tf.path(), &all, &env)
     };
     tf_run(&["init", "-input=false"]);
     tf_run(&["plan", "-input=false"]);
     tf_run(&["apply", "-auto-approve", "-input=false"]);
     let stored = with_token("GET", &url, &write, 2, None);
     assert_eq!(stored, 200);
-    let before = send_with(
-        "GET",
-        &url,
-        None,
-        &[("Authorization", &format!("Bearer {write}"))],
-    )
-    .body;
+    let bearer = format!("Bearer {write}");
+    let read_state = || send_with("GET", &url, None, &[("Authorization", &bearer)]).body;
+    let before = read_state();
     assert!(!before.is_empty());
 
     // Another repository of acme's may read, not write; one of no role's
@@ -385,13 +374,7 @@ fn terraform_applies_with_a_ci_token_and_bad_tokens_change_nothing() {
         );
         assert_eq!(with_token("GET", &url, token, from, None), 401, "{case}");
     }
-    let after = send_with(
-        "GET",
-        &url,
-        None,
-        &[("Authorization", &format!("Bearer {write}"))],
-    )
-    .body;
+    let after = read_state();
     assert_eq!(after, before, "a refused token changed the state");
 
     // A key rotated in is picked up (the next fetch may wait out the gap

@@ -55,17 +55,37 @@ fn assert_count_matches(server: &Server, backend: &str, dir: &Path) {
     );
 }
 
+/// A server whose backend `name` runs the hostile guest's `attack` in a
+/// directory of its own (returned) under `quota_mib`; `more` is added to
+/// the backend's table, `config` to its config table.
+fn hostile_backend(
+    dir: &Path,
+    name: &str,
+    quota_mib: u64,
+    more: &str,
+    config: &str,
+) -> (Server, std::path::PathBuf) {
+    let granted = dir.join(name);
+    std::fs::create_dir_all(&granted).unwrap();
+    let server = Server::with_config(
+        &dir.join("data"),
+        &format!(
+            "[backends.{name}]\nguest = {HOSTILE_WASM:?}\ndir = {granted:?}\ndisk_quota_mib = {quota_mib}\n\
+             timeout_ms = 60000\n{more}[backends.{name}.config]\n{config}"
+        ),
+    );
+    (server, granted)
+}
+
 #[test]
 fn a_file_one_request_holds_open_counts_until_it_closes_though_another_removed_it() {
     let dir = tempdir();
-    let held = dir.path().join("held");
-    std::fs::create_dir_all(&held).unwrap();
-    let server = Server::with_config(
-        &dir.path().join("data"),
-        &format!(
-            "[backends.held]\nguest = {HOSTILE_WASM:?}\ndir = {held:?}\ndisk_quota_mib = 48\ntimeout_ms = 60000\n\
-             [backends.held.config]\nattack = \"disk-held-elsewhere\"\nmib = \"48\"\n"
-        ),
+    let (server, held) = hostile_backend(
+        dir.path(),
+        "held",
+        48,
+        "",
+        "attack = \"disk-held-elsewhere\"\nmib = \"48\"\n",
     );
     let answers = at_once(&server.state_url("held", "attack"), 2);
     for answer in &answers {
@@ -86,15 +106,12 @@ fn a_file_one_request_holds_open_counts_until_it_closes_though_another_removed_i
 #[test]
 fn concurrent_changes_to_shared_files_keep_the_quota_count_exact() {
     let dir = tempdir();
-    let race = dir.path().join("race");
-    std::fs::create_dir_all(&race).unwrap();
-    let server = Server::with_config(
-        &dir.path().join("data"),
-        &format!(
-            "[backends.race]\nguest = {HOSTILE_WASM:?}\ndir = {race:?}\ndisk_quota_mib = 1\ntimeout_ms = 60000\n\
-             max_cores = 4\n\
-             [backends.race.config]\nattack = \"disk-race\"\n"
-        ),
+    let (server, race) = hostile_backend(
+        dir.path(),
+        "race",
+        1,
+        "max_cores = 4\n",
+        "attack = \"disk-race\"\n",
     );
     let url = server.state_url("race", "attack");
     let mut refused = 0;

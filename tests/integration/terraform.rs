@@ -42,13 +42,24 @@ pub fn terraform(dir: &Path, args: &[&str]) -> Command {
 }
 
 pub fn run(dir: &Path, args: &[&str]) -> Output {
+    run_with_env(dir, args, &[])
+}
+
+/// [`run`], with these environment variables set for terraform.
+pub fn run_with_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     terraform(dir, args)
+        .envs(env.iter().copied())
         .output()
         .unwrap_or_else(|e| panic!("cannot run terraform (is it on the PATH?): {e}"))
 }
 
 pub fn ok(dir: &Path, args: &[&str]) -> String {
-    let out = run(dir, args);
+    ok_with_env(dir, args, &[])
+}
+
+/// [`ok`], with these environment variables set for terraform.
+pub fn ok_with_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = run_with_env(dir, args, env);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -217,6 +217,17 @@ impl Authenticator {
         client: IpAddr,
     ) -> Result<Identity, AuthError> {
         let result = issuer.verify(token).await;
+        self.token_failures_count(result, client)
+    }
+
+    /// A token checked without waiting on anyone's failures: a bad one
+    /// counts against its address (and is refused unchecked while the
+    /// address is backing off).
+    fn token_failures_count(
+        &self,
+        result: Result<Identity, AuthError>,
+        client: IpAddr,
+    ) -> Result<Identity, AuthError> {
         if result.is_err() {
             self.throttle
                 .check(client, None)
@@ -229,11 +240,6 @@ impl Authenticator {
     /// Whether `password` is a token of a configured OIDC issuer.
     pub fn is_oidc_token(&self, password: &str) -> bool {
         self.issuer_of(password).is_some()
-    }
-
-    /// Fetches of the key sets of the issuers so far.
-    pub fn oidc_key_fetches(&self) -> u64 {
-        self.oidc.iter().map(oidc::Issuer::key_fetches).sum()
     }
 
     /// Whether any user or token is configured (otherwise everyone is
@@ -266,14 +272,7 @@ impl Authenticator {
                 }
                 // A valid token is a hash away: never slowed by anyone's
                 // failures. Wrong ones count against their address.
-                let result = self.bearer(credentials.trim());
-                if result.is_err() {
-                    self.throttle
-                        .check(client, None)
-                        .map_err(AuthError::Throttled)?;
-                    self.throttle.failed(client, None);
-                }
-                result
+                self.token_failures_count(self.bearer(credentials.trim()), client)
             }
             _ => Err(AuthError::Missing),
         }

@@ -294,10 +294,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 .iter()
                 .filter(|l| l.age_seconds.unwrap_or(u64::MAX) >= min)
             {
-                let age = lock.age_seconds.map_or("?".to_string(), |s| {
-                    humantime::format_duration(std::time::Duration::from_secs(s)).to_string()
-                });
-                let age = age.split(' ').take(2).collect::<Vec<_>>().join(" ");
+                let age = lock
+                    .age_seconds
+                    .map_or("?".to_string(), crate::backend::age_text);
                 let id = lock
                     .id
                     .as_deref()

@@ -134,6 +134,25 @@ pub async fn workspaces<S: Storage>(
     page: usize,
 ) -> Result<Page<WorkspaceView>, ApiError> {
     let storage = storage_of(app, caller, backend, None)?;
+    let names = readable_workspaces(storage, caller, backend).await?;
+    let page = paginate(names, page);
+    let mut items = Vec::with_capacity(page.items.len());
+    for name in page.items {
+        items.push(workspace(storage, caller, backend, name).await);
+    }
+    Ok(Page {
+        items,
+        page: page.page,
+        pages: page.pages,
+    })
+}
+
+/// The workspaces of `backend` the caller may read, sorted, each once.
+async fn readable_workspaces<S: Storage>(
+    storage: &S,
+    caller: &Caller,
+    backend: &str,
+) -> Result<Vec<String>, ApiError> {
     let mut names = storage
         .list_workspaces()
         .await
@@ -145,16 +164,7 @@ pub async fn workspaces<S: Storage>(
     });
     names.sort();
     names.dedup();
-    let page = paginate(names, page);
-    let mut items = Vec::with_capacity(page.items.len());
-    for name in page.items {
-        items.push(workspace(storage, caller, backend, name).await);
-    }
-    Ok(Page {
-        items,
-        page: page.page,
-        pages: page.pages,
-    })
+    Ok(names)
 }
 
 /// One row: serial and lineage from the state's first 64 KiB, its size
@@ -228,16 +238,7 @@ pub async fn held_locks<S: Storage>(
     backend: &str,
 ) -> Result<Vec<crate::backend::HeldLock>, ApiError> {
     let storage = storage_of(app, caller, backend, None)?;
-    let mut names = storage
-        .list_workspaces()
-        .await
-        .map_err(storage_error(backend))?;
-    names.retain(|n| {
-        crate::names::check_name("workspace", n).is_ok()
-            && caller.allows(backend, Some(n), Role::Read)
-    });
-    names.sort();
-    names.dedup();
+    let names = readable_workspaces(storage, caller, backend).await?;
     let now = time::OffsetDateTime::now_utc();
     let mut held = Vec::new();
     for name in names {

@@ -85,11 +85,9 @@ pub fn login(message: Option<&str>, next: Option<&str>) -> Markup {
 
 /// How long a lock has been held, to the minute (`3h 12m`, `4d 1h`).
 fn held_for(seconds: u64) -> String {
-    let text = humantime::format_duration(std::time::Duration::from_secs(seconds - seconds % 60));
-    let text = text.to_string();
-    match text.as_str() {
-        "0s" => "under a minute".to_string(),
-        _ => text.split(' ').take(2).collect::<Vec<_>>().join(" "),
+    match seconds {
+        0..60 => "under a minute".to_string(),
+        _ => crate::backend::age_text(seconds - seconds % 60),
     }
 }
 

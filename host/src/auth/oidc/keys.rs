@@ -36,7 +36,6 @@ pub struct Keys {
     last_fetch: tokio::sync::Mutex<Option<Instant>>,
     /// A background fetch is under way (one at a time).
     refreshing: std::sync::atomic::AtomicBool,
-    fetches: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -70,13 +69,7 @@ impl Keys {
             cached: RwLock::default(),
             last_fetch: tokio::sync::Mutex::new(None),
             refreshing: Default::default(),
-            fetches: Default::default(),
         })
-    }
-
-    /// Fetches of the key set started so far.
-    pub fn fetches(&self) -> u64 {
-        self.fetches.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The key named `kid`: from the cache (fetched again in the
@@ -120,8 +113,6 @@ impl Keys {
             return;
         }
         *last = Some(Instant::now());
-        self.fetches
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         match self.fetch().await {
             Ok((set, ttl)) => {
                 *self.cached.write().unwrap_or_else(PoisonError::into_inner) = Cached {

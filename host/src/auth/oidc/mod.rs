@@ -103,11 +103,6 @@ impl Issuer {
         &self.config.issuer
     }
 
-    /// Fetches of its key set so far.
-    pub fn key_fetches(&self) -> u64 {
-        self.keys.fetches()
-    }
-
     /// Who `token` signs in, with the grants its claims earn.
     pub async fn verify(&self, token: &str) -> Result<Identity, AuthError> {
         // RFC 7515 4.1.11: a `crit` extension not understood is refused;

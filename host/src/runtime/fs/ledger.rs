@@ -126,8 +126,7 @@ impl GuestFs<'_> {
         self.charge(growth)?;
         let written = inline(HostDescriptor::write(&mut self.fs, fd, buf, offset));
         // A short or failed write grew the file less than charged.
-        let after = file.metadata().map_or(end.max(before), |m| m.len());
-        self.credit(growth.saturating_sub(after.saturating_sub(before)));
+        quota.credit_unmade(file, before, growth);
         written
     }
 

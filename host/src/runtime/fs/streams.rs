@@ -63,8 +63,7 @@ impl Target {
         };
         if let (Err(_), Some(quota)) = (&written, &self.quota) {
             // It failed part way: credit what it did not grow.
-            let after = self.file.metadata().map_or(size + growth, |m| m.len());
-            quota.credit(growth.saturating_sub(after.saturating_sub(size)));
+            quota.credit_unmade(&self.file, size, growth);
         }
         written
     }

@@ -92,6 +92,13 @@ impl DirQuota {
         Ok(())
     }
 
+    /// A change charged `growth` over `before` bytes failed or fell short:
+    /// credit what `file` did not grow by (none, if it cannot be told).
+    pub fn credit_unmade(&self, file: &std::fs::File, before: u64, growth: u64) {
+        let after = file.metadata().map_or(before + growth, |m| m.len());
+        self.credit(growth.saturating_sub(after.saturating_sub(before)));
+    }
+
     /// `holder` let go of its file: credit what that freed.
     pub fn release(&self, holder: Holder) {
         let freed = self.open_files().closed(holder);
