@@ -114,20 +114,25 @@ fn concurrent_changes_to_shared_files_keep_the_quota_count_exact() {
         "attack = \"disk-race\"\n",
     );
     let url = server.state_url("race", "attack");
-    let mut refused = 0;
+    let (mut worked, mut refused) = (0, 0);
     for _ in 0..3 {
         for answer in at_once(&url, 6) {
             assert_eq!(answer.status, 200, "{}", answer.text());
-            // "N of 4000 changes worked, R refused for space": many worked,
-            // or the run tested little.
+            // "N of 4000 changes worked, R refused for space".
             let text = answer.text();
             let words: Vec<&str> = text.split(' ').collect();
-            let worked: u64 = words[0].parse().unwrap();
-            assert!(worked >= 1000, "{text}");
+            worked += words[0].parse::<u64>().unwrap();
             refused += words[5].parse::<u64>().unwrap();
         }
         assert_count_matches(&server, "race", &race);
     }
+    // Many changes worked, or the runs tested little. Summed over all 18
+    // runs, not per run: how many of one run's changes work depends on how
+    // the runs interleave (one holding removed files open can leave the
+    // others refused for a while), and a busy machine interleaves them
+    // differently (a quiet one gives ~2,200 of 4,000 per run, a loaded one
+    // has given 635).
+    assert!(worked >= 9_000, "only {worked} of 72,000 changes worked");
     // It ran into its quota too: refusals (and what they give back) raced.
     assert!(refused > 0, "the quota never refused a change");
 }
