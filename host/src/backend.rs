@@ -185,6 +185,10 @@ pub struct Version {
     pub created_unix_ms: u64,
     /// Size as stored.
     pub bytes: u64,
+    /// Who wrote it, as this replica's audit trail says (filled in by the
+    /// host, never by storage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_by: Option<String>,
 }
 
 /// What an operator sees of a backend (the console's backends page): where

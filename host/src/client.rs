@@ -170,6 +170,17 @@ impl Client {
         Ok(response.json().await?)
     }
 
+    /// `backend`'s audit records matching `query` (`GET /audit/{backend}`).
+    pub async fn audit(
+        &self,
+        backend: &str,
+        query: &[(&str, String)],
+    ) -> anyhow::Result<crate::protocol::AuditAnswer> {
+        let url = format!("{}/audit/{backend}", self.server);
+        let response = self.send(self.http.get(&url).query(query), &url).await?;
+        Ok(response.json().await?)
+    }
+
     /// The workspaces of `backend`.
     pub async fn list(&self, backend: &str) -> anyhow::Result<Vec<String>> {
         let url = format!("{}/workspaces/{backend}", self.server);

@@ -23,6 +23,7 @@
 //! - [`server`], [`cli`], [`client`]: the `wasmstate` command.
 #![warn(missing_docs)]
 
+pub mod audit;
 pub mod auth;
 pub mod backend;
 pub mod capabilities;

@@ -6,7 +6,7 @@ use crate::config::Config;
 use crate::listen::NetworkLimits;
 use crate::listen::timed_io::Clocks;
 use crate::metrics::Metrics;
-use crate::protocol::{self, App, ForcePush, OriginPolicy};
+use crate::protocol::{self, App, OriginPolicy, SwitchValues, Switches};
 use crate::reload::{ConfigSource, Swappable};
 use crate::runtime::{GuestBackend, Runtime};
 use crate::store::Store;
@@ -49,13 +49,20 @@ fn store_for(
     .allowing_older_states(backend.allow_force_push)
 }
 
-/// The backends whose stale-write guard `config` turns off.
-fn force_push_backends(config: &Config) -> impl Iterator<Item = String> + '_ {
-    config
-        .backends
-        .iter()
-        .filter(|b| b.allow_force_push)
-        .map(|b| b.name.clone())
+/// The per-backend switches `config` sets: stale-write guards off, lock
+/// takeovers on.
+fn switch_values(config: &Config) -> SwitchValues {
+    let backends = config.backends.iter();
+    SwitchValues {
+        force_push: backends
+            .clone()
+            .filter(|b| b.allow_force_push)
+            .map(|b| b.name.clone())
+            .collect(),
+        lock_ttl: backends
+            .filter_map(|b| Some((b.name.clone(), b.lock_ttl?)))
+            .collect(),
+    }
 }
 
 /// Run the server described by `config` until a shutdown signal. With
@@ -115,7 +122,18 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
     for name in backends.keys() {
         metrics.backend_up(name, true);
     }
-    let allow_force_push = Arc::new(ForcePush::new(force_push_backends(&config)));
+    let switches = Arc::new(Switches::new(switch_values(&config)));
+    let audit = Arc::new(
+        crate::audit::AuditLog::open(&config.data_dir, config.audit.clone()).with_context(
+            || {
+                format!(
+                    "cannot open the audit trail in {}",
+                    config.data_dir.join("audit").display()
+                )
+            },
+        )?,
+    );
+    audit.sync_in_background();
     if let Some(source) = source {
         tokio::spawn(reload_on_sighup(
             hangups,
@@ -123,7 +141,7 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
             runtime.clone(),
             backends.clone(),
             metrics.clone(),
-            allow_force_push.clone(),
+            switches.clone(),
             marks,
             sign_in_settings(&config),
         ));
@@ -141,7 +159,8 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
         body_timeout: network.body_timeout,
         metrics: metrics.clone(),
         auth,
-        allow_force_push: allow_force_push.clone(),
+        switches,
+        audit,
         gates: Default::default(),
         changes: Default::default(),
         origins: OriginPolicy::new(network.server_names.clone(), check_host),
@@ -225,7 +244,7 @@ async fn reload_on_sighup(
     runtime: Arc<Runtime>,
     served: BTreeMap<String, Arc<Swappable<Store<GuestBackend>>>>,
     metrics: Arc<Metrics>,
-    allow_force_push: Arc<ForcePush>,
+    switches: Arc<Switches>,
     marks: Marks,
     sign_in: String,
 ) {
@@ -236,7 +255,7 @@ async fn reload_on_sighup(
         tracing::info!(config = %source.path.display(), "SIGHUP: reloading backends");
         match crate::reload::reload(&source, &runtime, &served, build).await {
             Ok(outcome) => {
-                allow_force_push.set(force_push_backends(&outcome.config));
+                switches.set(switch_values(&outcome.config));
                 if sign_in_settings(&outcome.config) != sign_in {
                     tracing::warn!(
                         "[[users]], [[tokens]] or [[oidc]] changed in the config: they take \

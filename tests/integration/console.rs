@@ -262,6 +262,29 @@ impl ConsoleSession {
         }
     }
 
+    /// Sign in as `user` with `password` through the login form.
+    pub fn sign_in(server: &Server, user: &str, password: &str) -> ConsoleSession {
+        let client = reqwest::blocking::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let login = client
+            .post(format!("{}/ui/login", server.url))
+            .form(&[("user", user), ("password", password)])
+            .send()
+            .unwrap();
+        assert_eq!(login.status(), 303, "sign-in refused: {:?}", login.text());
+        let cookie = login.headers()["set-cookie"].to_str().unwrap();
+        ConsoleSession {
+            client,
+            base: server.url.clone(),
+            cookie: cookie.split(';').next().unwrap().to_string(),
+            csrf: String::new(),
+            workspace: String::new(),
+        }
+    }
+
     /// Ready to act on `workspace` of backend `default`, with the CSRF token
     /// its page carries.
     pub fn for_workspace(mut self, workspace: &str) -> ConsoleSession {
@@ -278,6 +301,21 @@ impl ConsoleSession {
         self.csrf = page[start..].split('"').next().unwrap().to_string();
         self.workspace = workspace.into();
         self
+    }
+
+    /// Force-unlock the workspace through the console's form: its status.
+    pub fn force_unlock(&self) -> u16 {
+        self.client
+            .post(format!(
+                "{}/ui/backends/default/{}/force-unlock",
+                self.base, self.workspace
+            ))
+            .header("cookie", &self.cookie)
+            .form(&[("csrf", self.csrf.as_str())])
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
     }
 
     /// Restore version `id` through the console's form: (status, page).

@@ -2,6 +2,7 @@
 //! test starts real `wasmstate` processes on free loopback ports and talks
 //! to them over HTTP; end-to-end tests drive the real `terraform` binary.
 
+mod audit;
 mod auth;
 mod aws;
 mod aws_credentials;

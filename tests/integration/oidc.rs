@@ -267,6 +267,32 @@ fn terraform_applies_with_a_ci_token_and_bad_tokens_change_nothing() {
     let stranger = issuer.token("key-1", serde_json::json!({"repository": "evil/infra"}));
     assert_eq!(with_token("GET", &url, &stranger, 4, None), 403);
 
+    // The audit trail names the job and keeps the claims worth keeping.
+    let trail = std::fs::read_to_string(dir.path().join("data/audit/audit.jsonl")).unwrap();
+    let records: Vec<serde_json::Value> = trail
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let job = "oidc:ci:repo:acme/infra:ref:refs/heads/main";
+    let by_job: Vec<&str> = records
+        .iter()
+        .filter(|r| r["caller"] == job && r["status"] == 200)
+        .map(|r| r["operation"].as_str().unwrap())
+        .collect();
+    assert!(
+        by_job.contains(&"lock") && by_job.contains(&"write") && by_job.contains(&"unlock"),
+        "{trail}"
+    );
+    let written = records.iter().find(|r| r["operation"] == "write").unwrap();
+    assert_eq!(
+        written["claims"],
+        serde_json::json!({"repository": "acme/infra", "ref": "refs/heads/main", "actor": "octocat"}),
+        "{written}"
+    );
+    let refused = records.last().unwrap();
+    assert_eq!(refused["status"], 403, "{refused}");
+    assert_eq!(refused["claims"]["repository"], "acme/web", "{refused}");
+
     // Every bad token: 401, and nothing changes.
     // Users sign in beside tokens.
     let alice = base64::engine::general_purpose::STANDARD.encode("alice:alice's password");

@@ -125,6 +125,8 @@ pub struct Identity {
     /// User or token name.
     pub name: String,
     grants: Vec<Grant>,
+    /// What the audit trail keeps of an OIDC caller's claims.
+    pub claims: std::collections::BTreeMap<String, String>,
 }
 
 impl Identity {
@@ -341,6 +343,7 @@ impl Authenticator {
             .map(|t| Identity {
                 name: t.name.clone(),
                 grants: t.grants.clone(),
+                claims: Default::default(),
             })
             .ok_or(AuthError::Invalid)
     }
@@ -360,6 +363,7 @@ fn identity_of(user: &User) -> Identity {
     Identity {
         name: user.name.clone(),
         grants: user.grants.clone(),
+        claims: Default::default(),
     }
 }
 

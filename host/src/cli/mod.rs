@@ -1,5 +1,6 @@
 //! Command-line interface: the only layer that knows the subcommands.
 
+mod audit;
 mod guest;
 mod new;
 
@@ -86,6 +87,20 @@ pub enum Command {
         /// Which operation.
         #[command(subcommand)]
         action: LockAction,
+        /// Which server and how to sign in.
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Search a running server's audit trail of a backend: who wrote,
+    /// locked, force-unlocked or restored what, and when (admins).
+    ///
+    /// Example: who changed prod's states on 2026-11-24, and who
+    /// force-unlocked one: `wasmstate audit -b prod --since 2026-11-24
+    /// --until 2026-11-24`, then `--operation force-unlock`.
+    Audit {
+        /// Which records.
+        #[command(flatten)]
+        filter: audit::AuditArgs,
         /// Which server and how to sign in.
         #[command(flatten)]
         remote: RemoteArgs,
@@ -335,6 +350,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Audit { filter, remote } => audit::run(filter, remote).await,
         Command::GenerateKey => {
             println!("{}", crate::store::envelope::EncryptionKey::generate());
             Ok(())

@@ -186,7 +186,26 @@ pub(super) fn validate_backend(
         .max_cores
         .map(|n| in_range(file, &key("max_cores"), n.into(), 1, 1024).map(|n| n as u32))
         .transpose()?;
+    let lock_ttl = raw
+        .lock_ttl
+        .map(|text| {
+            let ttl = humantime::parse_duration(&text).map_err(|e| {
+                ConfigError(format!(
+                    "{file}: {}: {text:?}: {e}; write a duration such as \"12h\"",
+                    key("lock_ttl")
+                ))
+            })?;
+            if ttl < Duration::from_secs(60) {
+                return Err(ConfigError(format!(
+                    "{file}: {}: {text:?} is under a minute: a lock that young belongs to a run still under way",
+                    key("lock_ttl")
+                )));
+            }
+            Ok(ttl)
+        })
+        .transpose()?;
     Ok(BackendConfig {
+        lock_ttl,
         memory_budget_bytes,
         disk_quota_bytes,
         max_cores,

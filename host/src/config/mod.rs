@@ -25,8 +25,15 @@
 //! # git_auth = { username_env = "GIT_USER", password_env = "GIT_TOKEN" }  # or ssh_key = "path"
 //! # Encrypt states before the guest sees them; the first key seals, all open.
 //! # encryption = { keys = [{ id = "2026-11", env = "WASMSTATE_KEY" }, { id = "old", file = "old.key" }] }
+//! # lock_ttl = "12h"      # a lock this old may be taken over (off by default)
 //! [backends.default.config]
 //! fsync = true             # handed to the guest as strings
+//!
+//! [audit]                  # the audit trail under <data_dir>/audit
+//! # max_mib = 64           # all its rotated files together
+//! # files = 4              # rotated over this many files
+//! # stdout = false         # also print each record as a JSON line
+//! # replica = "pod-1"      # this replica's name in records; default the host name
 //!
 //! [[users]]                # HTTP Basic; hash from `wasmstate hash-password`
 //! name = "alice"
@@ -109,6 +116,8 @@ pub struct Config {
     pub git_clone_max_bytes: u64,
     /// How the server faces the network: names, timeouts, caps.
     pub network: NetworkConfig,
+    /// Where and how the audit trail is kept (`[audit]`).
+    pub audit: crate::audit::AuditSettings,
 }
 
 /// The `[network]` table: what strangers on the network may cost.
@@ -282,6 +291,9 @@ pub struct BackendConfig {
     /// Instances of this backend running guest code at once; `None`: all
     /// the server's cores but one (at least one).
     pub max_cores: Option<u32>,
+    /// After how long a held lock may be taken over by another `LOCK`;
+    /// `None` (the default): never, as Terraform's own backends.
+    pub lock_ttl: Option<Duration>,
 }
 
 /// Per-request sandbox limits.
@@ -406,6 +418,7 @@ impl Config {
                 memory_budget_bytes: None,
                 disk_quota_bytes: None,
                 max_cores: None,
+                lock_ttl: None,
             }],
             users: Vec::new(),
             tokens: Vec::new(),
@@ -415,6 +428,7 @@ impl Config {
             max_guest_memory_bytes: None,
             git_clone_max_bytes: mib(DEFAULT_GIT_CLONE_MAX_MIB),
             network: NetworkConfig::default(),
+            audit: crate::audit::AuditSettings::default(),
         }
     }
 

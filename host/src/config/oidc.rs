@@ -17,6 +17,7 @@ pub(super) struct RawOidc {
     ca_file: Option<PathBuf>,
     #[serde(default)]
     roles: Vec<RawOidcRole>,
+    audit_claims: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -98,6 +99,12 @@ pub(super) fn validate_oidc(
             jwks_url: o.jwks_url,
             ca_file,
             roles,
+            audit_claims: o.audit_claims.unwrap_or_else(|| {
+                crate::auth::oidc::DEFAULT_AUDIT_CLAIMS
+                    .iter()
+                    .map(|c| c.to_string())
+                    .collect()
+            }),
         });
     }
     Ok(issuers)

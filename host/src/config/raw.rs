@@ -28,6 +28,18 @@ pub(super) struct RawConfig {
     pub(super) marketplace: MarketplaceConfig,
     #[serde(default)]
     pub(super) network: RawNetwork,
+    #[serde(default)]
+    pub(super) audit: RawAudit,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAudit {
+    pub(super) max_mib: Option<u64>,
+    pub(super) files: Option<u64>,
+    #[serde(default)]
+    pub(super) stdout: bool,
+    pub(super) replica: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -126,6 +138,7 @@ pub(super) struct RawBackend {
     pub(super) memory_budget_mib: Option<u64>,
     pub(super) disk_quota_mib: Option<u64>,
     pub(super) max_cores: Option<u32>,
+    pub(super) lock_ttl: Option<String>,
     #[serde(default)]
     pub(super) config: toml::Table,
 }

@@ -129,7 +129,9 @@ pub(super) fn validate(
         })
         .transpose()?;
     let network = validate_network(raw.network, file)?;
+    let audit = validate_audit(raw.audit, file)?;
     let config = Config {
+        audit,
         network,
         max_guest_memory_bytes,
         git_clone_max_bytes,
@@ -158,6 +160,32 @@ pub(super) fn validate(
         }
     }
     Ok(config)
+}
+
+fn validate_audit(raw: RawAudit, file: &str) -> Result<crate::audit::AuditSettings, ConfigError> {
+    let defaults = crate::audit::AuditSettings::default();
+    let max_bytes = match raw.max_mib {
+        Some(m) => mib(in_range(file, "audit.max_mib", m, 1, 1 << 20)?),
+        None => defaults.max_bytes,
+    };
+    let files = match raw.files {
+        Some(n) => in_range(file, "audit.files", n, 1, 100)? as usize,
+        None => defaults.files,
+    };
+    let replica = match raw.replica {
+        Some(name) => {
+            check_name("audit.replica", &name)
+                .map_err(|e| ConfigError(format!("{file}: audit.replica: {e}")))?;
+            name
+        }
+        None => defaults.replica,
+    };
+    Ok(crate::audit::AuditSettings {
+        max_bytes,
+        files,
+        stdout: raw.stdout,
+        replica,
+    })
 }
 
 /// `path` with symlinks resolved as far as it exists, and `..` removed, so
@@ -192,7 +220,7 @@ pub(super) fn resolved(path: &Path) -> PathBuf {
 
 /// A guest's directory must not overlap what the host keeps for itself
 /// (compiled machine code, the cache key, installed guests, git clones,
-/// version history) nor another backend's directory: a guest able to
+/// version history, the audit trail) nor another backend's directory: a guest able to
 /// write there could change what the host runs or what others store.
 pub(super) fn check_granted_dirs(config: &Config, file: &str) -> Result<(), ConfigError> {
     let data = resolved(&config.data_dir);
@@ -201,6 +229,7 @@ pub(super) fn check_granted_dirs(config: &Config, file: &str) -> Result<(), Conf
         (data.join("git"), "the git clones"),
         (data.join("guests"), "the installed guests"),
         (data.join("history"), "the version history"),
+        (data.join("audit"), "the audit trail"),
     ];
     let dirs: Vec<(&str, PathBuf)> = config
         .backends

@@ -112,6 +112,7 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
         memory_budget_bytes: None,
         disk_quota_bytes: None,
         max_cores: None,
+        lock_ttl: None,
     };
     let mut config = Config::default_with(Overrides {
         data_dir: Some(scratch.path().to_path_buf()),

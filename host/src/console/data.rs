@@ -4,6 +4,7 @@
 //! so host-encrypted states are opened only for callers allowed to read.
 
 use super::diff::{StateDiff, Summary, diff, summary};
+use crate::audit::{Facts, Operation};
 use crate::auth::Role;
 use crate::backend::{Description, LockInfo, Storage, StorageError, Version};
 use crate::protocol::{ApiError, App, Caller};
@@ -264,11 +265,12 @@ pub async fn versions<S: Storage>(
     page: usize,
 ) -> Result<Page<Version>, ApiError> {
     let storage = storage_of(app, caller, backend, Some(workspace))?;
-    let versions = match storage.list_versions(workspace).await {
+    let mut versions = match storage.list_versions(workspace).await {
         Ok(versions) => versions,
         Err(StorageError::NoHistory) => Vec::new(),
         Err(e) => return Err(storage_error(backend)(e)),
     };
+    app.fill_writers(backend, workspace, &mut versions).await;
     Ok(paginate(versions, page))
 }
 
@@ -348,16 +350,35 @@ pub async fn force_unlock<S: Storage>(
     workspace: &str,
 ) -> Result<Option<LockInfo>, ApiError> {
     storage_of(app, caller, backend, Some(workspace))?;
-    caller.may(backend, Some(workspace), Role::Admin)?;
+    caller
+        .may(backend, Some(workspace), Role::Admin)
+        .map_err(|e| app.refused(caller, (backend, workspace), Operation::ForceUnlock, e))?;
     app.refuse_while_draining()?;
-    app.change(backend, workspace, |app, backend, workspace| async move {
-        let target = app.target(&backend, &workspace)?;
-        target
-            .storage
-            .force_unlock(&workspace)
-            .await
-            .map_err(|e| target.error(e))
-    })
+    let caller = caller.clone();
+    app.change(
+        backend,
+        workspace,
+        move |app, backend, workspace| async move {
+            let target = app.target(&backend, &workspace)?;
+            let released = target
+                .storage
+                .force_unlock(&workspace)
+                .await
+                .map_err(|e| target.error(e));
+            if released.is_ok() {
+                app.metrics.lock_released(&backend, &workspace);
+            }
+            let holder = released.as_ref().ok().and_then(Option::as_ref);
+            let facts = Facts {
+                lock_id: holder.map(|h| h.id.clone()),
+                holder: holder.map(|h| h.who.clone()),
+                ..Facts::default()
+            };
+            let at = (backend.as_str(), workspace.as_str());
+            app.record(&caller, at, Operation::ForceUnlock, facts, &released);
+            released
+        },
+    )
     .await
 }
 
@@ -375,7 +396,9 @@ pub async fn restore<S: Storage>(
     who: &str,
 ) -> Result<u64, ApiError> {
     let storage = storage_of(app, caller, backend, Some(workspace))?;
-    caller.may(backend, Some(workspace), Role::Admin)?;
+    caller
+        .may(backend, Some(workspace), Role::Admin)
+        .map_err(|e| app.refused(caller, (backend, workspace), Operation::Restore, e))?;
     app.refuse_while_draining()?;
     let old: std::sync::Arc<[u8]> = version_bytes(storage, backend, workspace, id).await?.into();
     // Parsing and renumbering a big state is the backend's host work.
@@ -400,8 +423,14 @@ pub async fn restore<S: Storage>(
     );
     let max_body = app.max_body_bytes;
     let id = id.to_string();
+    let caller = caller.clone();
     app.change(backend, workspace, move |app, backend, workspace| async move {
         let target = app.target(&backend, &workspace)?;
+        let mut facts = Facts {
+            lock_id: Some(lock.id.clone()),
+            ..Facts::default()
+        };
+        let restored = async {
         target
             .storage
             .lock(&workspace, lock.clone())
@@ -428,7 +457,8 @@ pub async fn restore<S: Storage>(
                     ),
                 ));
             }
-            crate::protocol::write_unless_stale(&app, &target, Some(&lock.id), renumbered.into())
+            let facts = &mut facts;
+            crate::protocol::write_unless_stale(&app, &target, Some(&lock.id), renumbered.into(), facts)
                 .await
                 .map(|()| serial)
         }
@@ -437,6 +467,11 @@ pub async fn restore<S: Storage>(
         let serial = written?;
         unlocked.map_err(|e| target.error(e))?;
         Ok(serial)
+        }
+        .await;
+        let at = (backend.as_str(), workspace.as_str());
+        app.record(&caller, at, Operation::Restore, facts, &restored);
+        restored
     })
     .await
 }

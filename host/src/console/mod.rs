@@ -13,6 +13,7 @@
 //!   `Cache-Control: no-store`.
 //! - `/ui/api/…` serves, as JSON, the data each page shows ([`data`]).
 
+mod audit;
 pub mod data;
 pub mod diff;
 mod next;
@@ -75,6 +76,8 @@ pub fn routes<S: Storage>(app: Arc<App<S>>, options: Options) -> Router {
         .route("/ui/logout", post(logout::<S>))
         .route("/ui/backends", get(backends_page::<S>))
         .route("/ui/guests", get(guests_page::<S>))
+        .route("/ui/audit/{backend}", get(audit::audit_page::<S>))
+        .route("/ui/api/audit/{backend}", get(audit::audit_json::<S>))
         .route("/ui/backends/{backend}", get(workspaces_page::<S>))
         .route(
             "/ui/backends/{backend}/{workspace}",
@@ -396,8 +399,16 @@ async fn workspaces_page<S: Storage>(
     Query(paging): Query<Paging>,
     visitor: Visitor,
 ) -> Answer {
-    let list = data::workspaces(&console.app, &visitor.caller(), &backend, paging.page()).await?;
+    let caller = visitor.caller();
+    let list = data::workspaces(&console.app, &caller, &backend, paging.page()).await?;
     let body = pages::workspaces(&backend, &list, &visitor.viewer());
+    let body = match caller.allows(&backend, None, crate::auth::Role::Admin) {
+        true => maud::html! {
+            p.links { a #audit-link href={ "/ui/audit/" (backend) } { "Audit trail" } }
+            (body)
+        },
+        false => body,
+    };
     Ok(page(&format!("Workspaces of {backend}"), &visitor, body))
 }
 

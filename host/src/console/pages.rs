@@ -202,13 +202,19 @@ pub fn versions(
             button type="submit" { "Compare" }
         }
         table #versions {
-            thead { tr { th { "version" } th { "serial" } th { "written" } th { "size" } th { "" } } }
+            thead { tr { th { "version" } th { "serial" } th { "written" } th { "by" } th { "size" } th { "" } } }
             tbody {
                 @for v in &page.items {
                     tr data-version=(v.id) {
                         td { code { (v.id) } }
                         td.serial { (v.serial.map(|s| s.to_string()).unwrap_or_default()) }
                         td { (format_unix_ms(v.created_unix_ms)) }
+                        td.by {
+                            @match &v.written_by {
+                                Some(who) => (who),
+                                None => span.unknown title="not in this replica's audit trail" { "—" },
+                            }
+                        }
                         td { (size(v.bytes)) }
                         td {
                             a.compare href={ (here) "?from=" (query_value(&v.id)) "&to=current" } { "compare with current" }

@@ -9,6 +9,7 @@
 
 use super::error::ApiError;
 use super::{App, Target};
+use crate::audit::{Facts, StateVersion};
 use crate::backend::{Storage, StorageError};
 use crate::statefile;
 use axum::body::Bytes;
@@ -18,12 +19,14 @@ use axum::http::StatusCode;
 /// refuses it (409), or it is already stored (a retried POST: nothing to
 /// do). The caller holds the workspace's gate. `lock_id`: the client's
 /// lock; without one, the host takes the lock for the write (423 while
-/// another holds it, as the guest would answer).
+/// another holds it, as the guest would answer). `facts` learns, for the
+/// audit trail, the stored and incoming versions as far as they were read.
 pub(crate) async fn write_unless_stale<S: Storage>(
     app: &App<S>,
     target: &Target<'_, S>,
     lock_id: Option<&str>,
     body: Bytes,
+    facts: &mut Facts,
 ) -> Result<(), ApiError> {
     // Parsing a big state whole is the backend's host work, off the workers.
     let incoming = target
@@ -33,17 +36,21 @@ pub(crate) async fn write_unless_stale<S: Storage>(
         .await
         .map_err(|e| target.error(e.into()))?
         .map_err(|e| ApiError::bad_request(format!("{e}; nothing was written")))?;
-    if app.allow_force_push.allows(target.backend) {
+    facts.after = incoming.version().map(|(lineage, serial)| StateVersion {
+        lineage: Some(lineage.to_string()),
+        serial,
+    });
+    if app.switches.allows_force_push(target.backend) {
         // The guard is off: nothing to make one step with the write.
         return write(target, body, lock_id).await;
     }
     if let Some(id) = lock_id {
-        return guarded_write(target, &incoming, body, id).await;
+        return guarded_write(target, &incoming, body, id, facts).await;
     }
     // A stale or repeated state is answered before any lock is taken, so
     // it never holds the workspace from others; the guard runs again
     // under the lock.
-    if guard_stale_write(target, &incoming, &body).await? {
+    if guard_stale_write(target, &incoming, &body, facts).await? {
         return Ok(());
     }
     let own = crate::backend::own_lock(
@@ -59,7 +66,7 @@ pub(crate) async fn write_unless_stale<S: Storage>(
         }
         return Err(target.error(e));
     }
-    let written = guarded_write(target, &incoming, body, &own.id).await;
+    let written = guarded_write(target, &incoming, body, &own.id, facts).await;
     release(target, &own.id).await;
     written
 }
@@ -96,8 +103,9 @@ async fn guarded_write<S: Storage>(
     incoming: &statefile::Header,
     body: Bytes,
     lock_id: &str,
+    facts: &mut Facts,
 ) -> Result<(), ApiError> {
-    if guard_stale_write(target, incoming, &body).await? {
+    if guard_stale_write(target, incoming, &body, facts).await? {
         return Ok(());
     }
     write(target, body, Some(lock_id)).await
@@ -130,10 +138,12 @@ async fn guard_stale_write<S: Storage>(
     target: &Target<'_, S>,
     incoming: &statefile::Header,
     body: &Bytes,
+    facts: &mut Facts,
 ) -> Result<bool, ApiError> {
     let stored_version = crate::backend::stored_version(target.storage, target.workspace)
         .await
         .map_err(|e| target.error(e))?;
+    facts.before = stored_version.clone().map(StateVersion::of);
     let Some((stored_lineage, stored_serial)) = stored_version else {
         return Ok(false);
     };
@@ -170,6 +180,7 @@ async fn guard_stale_write<S: Storage>(
             .await
             .map_err(|e| target.error(e))?
         {
+            facts.unchanged = true;
             return Ok(true);
         }
         return refuse(format!(

@@ -5,18 +5,24 @@
 //! - `GET|POST|PUT|DELETE|LOCK|UNLOCK /states/{backend}/{workspace}`
 //! - `GET /states/{backend}/{workspace}/versions[/{id}]`
 //! - `GET /workspaces/{backend}`, `PUT|DELETE /workspaces/{backend}/{workspace}`
+//! - `GET /audit/{backend}` (admins): the audit trail, filtered
 //! - `GET /healthz`, `GET /metrics` (Prometheus)
 
+mod audit;
 mod buffers;
 mod caller;
 mod error;
 mod gate;
 mod guard;
+mod locks;
 mod origin;
+mod record;
 mod state;
 mod versions;
 mod workspaces;
 
+pub use audit::{AuditAnswer, WRITER_WINDOW_MS};
+pub use record::Answered;
 pub use buffers::{BodyBudget, Held};
 pub use caller::Caller;
 pub use error::ApiError;
@@ -25,6 +31,7 @@ pub(crate) use guard::write_unless_stale;
 pub use origin::OriginPolicy;
 pub use workspaces::DEFAULT_WORKSPACE;
 
+use crate::audit::Operation;
 use crate::auth::{Authenticator, Role};
 use crate::backend::{Storage, StorageError};
 use crate::listen::ClientAddr;
@@ -54,9 +61,12 @@ pub struct App<S> {
     pub metrics: Arc<Metrics>,
     /// Who may do what; with no users or tokens, everyone may do anything.
     pub auth: Arc<Authenticator>,
-    /// Backends that accept older or unrelated states (`state push -force`);
-    /// a reload changes it.
-    pub allow_force_push: Arc<ForcePush>,
+    /// Per-backend switches a reload changes: which accept older or
+    /// unrelated states (`state push -force`), which let old locks be
+    /// taken over.
+    pub switches: Arc<Switches>,
+    /// Where every change is recorded.
+    pub audit: Arc<crate::audit::AuditLog>,
     /// One change at a time per workspace on this host.
     pub gates: WorkspaceGates,
     /// Changes under way, each run to its end even when its client goes
@@ -70,28 +80,43 @@ pub struct App<S> {
     pub bodies: BodyBudget,
 }
 
-/// The backends whose stale-write guard is off (`allow_force_push`), as
-/// the config last read says: shared with the reload, which sets it anew.
+/// Per-backend switches as the config last read says: shared with the
+/// reload, which sets them anew.
 #[derive(Debug, Default)]
-pub struct ForcePush(std::sync::RwLock<BTreeSet<String>>);
+pub struct Switches(std::sync::RwLock<SwitchValues>);
 
-impl ForcePush {
-    /// The backends named by `names`.
-    pub fn new(names: impl IntoIterator<Item = String>) -> Self {
-        ForcePush(std::sync::RwLock::new(names.into_iter().collect()))
+/// What [`Switches`] holds.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SwitchValues {
+    /// Backends whose stale-write guard is off (`allow_force_push`).
+    pub force_push: BTreeSet<String>,
+    /// Backends whose locks may be taken over once this old (`lock_ttl`).
+    pub lock_ttl: BTreeMap<String, Duration>,
+}
+
+impl Switches {
+    /// Switches set to `values`.
+    pub fn new(values: SwitchValues) -> Self {
+        Switches(std::sync::RwLock::new(values))
+    }
+
+    fn values(&self) -> std::sync::RwLockReadGuard<'_, SwitchValues> {
+        self.0.read().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether `backend` accepts older or unrelated states.
-    pub fn allows(&self, backend: &str) -> bool {
-        self.0
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(backend)
+    pub fn allows_force_push(&self, backend: &str) -> bool {
+        self.values().force_push.contains(backend)
     }
 
-    /// From now on, exactly the backends named by `names`.
-    pub fn set(&self, names: impl IntoIterator<Item = String>) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = names.into_iter().collect();
+    /// After how long a lock on `backend` may be taken over; `None`: never.
+    pub fn lock_ttl(&self, backend: &str) -> Option<Duration> {
+        self.values().lock_ttl.get(backend).copied()
+    }
+
+    /// From now on, `values`.
+    pub fn set(&self, values: SwitchValues) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = values;
     }
 }
 
@@ -302,6 +327,7 @@ pub fn router_with<S: Storage>(app: Arc<App<S>>, more: Router) -> Router {
         )
         .route("/workspaces/{backend}", get(list_route::<S>))
         .route("/workspaces/{backend}/{workspace}", any(workspace_route::<S>))
+        .route("/audit/{backend}", get(audit::route::<S>))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics_route::<S>))
         .fallback(|| async {
@@ -341,7 +367,7 @@ async fn versions_route<S: Storage>(
     let caller = app.identify(&headers, client).await?;
     let target = app.target(&backend, &workspace)?;
     caller.may(&backend, Some(&workspace), Role::Read)?;
-    versions::list(target).await
+    versions::list(&app, target).await
 }
 
 async fn version_route<S: Storage>(
@@ -395,30 +421,38 @@ async fn workspace_route<S: Storage>(
     let caller = app.identify(&headers, client).await?;
     // 404 for an unknown backend, 400 for a bad name, before anything else.
     app.target(&backend, &workspace)?;
-    match method {
-        Method::PUT => {
-            caller.may(&backend, Some(&workspace), Role::Write)?;
-            app.refuse_while_draining()?;
-            app.change(&backend, &workspace, |app, backend, workspace| async move {
-                workspaces::create(app.target(&backend, &workspace)?).await
-            })
-            .await
+    let (operation, role) = match method {
+        Method::PUT => (Operation::WorkspaceCreate, Role::Write),
+        Method::DELETE => (Operation::WorkspaceDelete, Role::Admin),
+        _ => {
+            return Ok((
+                StatusCode::METHOD_NOT_ALLOWED,
+                [(axum::http::header::ALLOW, "PUT, DELETE")],
+                "use PUT to create or DELETE to delete a workspace\n",
+            )
+                .into_response());
         }
-        Method::DELETE => {
-            caller.may(&backend, Some(&workspace), Role::Admin)?;
-            app.refuse_while_draining()?;
-            app.change(&backend, &workspace, |app, backend, workspace| async move {
-                workspaces::delete(app.target(&backend, &workspace)?).await
-            })
-            .await
-        }
-        _ => Ok((
-            StatusCode::METHOD_NOT_ALLOWED,
-            [(axum::http::header::ALLOW, "PUT, DELETE")],
-            "use PUT to create or DELETE to delete a workspace\n",
-        )
-            .into_response()),
-    }
+    };
+    let at = (backend.as_str(), workspace.as_str());
+    caller
+        .may(&backend, Some(&workspace), role)
+        .map_err(|e| app.refused(&caller, at, operation, e))?;
+    app.refuse_while_draining()?;
+    app.change(
+        &backend,
+        &workspace,
+        move |app, backend, workspace| async move {
+            let target = app.target(&backend, &workspace)?;
+            let answer = match operation {
+                Operation::WorkspaceCreate => workspaces::create(target).await,
+                _ => workspaces::delete(target).await,
+            };
+            let at = (backend.as_str(), workspace.as_str());
+            app.record(&caller, at, operation, Default::default(), &answer);
+            answer
+        },
+    )
+    .await
 }
 
 /// One log line per request (method, backend, workspace, status,

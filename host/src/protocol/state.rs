@@ -10,8 +10,9 @@
 
 use super::error::ApiError;
 use super::{App, BodyBudget, Caller, Held, Target};
+use crate::audit::{Facts, Operation};
 use crate::auth::Role;
-use crate::backend::{LockInfo, Storage};
+use crate::backend::Storage;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -56,15 +57,33 @@ async fn dispatch<S: Storage>(
         .get("ID")
         .map(String::as_str)
         .filter(|id| !id.is_empty());
+    let at = (target.backend, target.workspace);
+    let mut operation = match method.as_str() {
+        "POST" | "PUT" => Some(Operation::Write),
+        "DELETE" => Some(Operation::Delete),
+        "LOCK" => Some(Operation::Lock),
+        "UNLOCK" => Some(Operation::Unlock),
+        _ => None,
+    };
     // A change that arrives once the server is stopping never starts; one
     // already past this point completes.
     if method != Method::GET {
         app.refuse_while_draining()?;
     }
+    // What the caller may not do is refused, and recorded, before anything
+    // of it is read.
+    let may = |role: Role, operation: Option<Operation>| {
+        caller
+            .may(target.backend, Some(target.workspace), role)
+            .map_err(|e| match operation {
+                Some(op) => app.refused(caller, at, op, e),
+                None => e,
+            })
+    };
     let (body, held) = match method.as_str() {
         "POST" | "PUT" | "LOCK" | "UNLOCK" => {
             // Writers must at least write before the server reads a body.
-            caller.may(target.backend, Some(target.workspace), Role::Write)?;
+            may(Role::Write, operation)?;
             match method.as_str() {
                 // A lock's details are small, and never wait on the body
                 // budget: readers filling it must not strand a lock.
@@ -79,24 +98,36 @@ async fn dispatch<S: Storage>(
     };
     // Force-unlock (UNLOCK without a body) and deletes need admin.
     let force = method.as_str() == "UNLOCK" && body.iter().all(u8::is_ascii_whitespace);
+    if force {
+        operation = Some(Operation::ForceUnlock);
+    }
     let role = match method.as_str() {
         "GET" => Role::Read,
         "DELETE" => Role::Admin,
         "UNLOCK" if force => Role::Admin,
         _ => Role::Write,
     };
-    caller.may(target.backend, Some(target.workspace), role)?;
+    may(role, operation)?;
     if method == Method::GET {
         return read(&app.bodies, target).await;
     }
-    if matches!(method.as_str(), "POST" | "PUT") {
+    let Some(operation) = operation else {
+        return Ok((
+            StatusCode::METHOD_NOT_ALLOWED,
+            [(header::ALLOW, ALLOWED)],
+            format!("method {method} is not supported here; use one of {ALLOWED}\n"),
+        )
+            .into_response());
+    };
+    if operation == Operation::Write {
         verify_md5(&headers, &body)?;
     }
     // Every change runs alone on its workspace here (reads never wait), so
     // the guard's check and its write are one step on this host, and runs
-    // to its end even if the client hangs up.
+    // to its end (its record written) even if the client hangs up.
     let lock_id = lock_id.map(str::to_string);
-    let (backend, workspace) = (target.backend, target.workspace);
+    let caller = caller.clone();
+    let (backend, workspace) = at;
     app.change(
         backend,
         workspace,
@@ -104,29 +135,36 @@ async fn dispatch<S: Storage>(
             // The body stays charged to the server's budget until the change ends.
             let _held = held;
             let target = app.target(&backend, &workspace)?;
+            let mut facts = Facts {
+                lock_id: lock_id.clone(),
+                ..Facts::default()
+            };
             let lock_id = lock_id.as_deref();
-            match method.as_str() {
-                "POST" | "PUT" => {
-                    super::guard::write_unless_stale(&app, &target, lock_id, body).await?;
-                    Ok(StatusCode::OK.into_response())
-                }
-                "DELETE" => {
-                    target
-                        .storage
-                        .delete(target.workspace, lock_id)
+            let answer = match operation {
+                Operation::Write => {
+                    super::guard::write_unless_stale(&app, &target, lock_id, body, &mut facts)
                         .await
-                        .map_err(|e| target.error(e))?;
-                    Ok(StatusCode::OK.into_response())
+                        .map(|()| StatusCode::OK.into_response())
                 }
-                "LOCK" => lock(&app, target, body).await,
-                "UNLOCK" => unlock(&app, target, body).await,
-                _ => Ok((
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    [(header::ALLOW, ALLOWED)],
-                    format!("method {method} is not supported here; use one of {ALLOWED}\n"),
-                )
-                    .into_response()),
+                Operation::Delete => target
+                    .storage
+                    .delete(target.workspace, lock_id)
+                    .await
+                    .map(|()| StatusCode::OK.into_response())
+                    .map_err(|e| target.error(e)),
+                Operation::Lock => {
+                    super::locks::lock(&app, &target, &caller, body, &mut facts).await
+                }
+                _ => super::locks::unlock(&app, &target, body, &mut facts).await,
+            };
+            // A lock refused because another holds it is not recorded:
+            // `-lock-timeout` asks again every few seconds.
+            let conflict = operation == Operation::Lock
+                && matches!(&answer, Err(e) if e.status() == StatusCode::LOCKED);
+            if !conflict {
+                app.record(&caller, (&backend, &workspace), operation, facts, &answer);
             }
+            answer
         },
     )
     .await
@@ -178,76 +216,6 @@ fn verify_md5(headers: &HeaderMap, body: &[u8]) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn parse_lock_info(body: &[u8]) -> Result<LockInfo, ApiError> {
-    let info: LockInfo = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("the body is not LockInfo JSON: {e}")))?;
-    if info.id.trim().is_empty() {
-        return Err(ApiError::bad_request("LockInfo has an empty \"ID\""));
-    }
-    Ok(info)
-}
-
-async fn lock<S: Storage>(
-    app: &App<S>,
-    target: Target<'_, S>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let info = parse_lock_info(&body)?;
-    match target.storage.lock(target.workspace, info.clone()).await {
-        Ok(()) => app
-            .metrics
-            .lock_granted(target.backend, target.workspace, &info.id),
-        Err(e) => {
-            if matches!(e, crate::backend::StorageError::Locked(_)) {
-                app.metrics.lock_conflict(target.backend);
-            }
-            return Err(target.error(e));
-        }
-    }
-    Ok((
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, "application/json")],
-        serde_json::to_vec(&info).expect("LockInfo serialises"),
-    )
-        .into_response())
-}
-
-async fn unlock<S: Storage>(
-    app: &App<S>,
-    target: Target<'_, S>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    // `terraform force-unlock` sends no body at all: release whoever holds it.
-    // (OpenTofu's force-unlock sends LockInfo with only the ID: the normal
-    // path below, which releases the lock when that ID holds it.)
-    if body.iter().all(u8::is_ascii_whitespace) {
-        let released = target
-            .storage
-            .force_unlock(target.workspace)
-            .await
-            .map_err(|e| target.error(e))?;
-        app.metrics.lock_released(target.backend, target.workspace);
-        if let Some(holder) = released {
-            tracing::warn!(
-                backend = target.backend,
-                workspace = target.workspace,
-                "force-unlocked: lock {} of {} removed",
-                holder.id,
-                holder.who
-            );
-        }
-        return Ok(StatusCode::OK.into_response());
-    }
-    let info = parse_lock_info(&body)?;
-    target
-        .storage
-        .unlock(target.workspace, &info.id)
-        .await
-        .map_err(|e| target.error(e))?;
-    app.metrics.lock_released(target.backend, target.workspace);
-    Ok(StatusCode::OK.into_response())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,12 +233,5 @@ mod tests {
 
         headers.insert("content-md5", "not base64!".parse().unwrap());
         assert!(verify_md5(&headers, body).is_err());
-    }
-
-    #[test]
-    fn lock_info_needs_an_id() {
-        assert!(parse_lock_info(br#"{"ID":"x","Operation":"OperationTypeApply"}"#).is_ok());
-        assert!(parse_lock_info(br#"{"ID":"","Operation":"x"}"#).is_err());
-        assert!(parse_lock_info(b"{not json").is_err());
     }
 }

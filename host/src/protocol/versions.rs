@@ -8,13 +8,19 @@ use super::error::ApiError;
 use crate::backend::Storage;
 use axum::response::{IntoResponse, Response};
 
-/// `GET …/versions`: a JSON list of `{id, serial, created_unix_ms, bytes}`.
-pub async fn list<S: Storage>(target: Target<'_, S>) -> Result<Response, ApiError> {
-    let versions = target
+/// `GET …/versions`: a JSON list of `{id, serial, created_unix_ms, bytes,
+/// written_by}` (`written_by` when this replica's audit trail knows it).
+pub async fn list<S: Storage>(
+    app: &super::App<S>,
+    target: Target<'_, S>,
+) -> Result<Response, ApiError> {
+    let mut versions = target
         .storage
         .list_versions(target.workspace)
         .await
         .map_err(|e| target.error(e))?;
+    app.fill_writers(target.backend, target.workspace, &mut versions)
+        .await;
     Ok(axum::Json(versions).into_response())
 }
 

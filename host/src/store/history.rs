@@ -82,6 +82,7 @@ impl History {
                     serial,
                     created_unix_ms: ms,
                     bytes: meta.len(),
+                    written_by: None,
                 });
             }
             versions.reverse();

@@ -17,7 +17,7 @@ pub use limits::{MemoryCgroup, peak_rss_kib, reset_peak_rss, rss_kib};
 pub use peers::{Etcd, FileServer, GitDaemon, GitHttp, Moto, Registry, bare_repo, git};
 pub use rng::Rng;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -64,6 +64,8 @@ pub struct Server {
     pub url: String,
     /// Its stderr (logs), for assertions and failure messages.
     pub log: PathBuf,
+    /// Its stdout after the first line (audit records, when asked).
+    pub stdout: PathBuf,
 }
 
 impl Server {
@@ -158,13 +160,17 @@ impl Server {
         let mut child = cmd.spawn().expect("start wasmstate");
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
+        let rest = log.with_extension("stdout");
+        let mut kept = std::fs::File::create(&rest).unwrap();
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
             if let Some(Ok(first)) = lines.next() {
                 let _ = tx.send(first);
             }
             // Keep draining so the server never blocks on a full pipe.
-            for _ in lines {}
+            for line in lines.map_while(Result::ok) {
+                let _ = writeln!(kept, "{line}");
+            }
         });
         let first = match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(line) => line,
@@ -200,7 +206,12 @@ impl Server {
             .strip_prefix("wasmstate listening on ")
             .unwrap_or_else(|| panic!("unexpected first line: {first}"))
             .to_string();
-        Server { child, url, log }
+        Server {
+            child,
+            url,
+            log,
+            stdout: rest,
+        }
     }
 
     /// URL of a state.

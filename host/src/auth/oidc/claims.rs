@@ -27,6 +27,44 @@ impl OidcRole {
     }
 }
 
+/// Claims the audit trail keeps when the config names none: who ran the
+/// job and from where, as GitHub Actions and GitLab CI name it.
+pub const DEFAULT_AUDIT_CLAIMS: [&str; 8] = [
+    "repository",
+    "ref",
+    "actor",
+    "workflow",
+    "run_id",
+    "project_path",
+    "pipeline_id",
+    "user_login",
+];
+
+/// The claims in `names` that `claims` carries, as text (a list's items
+/// joined by commas), each cut to 200 characters: what an audit record
+/// keeps of the caller.
+pub fn kept<'a>(
+    claims: &serde_json::Map<String, Value>,
+    names: impl IntoIterator<Item = &'a str>,
+) -> std::collections::BTreeMap<String, String> {
+    let text = |value: &Value| match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let value = match claims.get(name)? {
+                Value::Array(items) => items.iter().map(text).collect::<Vec<_>>().join(","),
+                Value::Object(_) | Value::Null => return None,
+                value => text(value),
+            };
+            Some((name.to_string(), value.chars().take(200).collect()))
+        })
+        .take(32)
+        .collect()
+}
+
 fn value_matches(pattern: &str, value: &Value) -> bool {
     match value {
         Value::String(text) => glob(pattern, text),

@@ -14,7 +14,7 @@
 pub mod claims;
 pub mod keys;
 
-pub use claims::OidcRole;
+pub use claims::{DEFAULT_AUDIT_CLAIMS, OidcRole};
 
 use super::{AuthError, Identity};
 use base64::Engine as _;
@@ -61,6 +61,9 @@ pub struct OidcConfig {
     pub ca_file: Option<PathBuf>,
     /// Which claims earn which grants.
     pub roles: Vec<OidcRole>,
+    /// Claims the audit trail keeps of a caller (besides those its matched
+    /// roles bind).
+    pub audit_claims: Vec<String>,
 }
 
 /// An issuer whose tokens sign callers in.
@@ -150,14 +153,22 @@ impl Issuer {
             .get("sub")
             .and_then(Value::as_str)
             .ok_or(AuthError::Invalid)?;
-        let grants = self
+        let matched: Vec<&OidcRole> = self
             .config
             .roles
             .iter()
             .filter(|role| role.matches(&claims))
+            .collect();
+        let grants = matched
+            .iter()
             .flat_map(|role| role.grants.iter().cloned())
             .collect();
+        let bound = matched
+            .iter()
+            .flat_map(|role| role.bound_claims.iter().map(|(name, _)| name.as_str()));
+        let audited = self.config.audit_claims.iter().map(String::as_str);
         Ok(Identity {
+            claims: claims::kept(&claims, audited.chain(bound)),
             name: format!(
                 "oidc:{}:{}",
                 self.config.name,

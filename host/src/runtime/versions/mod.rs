@@ -16,6 +16,7 @@ macro_rules! host_versions {
                         serial: v.serial,
                         created_unix_ms: v.created_unix_ms,
                         bytes: v.bytes,
+                        written_by: None,
                     })
                     .collect()
             })

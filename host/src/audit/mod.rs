@@ -1,0 +1,202 @@
+//! The audit trail: one structured record per change to a state, a lock or
+//! a workspace, and per refused write, kept by each replica in an
+//! append-only, rotated, bounded log under its data directory
+//! (`<data_dir>/audit/`), and printed to stdout as JSON lines when asked.
+//!
+//! Each replica writes its own log: a record says which replica took the
+//! request, and the fleet's whole trail is the union of its replicas' logs
+//! (ship stdout to the log store for one place to search). Nothing here
+//! reaches storage, so a guest can neither read nor rewrite the trail.
+
+mod file;
+mod query;
+
+pub use file::{AuditLog, AuditSettings};
+pub use query::{Filter, MAX_LIMIT};
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// What a record says was done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Operation {
+    /// A state written (POST/PUT), or refused.
+    Write,
+    /// A state deleted through the state URL (DELETE).
+    Delete,
+    /// A lock taken.
+    Lock,
+    /// A lock older than the backend's `lock_ttl` released so another
+    /// could take it.
+    LockTakeover,
+    /// A lock released by its holder.
+    Unlock,
+    /// A lock released whoever held it (`terraform force-unlock`, the
+    /// console).
+    ForceUnlock,
+    /// A kept version written back from the console.
+    Restore,
+    /// A workspace created.
+    WorkspaceCreate,
+    /// A workspace and its state deleted.
+    WorkspaceDelete,
+}
+
+impl Operation {
+    /// Every operation, as filters and pages name them.
+    pub const ALL: [Operation; 9] = [
+        Operation::Write,
+        Operation::Delete,
+        Operation::Lock,
+        Operation::LockTakeover,
+        Operation::Unlock,
+        Operation::ForceUnlock,
+        Operation::Restore,
+        Operation::WorkspaceCreate,
+        Operation::WorkspaceDelete,
+    ];
+
+    /// Its name in records and filters (`force-unlock`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Operation::Write => "write",
+            Operation::Delete => "delete",
+            Operation::Lock => "lock",
+            Operation::LockTakeover => "lock-takeover",
+            Operation::Unlock => "unlock",
+            Operation::ForceUnlock => "force-unlock",
+            Operation::Restore => "restore",
+            Operation::WorkspaceCreate => "workspace-create",
+            Operation::WorkspaceDelete => "workspace-delete",
+        }
+    }
+
+    /// The operation named `name`.
+    pub fn parse(name: &str) -> Option<Operation> {
+        Operation::ALL.into_iter().find(|o| o.name() == name)
+    }
+}
+
+/// A state's place in its history: what the stale-write guard compares.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateVersion {
+    /// The state's lineage, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<String>,
+    /// Its serial.
+    pub serial: u64,
+}
+
+impl StateVersion {
+    /// From the `(lineage, serial)` pair the guard reads.
+    pub fn of((lineage, serial): (String, u64)) -> StateVersion {
+        StateVersion {
+            lineage: Some(lineage),
+            serial,
+        }
+    }
+}
+
+/// One audit record, a line of JSON in the log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// When the change ended, RFC 3339 in UTC to the millisecond.
+    pub time: String,
+    /// The replica that served it (`[audit] replica`, default the host name).
+    pub replica: String,
+    /// Who asked: a user or token name, `oidc:<issuer name>:<sub>`, or
+    /// `anyone` on a server without users.
+    pub caller: String,
+    /// An OIDC caller's claims worth keeping (repository, ref, actor…).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub claims: BTreeMap<String, String>,
+    /// The backend.
+    pub backend: String,
+    /// The workspace.
+    pub workspace: String,
+    /// What was done or tried.
+    pub operation: Operation,
+    /// The stored state before, when the change read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before: Option<StateVersion>,
+    /// The state the change wrote (or tried to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<StateVersion>,
+    /// The first 16 hex digits of the SHA-256 of the lock ID involved
+    /// (never the ID: whoever knows it can unlock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock: Option<String>,
+    /// Who held the lock that was released, taken over or in the way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// The HTTP status answered.
+    pub status: u16,
+    /// `ok`, `unchanged` (a retried write already stored), or why not.
+    pub result: String,
+}
+
+impl Record {
+    /// `before → after` serials, as far as known (empty: neither).
+    pub fn serials(&self) -> String {
+        match (&self.before, &self.after) {
+            (Some(b), Some(a)) => format!("{} → {}", b.serial, a.serial),
+            (None, Some(a)) => format!("→ {}", a.serial),
+            (Some(b), None) => b.serial.to_string(),
+            (None, None) => String::new(),
+        }
+    }
+}
+
+/// The digest of a lock ID a record keeps.
+pub fn lock_digest(id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(&Sha256::digest(id.as_bytes())[..8])
+}
+
+/// The time now, as records write it.
+pub fn now_text() -> String {
+    let now = time::OffsetDateTime::now_utc();
+    let ms = now.replace_nanosecond(now.millisecond() as u32 * 1_000_000);
+    ms.unwrap_or(now)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+/// What a change reports to the trail besides who, where and its answer.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    /// The stored state before.
+    pub before: Option<StateVersion>,
+    /// The state written or tried.
+    pub after: Option<StateVersion>,
+    /// The lock ID involved (digested when recorded).
+    pub lock_id: Option<String>,
+    /// Who held the lock released, taken over or in the way.
+    pub holder: Option<String>,
+    /// A retried write found its state already stored.
+    pub unchanged: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operations_round_trip_by_name() {
+        for op in Operation::ALL {
+            assert_eq!(Operation::parse(op.name()), Some(op));
+            let json = serde_json::to_string(&op).unwrap();
+            assert_eq!(json, format!("\"{}\"", op.name()));
+        }
+        assert_eq!(Operation::parse("drop-table"), None);
+    }
+
+    #[test]
+    fn a_lock_digest_hides_the_id() {
+        let digest = lock_digest("7a1c6e5e-0000-4000-8000-000000000001");
+        assert_eq!(digest.len(), 16);
+        assert!(!digest.contains("7a1c6e5e"));
+        assert_eq!(digest, lock_digest("7a1c6e5e-0000-4000-8000-000000000001"));
+    }
+}

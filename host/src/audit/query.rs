@@ -1,0 +1,250 @@
+//! Searching the log: what `GET /audit/{backend}`, the console's audit page
+//! and `wasmstate audit` ask for.
+
+use super::{AuditLog, Operation, Record};
+use serde::Deserialize;
+use std::io::BufRead;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+/// The most records one query answers.
+pub const MAX_LIMIT: usize = 1000;
+const DEFAULT_LIMIT: usize = 100;
+
+/// Which records a query wants; every field set must match.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Filter {
+    /// Only this workspace.
+    #[serde(default)]
+    pub workspace: Option<String>,
+    /// Only this operation (`write`, `force-unlock`…).
+    #[serde(default)]
+    pub operation: Option<String>,
+    /// Only callers whose name contains this (`alice`, `oidc:github`).
+    #[serde(default)]
+    pub caller: Option<String>,
+    /// Only at or after this time: RFC 3339, or a day (`2026-11-24`).
+    #[serde(default)]
+    pub since: Option<String>,
+    /// Only at or before this time: RFC 3339, or a day (the whole day).
+    #[serde(default)]
+    pub until: Option<String>,
+    /// Only refused changes (`true`): answered 4xx or 5xx.
+    #[serde(default)]
+    pub refused: Option<bool>,
+    /// At most this many records, newest first (default 100, at most 1000).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// A filter checked: its times parsed, its operation known.
+struct Checked<'a> {
+    filter: &'a Filter,
+    operation: Option<Operation>,
+    since: Option<OffsetDateTime>,
+    until: Option<OffsetDateTime>,
+}
+
+impl Filter {
+    fn check(&self) -> Result<Checked<'_>, String> {
+        let operation = self
+            .operation
+            .as_deref()
+            .filter(|o| !o.is_empty())
+            .map(|o| {
+                Operation::parse(o).ok_or_else(|| {
+                    let names: Vec<&str> = Operation::ALL.iter().map(|o| o.name()).collect();
+                    format!("operation {o:?} is not one of {}", names.join(", "))
+                })
+            })
+            .transpose()?;
+        Ok(Checked {
+            filter: self,
+            operation,
+            since: parse_time(self.since.as_deref(), false)?,
+            until: parse_time(self.until.as_deref(), true)?,
+        })
+    }
+
+    /// How many records the query answers at most.
+    pub fn limit(&self) -> usize {
+        self.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT)
+    }
+}
+
+/// `text` as a time: RFC 3339, or a day (its start, or with `end` its
+/// last instant).
+fn parse_time(text: Option<&str>, end: bool) -> Result<Option<OffsetDateTime>, String> {
+    let Some(text) = text.map(str::trim).filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    if let Ok(at) = OffsetDateTime::parse(text, &Rfc3339) {
+        return Ok(Some(at));
+    }
+    let start = OffsetDateTime::parse(&format!("{text}T00:00:00Z"), &Rfc3339)
+        .map_err(|_| format!("{text:?} is not a time: write 2026-11-24 or 2026-11-24T09:00:00Z"))?;
+    Ok(Some(match end {
+        false => start,
+        true => start + time::Duration::DAY - time::Duration::NANOSECOND,
+    }))
+}
+
+impl Checked<'_> {
+    fn matches(&self, backend: &str, record: &Record) -> bool {
+        let f = self.filter;
+        let at = || OffsetDateTime::parse(&record.time, &Rfc3339).ok();
+        record.backend == backend
+            && f.workspace
+                .as_deref()
+                .filter(|w| !w.is_empty())
+                .is_none_or(|w| record.workspace == w)
+            && self.operation.is_none_or(|o| record.operation == o)
+            && f.caller
+                .as_deref()
+                .is_none_or(|c| record.caller.contains(c))
+            && f.refused.is_none_or(|r| r == (record.status >= 400))
+            && self.since.is_none_or(|s| at().is_some_and(|t| t >= s))
+            && self.until.is_none_or(|u| at().is_some_and(|t| t <= u))
+    }
+}
+
+impl AuditLog {
+    /// `backend`'s records matching `filter`, newest first. Reads the
+    /// files from disk (blocking): call it off the async workers.
+    pub fn query(&self, backend: &str, filter: &Filter) -> Result<Vec<Record>, String> {
+        let checked = filter.check()?;
+        let limit = filter.limit();
+        let mut found = Vec::new();
+        for path in self.files() {
+            let file = match std::fs::File::open(&path) {
+                Ok(file) => file,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+            };
+            // Each file is oldest first; its matches are reversed.
+            let mut matched: Vec<Record> = std::io::BufReader::new(file)
+                .lines()
+                .map_while(Result::ok)
+                // A line torn by a full disk is skipped.
+                .filter_map(|line| serde_json::from_str::<Record>(&line).ok())
+                .filter(|record| checked.matches(backend, record))
+                .collect();
+            matched.reverse();
+            found.extend(matched);
+            if found.len() >= limit {
+                break;
+            }
+        }
+        found.truncate(limit);
+        Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::AuditSettings;
+
+    fn record(workspace: &str, operation: Operation, time: &str, status: u16) -> Record {
+        Record {
+            time: time.into(),
+            replica: "r1".into(),
+            caller: "oidc:github:repo:acme/infra".into(),
+            claims: Default::default(),
+            backend: "prod".into(),
+            workspace: workspace.into(),
+            operation,
+            before: None,
+            after: None,
+            lock: None,
+            holder: None,
+            status,
+            result: "ok".into(),
+        }
+    }
+
+    #[test]
+    fn a_query_filters_and_answers_newest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = AuditLog::open(dir.path(), AuditSettings::default()).unwrap();
+        log.append(&record(
+            "a",
+            Operation::Write,
+            "2026-11-23T10:00:00.000Z",
+            200,
+        ));
+        log.append(&record(
+            "a",
+            Operation::ForceUnlock,
+            "2026-11-24T09:00:00.000Z",
+            200,
+        ));
+        log.append(&record(
+            "b",
+            Operation::Write,
+            "2026-11-24T23:59:59.999Z",
+            409,
+        ));
+        log.append(&record(
+            "a",
+            Operation::Write,
+            "2026-11-25T00:00:00.000Z",
+            200,
+        ));
+        let all = log.query("prod", &Filter::default()).unwrap();
+        let times: Vec<&str> = all.iter().map(|r| &r.time[..10]).collect();
+        assert_eq!(
+            times,
+            ["2026-11-25", "2026-11-24", "2026-11-24", "2026-11-23"]
+        );
+        assert!(log.query("dev", &Filter::default()).unwrap().is_empty());
+
+        let tuesday = Filter {
+            since: Some("2026-11-24".into()),
+            until: Some("2026-11-24".into()),
+            ..Filter::default()
+        };
+        assert_eq!(log.query("prod", &tuesday).unwrap().len(), 2);
+        let unlocks = Filter {
+            operation: Some("force-unlock".into()),
+            caller: Some("oidc:github".into()),
+            ..Filter::default()
+        };
+        let found = log.query("prod", &unlocks).unwrap();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].operation, Operation::ForceUnlock);
+        let refused = Filter {
+            refused: Some(true),
+            ..Filter::default()
+        };
+        assert_eq!(log.query("prod", &refused).unwrap()[0].status, 409);
+        let one = Filter {
+            workspace: Some("a".into()),
+            limit: Some(1),
+            ..Filter::default()
+        };
+        assert_eq!(
+            log.query("prod", &one).unwrap()[0].time,
+            "2026-11-25T00:00:00.000Z"
+        );
+    }
+
+    #[test]
+    fn a_bad_filter_says_what_to_write() {
+        let log = AuditLog::disabled();
+        let bad = Filter {
+            operation: Some("drop".into()),
+            ..Filter::default()
+        };
+        assert!(
+            log.query("prod", &bad)
+                .unwrap_err()
+                .contains("force-unlock")
+        );
+        let bad = Filter {
+            since: Some("tuesday".into()),
+            ..Filter::default()
+        };
+        assert!(log.query("prod", &bad).unwrap_err().contains("2026-11-24"));
+    }
+}

@@ -1,0 +1,123 @@
+//! `GET /audit/{backend}`: this replica's audit trail of a backend, newest
+//! first, filtered by `?workspace=&operation=&caller=&since=&until=
+//! &refused=&limit=`. Admins of the backend only (or of the workspace a
+//! filter names). And who wrote each kept version, from the same trail.
+
+use super::{ApiError, App};
+use crate::audit::{Filter, Operation, Record};
+use crate::auth::Role;
+use crate::backend::Version;
+use crate::listen::ClientAddr;
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
+/// What `GET /audit/{backend}` answers.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct AuditAnswer {
+    /// The replica whose trail this is: each keeps its own.
+    pub replica: String,
+    /// The matching records, newest first.
+    pub records: Vec<Record>,
+}
+
+pub(super) async fn route<S: crate::backend::Storage>(
+    State(app): State<Arc<App<S>>>,
+    Path(backend): Path<String>,
+    client: Option<Extension<ClientAddr>>,
+    headers: HeaderMap,
+    query: Result<Query<Filter>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let caller = app.identify(&headers, client).await?;
+    let Query(filter) =
+        query.map_err(|e| ApiError::bad_request(format!("bad query string: {e}")))?;
+    let answer = app.audit_of(&caller, &backend, filter).await?;
+    Ok(axum::Json(answer).into_response())
+}
+
+impl<S> App<S> {
+    /// `backend`'s records matching `filter`, for `caller` (an admin of it).
+    pub async fn audit_of(
+        &self,
+        caller: &super::Caller,
+        backend: &str,
+        filter: Filter,
+    ) -> Result<AuditAnswer, ApiError> {
+        if !self.backends.contains_key(backend) {
+            return Err(ApiError::not_found(format!("no backend named {backend:?}")));
+        }
+        let workspace = filter.workspace.as_deref().filter(|w| !w.is_empty());
+        caller.may(backend, workspace, Role::Admin)?;
+        let records = self.search(backend, filter).await?;
+        Ok(AuditAnswer {
+            replica: self.audit.replica().to_string(),
+            records,
+        })
+    }
+
+    async fn search(&self, backend: &str, filter: Filter) -> Result<Vec<Record>, ApiError> {
+        let (audit, backend) = (self.audit.clone(), backend.to_string());
+        tokio::task::spawn_blocking(move || audit.query(&backend, &filter))
+            .await
+            .map_err(|e| {
+                ApiError::Message(
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("reading the audit trail stopped: {e}"),
+                )
+            })?
+            .map_err(ApiError::bad_request)
+    }
+
+    /// Fill in who wrote each of `versions` of `backend`/`workspace`, as
+    /// far as this replica's trail knows: the write it acknowledged with
+    /// that serial, closest in time to the version (within
+    /// [`WRITER_WINDOW`]). Versions written through another replica, or
+    /// before the trail's oldest record, stay unknown.
+    pub async fn fill_writers(&self, backend: &str, workspace: &str, versions: &mut [Version]) {
+        if !self.audit.keeps() || versions.is_empty() {
+            return;
+        }
+        let filter = Filter {
+            workspace: Some(workspace.to_string()),
+            operation: Some(Operation::Write.name().to_string()),
+            refused: Some(false),
+            limit: Some(crate::audit::MAX_LIMIT),
+            ..Filter::default()
+        };
+        let Ok(writes) = self.search(backend, filter).await else {
+            return;
+        };
+        let writes: Vec<(u64, i128, &str)> = writes
+            .iter()
+            .filter_map(|r| {
+                let at = time::OffsetDateTime::parse(
+                    &r.time,
+                    &time::format_description::well_known::Rfc3339,
+                )
+                .ok()?;
+                Some((
+                    r.after.as_ref()?.serial,
+                    at.unix_timestamp_nanos() / 1_000_000,
+                    r.caller.as_str(),
+                ))
+            })
+            .collect();
+        for version in versions.iter_mut() {
+            let Some(serial) = version.serial else {
+                continue;
+            };
+            let created = i128::from(version.created_unix_ms);
+            version.written_by = writes
+                .iter()
+                .filter(|(s, at, _)| *s == serial && (at - created).abs() <= WRITER_WINDOW_MS)
+                .min_by_key(|(_, at, _)| (at - created).abs())
+                .map(|(_, _, caller)| caller.to_string());
+        }
+    }
+}
+
+/// How far apart a version's time and its write's record may be: the
+/// version is kept as the write ends, its record just after; a guest's
+/// own history (a git commit's time) may lag a little more.
+pub const WRITER_WINDOW_MS: i128 = 5 * 60 * 1000;

@@ -1,0 +1,82 @@
+//! What the protocol layer tells the audit trail ([`crate::audit`]): one
+//! record per change, with who asked and what was answered.
+
+use super::{ApiError, App, Caller};
+use crate::audit::{Facts, Operation, Record, lock_digest, now_text};
+
+/// What a change answered, for its record's status.
+pub trait Answered {
+    /// The HTTP status of the answer.
+    fn status(&self) -> u16 {
+        200
+    }
+}
+
+impl Answered for axum::response::Response {
+    fn status(&self) -> u16 {
+        self.status().as_u16()
+    }
+}
+
+impl Answered for () {}
+impl Answered for u64 {}
+impl<T> Answered for Option<T> {}
+
+/// The most characters of an error's reason a record keeps.
+const MAX_RESULT_CHARS: usize = 300;
+
+impl<S> App<S> {
+    /// Record `operation` on `backend`/`workspace`, asked by `caller` and
+    /// answered `outcome`, with what the change learnt (`facts`).
+    pub fn record<T: Answered>(
+        &self,
+        caller: &Caller,
+        (backend, workspace): (&str, &str),
+        operation: Operation,
+        facts: Facts,
+        outcome: &Result<T, ApiError>,
+    ) {
+        let (status, result) = match outcome {
+            Ok(answer) if facts.unchanged => (answer.status(), "unchanged".to_string()),
+            Ok(answer) => (answer.status(), "ok".to_string()),
+            Err(e) => (
+                e.status().as_u16(),
+                e.message().chars().take(MAX_RESULT_CHARS).collect(),
+            ),
+        };
+        let holder = facts.holder.or_else(|| match outcome {
+            Err(ApiError::Holder(_, holder)) => Some(holder.who.clone()),
+            _ => None,
+        });
+        let identity = caller.identity();
+        self.audit.append(&Record {
+            time: now_text(),
+            replica: self.audit.replica().to_string(),
+            caller: identity.map_or_else(|| "anyone".to_string(), |i| i.name.clone()),
+            claims: identity.map(|i| i.claims.clone()).unwrap_or_default(),
+            backend: backend.to_string(),
+            workspace: workspace.to_string(),
+            operation,
+            before: facts.before,
+            after: facts.after,
+            lock: facts.lock_id.as_deref().map(lock_digest),
+            holder,
+            status,
+            result,
+        });
+    }
+
+    /// Record a change refused before it started (403: the caller may not),
+    /// and hand the refusal back.
+    pub fn refused(
+        &self,
+        caller: &Caller,
+        at: (&str, &str),
+        operation: Operation,
+        refusal: ApiError,
+    ) -> ApiError {
+        let outcome: Result<(), ApiError> = Err(refusal);
+        self.record(caller, at, operation, Facts::default(), &outcome);
+        outcome.expect_err("an error")
+    }
+}
