@@ -258,6 +258,7 @@ fn a_backend_directory_may_not_overlap_the_hosts_or_another_backends() {
         ("dir = \"data/cache/x\"", "compiled-guest cache"),
         ("dir = \"data/git\"", "git clones"),
         ("dir = \"data/./guests/../history\"", "version history"),
+        ("dir = \"data/audit\"", "audit trail"),
     ] {
         let err = config(&format!("[backends.a]\nguest = \"local\"\n{bad}\n"))
             .unwrap_err()
@@ -272,6 +273,58 @@ fn a_backend_directory_may_not_overlap_the_hosts_or_another_backends() {
     assert!(shared.contains("backend \"b\"'s directory"), "{shared}");
     // The default layout (data/backends/NAME) and dirs elsewhere are fine.
     assert!(config("[backends.a]\nguest = \"local\"\n[backends.b]\nguest = \"local\"\ndir = \"elsewhere\"\n").is_ok());
+}
+
+#[test]
+fn lock_ttl_and_the_audit_table_are_checked() {
+    let config = parse(
+        "[backends.a]\nguest = \"local\"\nlock_ttl = \"12h\"\n[backends.b]\nguest = \"local\"\n\
+         [audit]\nmax_mib = 8\nfiles = 2\nstdout = true\nreplica = \"pod-1\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.backends[0].lock_ttl,
+        Some(Duration::from_secs(12 * 3600))
+    );
+    assert_eq!(config.backends[1].lock_ttl, None, "off by default");
+    assert_eq!(
+        config.audit,
+        crate::audit::AuditSettings {
+            max_bytes: 8 << 20,
+            files: 2,
+            stdout: true,
+            replica: "pod-1".into(),
+        }
+    );
+    for (bad, says) in [
+        (
+            "[backends.a]\nguest = \"local\"\nlock_ttl = \"10s\"\n",
+            "under a minute",
+        ),
+        (
+            "[backends.a]\nguest = \"local\"\nlock_ttl = \"soon\"\n",
+            "backends.a.lock_ttl",
+        ),
+        (
+            "[backends.a]\nguest = \"local\"\n[audit]\nfiles = 0\n",
+            "audit.files = 0",
+        ),
+        (
+            "[backends.a]\nguest = \"local\"\n[audit]\nmax_mib = 0\n",
+            "audit.max_mib = 0",
+        ),
+        (
+            "[backends.a]\nguest = \"local\"\n[audit]\nreplica = \"a/b\"\n",
+            "audit.replica",
+        ),
+        (
+            "[backends.a]\nguest = \"local\"\n[audit]\nkeep = 1\n",
+            "keep",
+        ),
+    ] {
+        let msg = parse(bad).unwrap_err().to_string();
+        assert!(msg.contains(says), "{bad}: {msg}");
+    }
 }
 
 #[test]

@@ -22,13 +22,13 @@ mod versions;
 mod workspaces;
 
 pub use audit::{AuditAnswer, WRITER_WINDOW_MS};
-pub use record::Answered;
 pub use buffers::{BodyBudget, Held};
 pub use caller::Caller;
 pub use error::ApiError;
 pub use gate::{Gate, WorkspaceGates};
 pub(crate) use guard::write_unless_stale;
 pub use origin::OriginPolicy;
+pub use record::Answered;
 pub use workspaces::DEFAULT_WORKSPACE;
 
 use crate::audit::Operation;
