@@ -133,7 +133,6 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
             },
         )?,
     );
-    audit.sync_in_background();
     if let Some(source) = source {
         tokio::spawn(reload_on_sighup(
             hangups,
@@ -233,8 +232,12 @@ fn print_banner<'a>(scheme: &str, addr: SocketAddr, backends: impl Iterator<Item
 }
 
 /// Who may sign in, as the config says: a reload does not change it.
+/// What a reload cannot change: who signs in, and the audit trail.
 fn sign_in_settings(config: &Config) -> String {
-    format!("{:?}{:?}{:?}", config.users, config.tokens, config.oidc)
+    format!(
+        "{:?}{:?}{:?}{:?}",
+        config.users, config.tokens, config.oidc, config.audit
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -258,8 +261,8 @@ async fn reload_on_sighup(
                 switches.set(switch_values(&outcome.config));
                 if sign_in_settings(&outcome.config) != sign_in {
                     tracing::warn!(
-                        "[[users]], [[tokens]] or [[oidc]] changed in the config: they take \
-                         effect at the next restart (a reload swaps backends only)"
+                        "[[users]], [[tokens]], [[oidc]] or [audit] changed in the config: they \
+                         take effect at the next restart (a reload swaps backends only)"
                     );
                 }
                 metrics.reloaded(true);

@@ -298,7 +298,7 @@ fn every_change_is_recorded_field_by_field_and_survives_a_restart() {
 
     // The log is the owner's alone.
     use std::os::unix::fs::PermissionsExt;
-    let file = data.join("audit/audit.jsonl");
+    let file = data.join("audit/replica-a/audit.jsonl");
     let mode = std::fs::metadata(&file).unwrap().permissions().mode();
     assert_eq!(mode & 0o077, 0, "{mode:o}");
 
@@ -409,4 +409,54 @@ fn lock_ttl_takes_over_only_locks_older_than_it_and_says_so() {
         200
     );
     assert_eq!(send("LOCK", &strict, Some(&young("new"))).status, 423);
+}
+
+#[test]
+fn a_flood_of_refusals_or_a_huge_holder_cannot_push_the_history_out() {
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let (writer, writer_sha) = generate_token();
+    let (reader, reader_sha) = generate_token();
+    let server = Server::with_config(
+        &data,
+        &format!(
+            "[backends.default]\nguest = \"local\"\n[audit]\nreplica = \"r\"\n\
+             [[tokens]]\nname = \"writer\"\nsha256 = \"{writer_sha}\"\ngrants = [\"default:*:write\"]\n\
+             [[tokens]]\nname = \"reader\"\nsha256 = \"{reader_sha}\"\ngrants = [\"default:*:read\"]\n"
+        ),
+    );
+    let url = server.state_url("default", "w");
+    let (writer, reader) = (format!("Bearer {writer}"), format!("Bearer {reader}"));
+    // A holder's name of 100 KiB.
+    let huge = lock_info("big", &"x".repeat(100 << 10));
+    let locked = send_with("LOCK", &url, Some(&huge), &[("Authorization", &writer)]);
+    assert_eq!(locked.status, 200);
+    for _ in 0..300 {
+        let refused = send_with("POST", &url, Some(&state(1)), &[("Authorization", &reader)]);
+        assert_eq!(refused.status, 403);
+    }
+    for _ in 0..30 {
+        let blocked = send_with("POST", &url, Some(&state(1)), &[("Authorization", &writer)]);
+        assert_eq!(blocked.status, 423);
+    }
+    let trail = std::fs::read_to_string(data.join("audit/r/audit.jsonl")).unwrap();
+    let records: Vec<Value> = trail
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let by = |caller: &str| records.iter().filter(|r| r["caller"] == caller).count();
+    // The lock, then each caller's refusals at a bounded rate (a burst of
+    // 20, then one per 3 s).
+    assert_eq!(records[0]["operation"], "lock");
+    assert!(
+        by("reader") <= 25,
+        "{} refusals of reader recorded",
+        by("reader")
+    );
+    assert!(by("writer") <= 1 + 25, "{} records of writer", by("writer"));
+    for record in &records {
+        let holder = record["holder"].as_str().unwrap_or("");
+        assert!(holder.chars().count() <= 201, "{}", holder.len());
+    }
+    assert!(trail.len() < 64 << 10, "{} bytes", trail.len());
 }

@@ -268,7 +268,14 @@ fn terraform_applies_with_a_ci_token_and_bad_tokens_change_nothing() {
     assert_eq!(with_token("GET", &url, &stranger, 4, None), 403);
 
     // The audit trail names the job and keeps the claims worth keeping.
-    let trail = std::fs::read_to_string(dir.path().join("data/audit/audit.jsonl")).unwrap();
+    // (Under the replica's name, by default the host's.)
+    let replica = std::fs::read_dir(dir.path().join("data/audit"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let trail = std::fs::read_to_string(replica.join("audit.jsonl")).unwrap();
     let records: Vec<serde_json::Value> = trail
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())

@@ -9,10 +9,13 @@
 //! reaches storage, so a guest can neither read nor rewrite the trail.
 
 mod file;
+mod limit;
 mod query;
+mod writers;
 
 pub use file::{AuditLog, AuditSettings};
 pub use query::{Filter, MAX_LIMIT};
+pub use writers::{Write, unix_ms};
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -136,7 +139,53 @@ pub struct Record {
     pub result: String,
 }
 
+/// The most characters a record keeps of a caller's or holder's name.
+const MAX_NAME_CHARS: usize = 200;
+/// The most characters a record keeps of a reason.
+const MAX_RESULT_CHARS: usize = 300;
+/// The most claims a record keeps, and characters of each name and value.
+const MAX_CLAIMS: usize = 16;
+const MAX_CLAIM_CHARS: usize = 200;
+
+fn cut(text: &mut String, max: usize) {
+    if let Some((at, _)) = text.char_indices().nth(max) {
+        text.truncate(at);
+        text.push('…');
+    }
+}
+
 impl Record {
+    /// The record with every free-text field cut to its bound (a lock
+    /// holder's name, a guest's error, a claim come from others), so one
+    /// record stays a few KiB whatever it quotes.
+    pub fn bounded(mut self) -> Record {
+        cut(&mut self.caller, MAX_NAME_CHARS);
+        if let Some(holder) = &mut self.holder {
+            cut(holder, MAX_NAME_CHARS);
+        }
+        cut(&mut self.result, MAX_RESULT_CHARS);
+        self.claims = std::mem::take(&mut self.claims)
+            .into_iter()
+            .take(MAX_CLAIMS)
+            .map(|(mut name, mut value)| {
+                cut(&mut name, 64);
+                cut(&mut value, MAX_CLAIM_CHARS);
+                (name, value)
+            })
+            .collect();
+        if let Some(after) = &mut self.after
+            && let Some(lineage) = &mut after.lineage
+        {
+            cut(lineage, MAX_NAME_CHARS);
+        }
+        if let Some(before) = &mut self.before
+            && let Some(lineage) = &mut before.lineage
+        {
+            cut(lineage, MAX_NAME_CHARS);
+        }
+        self
+    }
+
     /// `before → after` serials, as far as known (empty: neither).
     pub fn serials(&self) -> String {
         match (&self.before, &self.after) {

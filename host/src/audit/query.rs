@@ -123,10 +123,10 @@ impl AuditLog {
             };
             // Each file is oldest first; its matches are reversed.
             let mut matched: Vec<Record> = std::io::BufReader::new(file)
-                .lines()
+                .split(b'\n')
                 .map_while(Result::ok)
-                // A line torn by a full disk is skipped.
-                .filter_map(|line| serde_json::from_str::<Record>(&line).ok())
+                // A line torn by a crash or a full disk is skipped.
+                .filter_map(|line| serde_json::from_slice::<Record>(&line).ok())
                 .filter(|record| checked.matches(backend, record))
                 .collect();
             matched.reverse();
@@ -144,6 +144,13 @@ impl AuditLog {
 mod tests {
     use super::*;
     use crate::audit::AuditSettings;
+
+    fn settings() -> AuditSettings {
+        AuditSettings {
+            replica: "r1".into(),
+            ..AuditSettings::default()
+        }
+    }
 
     fn record(workspace: &str, operation: Operation, time: &str, status: u16) -> Record {
         Record {
@@ -163,34 +170,18 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_query_filters_and_answers_newest_first() {
+    #[tokio::test]
+    async fn a_query_filters_and_answers_newest_first() {
         let dir = tempfile::tempdir().unwrap();
-        let log = AuditLog::open(dir.path(), AuditSettings::default()).unwrap();
-        log.append(&record(
-            "a",
-            Operation::Write,
-            "2026-11-23T10:00:00.000Z",
-            200,
-        ));
-        log.append(&record(
-            "a",
-            Operation::ForceUnlock,
-            "2026-11-24T09:00:00.000Z",
-            200,
-        ));
-        log.append(&record(
-            "b",
-            Operation::Write,
-            "2026-11-24T23:59:59.999Z",
-            409,
-        ));
-        log.append(&record(
-            "a",
-            Operation::Write,
-            "2026-11-25T00:00:00.000Z",
-            200,
-        ));
+        let log = AuditLog::open(dir.path(), settings()).unwrap();
+        for (workspace, op, time, status) in [
+            ("a", Operation::Write, "2026-11-23T10:00:00.000Z", 200),
+            ("a", Operation::ForceUnlock, "2026-11-24T09:00:00.000Z", 200),
+            ("b", Operation::Write, "2026-11-24T23:59:59.999Z", 409),
+            ("a", Operation::Write, "2026-11-25T00:00:00.000Z", 200),
+        ] {
+            log.append(record(workspace, op, time, status)).await;
+        }
         let all = log.query("prod", &Filter::default()).unwrap();
         let times: Vec<&str> = all.iter().map(|r| &r.time[..10]).collect();
         assert_eq!(

@@ -82,6 +82,17 @@ pub async fn run(args: AuditArgs, remote: RemoteArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `text` with control characters escaped: holders, claims and guests'
+/// errors come from others, and must not drive the admin's terminal.
+fn printable(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| match c.is_control() {
+            true => c.escape_default().collect::<Vec<_>>(),
+            false => vec![c],
+        })
+        .collect()
+}
+
 /// One record as a table row.
 fn line(record: &Record) -> String {
     let serial = match record.serials() {
@@ -100,12 +111,22 @@ fn line(record: &Record) -> String {
     if !claims.is_empty() {
         result.push_str(&format!(" [{}]", claims.join(" ")));
     }
-    format!(
+    printable(&format!(
         "{:<24} {:<16} {:<16} {:<28} {:>13}  {result}",
         record.time,
         record.workspace,
         record.operation.name(),
         record.caller,
         serial
-    )
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn control_characters_never_reach_the_terminal() {
+        let shown = super::printable("ci@runner\u{1b}[2K\rroot\n");
+        assert!(!shown.chars().any(char::is_control), "{shown}");
+        assert!(shown.contains("\\u{1b}[2K"), "{shown}");
+    }
 }

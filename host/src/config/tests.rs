@@ -306,8 +306,8 @@ fn lock_ttl_and_the_audit_table_are_checked() {
             "backends.a.lock_ttl",
         ),
         (
-            "[backends.a]\nguest = \"local\"\n[audit]\nfiles = 0\n",
-            "audit.files = 0",
+            "[backends.a]\nguest = \"local\"\n[audit]\nfiles = 1\n",
+            "audit.files = 1",
         ),
         (
             "[backends.a]\nguest = \"local\"\n[audit]\nmax_mib = 0\n",

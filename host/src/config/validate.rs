@@ -169,7 +169,7 @@ fn validate_audit(raw: RawAudit, file: &str) -> Result<crate::audit::AuditSettin
         None => defaults.max_bytes,
     };
     let files = match raw.files {
-        Some(n) => in_range(file, "audit.files", n, 1, 100)? as usize,
+        Some(n) => in_range(file, "audit.files", n, 2, 100)? as usize,
         None => defaults.files,
     };
     let replica = match raw.replica {
@@ -226,10 +226,10 @@ pub(super) fn check_granted_dirs(config: &Config, file: &str) -> Result<(), Conf
     let data = resolved(&config.data_dir);
     let own = [
         (resolved(&config.cache_dir()), "the compiled-guest cache"),
-        (data.join("git"), "the git clones"),
-        (data.join("guests"), "the installed guests"),
-        (data.join("history"), "the version history"),
-        (data.join("audit"), "the audit trail"),
+        (resolved(&data.join("git")), "the git clones"),
+        (resolved(&data.join("guests")), "the installed guests"),
+        (resolved(&data.join("history")), "the version history"),
+        (resolved(&data.join("audit")), "the audit trail"),
     ];
     let dirs: Vec<(&str, PathBuf)> = config
         .backends

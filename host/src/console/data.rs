@@ -270,7 +270,7 @@ pub async fn versions<S: Storage>(
         Err(StorageError::NoHistory) => Vec::new(),
         Err(e) => return Err(storage_error(backend)(e)),
     };
-    app.fill_writers(backend, workspace, &mut versions).await;
+    app.fill_writers(backend, workspace, &mut versions);
     Ok(paginate(versions, page))
 }
 
@@ -350,9 +350,10 @@ pub async fn force_unlock<S: Storage>(
     workspace: &str,
 ) -> Result<Option<LockInfo>, ApiError> {
     storage_of(app, caller, backend, Some(workspace))?;
-    caller
-        .may(backend, Some(workspace), Role::Admin)
-        .map_err(|e| app.refused(caller, (backend, workspace), Operation::ForceUnlock, e))?;
+    if let Err(e) = caller.may(backend, Some(workspace), Role::Admin) {
+        let at = (backend, workspace);
+        return Err(app.refused(caller, at, Operation::ForceUnlock, e).await);
+    }
     app.refuse_while_draining()?;
     let caller = caller.clone();
     app.change(
@@ -375,7 +376,8 @@ pub async fn force_unlock<S: Storage>(
                 ..Facts::default()
             };
             let at = (backend.as_str(), workspace.as_str());
-            app.record(&caller, at, Operation::ForceUnlock, facts, &released);
+            app.record(&caller, at, Operation::ForceUnlock, facts, &released)
+                .await;
             released
         },
     )
@@ -396,9 +398,10 @@ pub async fn restore<S: Storage>(
     who: &str,
 ) -> Result<u64, ApiError> {
     let storage = storage_of(app, caller, backend, Some(workspace))?;
-    caller
-        .may(backend, Some(workspace), Role::Admin)
-        .map_err(|e| app.refused(caller, (backend, workspace), Operation::Restore, e))?;
+    if let Err(e) = caller.may(backend, Some(workspace), Role::Admin) {
+        let at = (backend, workspace);
+        return Err(app.refused(caller, at, Operation::Restore, e).await);
+    }
     app.refuse_while_draining()?;
     let old: std::sync::Arc<[u8]> = version_bytes(storage, backend, workspace, id).await?.into();
     // Parsing and renumbering a big state is the backend's host work.
@@ -470,7 +473,8 @@ pub async fn restore<S: Storage>(
         }
         .await;
         let at = (backend.as_str(), workspace.as_str());
-        app.record(&caller, at, Operation::Restore, facts, &restored);
+        app.record(&caller, at, Operation::Restore, facts, &restored)
+            .await;
         restored
     })
     .await

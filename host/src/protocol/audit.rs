@@ -4,7 +4,7 @@
 //! filter names). And who wrote each kept version, from the same trail.
 
 use super::{ApiError, App};
-use crate::audit::{Filter, Operation, Record};
+use crate::audit::{Filter, Record};
 use crate::auth::Role;
 use crate::backend::Version;
 use crate::listen::ClientAddr;
@@ -70,49 +70,27 @@ impl<S> App<S> {
     }
 
     /// Fill in who wrote each of `versions` of `backend`/`workspace`, as
-    /// far as this replica's trail knows: the write it acknowledged with
-    /// that serial, closest in time to the version (within
-    /// [`WRITER_WINDOW`]). Versions written through another replica, or
-    /// before the trail's oldest record, stay unknown.
-    pub async fn fill_writers(&self, backend: &str, workspace: &str, versions: &mut [Version]) {
-        if !self.audit.keeps() || versions.is_empty() {
+    /// far as this replica's trail knows: the write (or restore) it
+    /// acknowledged with that serial, closest in time to the version
+    /// (within [`WRITER_WINDOW_MS`]), among the newest writes of the
+    /// workspace it remembers (never a search of the log). Versions written
+    /// through another replica stay unknown.
+    pub fn fill_writers(&self, backend: &str, workspace: &str, versions: &mut [Version]) {
+        if versions.is_empty() {
             return;
         }
-        let filter = Filter {
-            workspace: Some(workspace.to_string()),
-            operation: Some(Operation::Write.name().to_string()),
-            refused: Some(false),
-            limit: Some(crate::audit::MAX_LIMIT),
-            ..Filter::default()
-        };
-        let Ok(writes) = self.search(backend, filter).await else {
-            return;
-        };
-        let writes: Vec<(u64, i128, &str)> = writes
-            .iter()
-            .filter_map(|r| {
-                let at = time::OffsetDateTime::parse(
-                    &r.time,
-                    &time::format_description::well_known::Rfc3339,
-                )
-                .ok()?;
-                Some((
-                    r.after.as_ref()?.serial,
-                    at.unix_timestamp_nanos() / 1_000_000,
-                    r.caller.as_str(),
-                ))
-            })
-            .collect();
+        let writes = self.audit.writes_of(backend, workspace);
         for version in versions.iter_mut() {
             let Some(serial) = version.serial else {
                 continue;
             };
             let created = i128::from(version.created_unix_ms);
+            let gap = |w: &&crate::audit::Write| (w.unix_ms - created).abs();
             version.written_by = writes
                 .iter()
-                .filter(|(s, at, _)| *s == serial && (at - created).abs() <= WRITER_WINDOW_MS)
-                .min_by_key(|(_, at, _)| (at - created).abs())
-                .map(|(_, _, caller)| caller.to_string());
+                .filter(|w| w.serial == serial && gap(w) <= WRITER_WINDOW_MS)
+                .min_by_key(gap)
+                .map(|w| w.caller.clone());
         }
     }
 }

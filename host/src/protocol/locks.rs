@@ -44,9 +44,24 @@ pub(super) async fn lock<S: Storage>(
     if let Err(StorageError::Locked(holder)) = &taken
         && let Some(ttl) = app.switches.lock_ttl(target.backend)
         && older_than(holder, ttl)
-        && take_over(app, target, caller, holder, ttl).await
     {
-        taken = target.storage.lock(target.workspace, info.clone()).await;
+        let holder = holder.clone();
+        // Released by its ID: if another released or took it meanwhile,
+        // this releases nothing, and the lock below meets the new holder.
+        if target
+            .storage
+            .unlock(target.workspace, &holder.id)
+            .await
+            .is_ok()
+        {
+            app.metrics.lock_released(target.backend, target.workspace);
+            taken = target.storage.lock(target.workspace, info.clone()).await;
+            // Recorded only when this caller got the lock: a takeover that
+            // lost the race displaced nobody.
+            if taken.is_ok() {
+                took_over(app, target, caller, &holder, ttl).await;
+            }
+        }
     }
     match taken {
         Ok(()) => app
@@ -80,31 +95,28 @@ fn older_than(holder: &LockInfo, ttl: Duration) -> bool {
     !holder.id.is_empty() && age > ttl
 }
 
-/// Release `holder`'s lock, by its ID, and record it; whether it was
-/// released (not if another took or released it meanwhile).
-async fn take_over<S: Storage>(
+/// Record and log that `caller` took over `holder`'s lock.
+async fn took_over<S: Storage>(
     app: &App<S>,
     target: &Target<'_, S>,
     caller: &Caller,
     holder: &LockInfo,
     ttl: Duration,
-) -> bool {
-    let released = target
-        .storage
-        .unlock(target.workspace, &holder.id)
-        .await
-        .map_err(|e| target.error(e));
+) {
     let facts = Facts {
         lock_id: Some(holder.id.clone()),
         holder: Some(holder.who.clone()),
         ..Facts::default()
     };
     let at = (target.backend, target.workspace);
-    app.record(caller, at, Operation::LockTakeover, facts, &released);
-    if released.is_err() {
-        return false;
-    }
-    app.metrics.lock_released(target.backend, target.workspace);
+    app.record(
+        caller,
+        at,
+        Operation::LockTakeover,
+        facts,
+        &Ok::<(), ApiError>(()),
+    )
+    .await;
     tracing::warn!(
         backend = target.backend,
         workspace = target.workspace,
@@ -113,7 +125,6 @@ async fn take_over<S: Storage>(
         lock_ttl = %humantime::format_duration(ttl),
         "lock taken over: held longer than the backend's lock_ttl"
     );
-    true
 }
 
 /// Release the lock: the one whose ID `body` names, or with no body

@@ -434,9 +434,9 @@ async fn workspace_route<S: Storage>(
         }
     };
     let at = (backend.as_str(), workspace.as_str());
-    caller
-        .may(&backend, Some(&workspace), role)
-        .map_err(|e| app.refused(&caller, at, operation, e))?;
+    if let Err(e) = caller.may(&backend, Some(&workspace), role) {
+        return Err(app.refused(&caller, at, operation, e).await);
+    }
     app.refuse_while_draining()?;
     app.change(
         &backend,
@@ -448,7 +448,8 @@ async fn workspace_route<S: Storage>(
                 _ => workspaces::delete(target).await,
             };
             let at = (backend.as_str(), workspace.as_str());
-            app.record(&caller, at, operation, Default::default(), &answer);
+            app.record(&caller, at, operation, Default::default(), &answer)
+                .await;
             answer
         },
     )

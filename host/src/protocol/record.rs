@@ -22,34 +22,30 @@ impl Answered for () {}
 impl Answered for u64 {}
 impl<T> Answered for Option<T> {}
 
-/// The most characters of an error's reason a record keeps.
-const MAX_RESULT_CHARS: usize = 300;
-
 impl<S> App<S> {
     /// Record `operation` on `backend`/`workspace`, asked by `caller` and
-    /// answered `outcome`, with what the change learnt (`facts`).
-    pub fn record<T: Answered>(
-        &self,
+    /// answered `outcome`, with what the change learnt (`facts`). The
+    /// future it returns holds none of the arguments (an answer need not be
+    /// `Sync`): the record is made before it is awaited.
+    pub fn record<'a, T: Answered>(
+        &'a self,
         caller: &Caller,
         (backend, workspace): (&str, &str),
         operation: Operation,
         facts: Facts,
         outcome: &Result<T, ApiError>,
-    ) {
+    ) -> impl std::future::Future<Output = ()> + use<'a, S, T> {
         let (status, result) = match outcome {
             Ok(answer) if facts.unchanged => (answer.status(), "unchanged".to_string()),
             Ok(answer) => (answer.status(), "ok".to_string()),
-            Err(e) => (
-                e.status().as_u16(),
-                e.message().chars().take(MAX_RESULT_CHARS).collect(),
-            ),
+            Err(e) => (e.status().as_u16(), e.message()),
         };
         let holder = facts.holder.or_else(|| match outcome {
             Err(ApiError::Holder(_, holder)) => Some(holder.who.clone()),
             _ => None,
         });
         let identity = caller.identity();
-        self.audit.append(&Record {
+        let record = Record {
             time: now_text(),
             replica: self.audit.replica().to_string(),
             caller: identity.map_or_else(|| "anyone".to_string(), |i| i.name.clone()),
@@ -63,12 +59,13 @@ impl<S> App<S> {
             holder,
             status,
             result,
-        });
+        };
+        self.audit.append(record)
     }
 
     /// Record a change refused before it started (403: the caller may not),
     /// and hand the refusal back.
-    pub fn refused(
+    pub async fn refused(
         &self,
         caller: &Caller,
         at: (&str, &str),
@@ -76,7 +73,8 @@ impl<S> App<S> {
         refusal: ApiError,
     ) -> ApiError {
         let outcome: Result<(), ApiError> = Err(refusal);
-        self.record(caller, at, operation, Facts::default(), &outcome);
+        self.record(caller, at, operation, Facts::default(), &outcome)
+            .await;
         outcome.expect_err("an error")
     }
 }

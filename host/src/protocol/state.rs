@@ -70,28 +70,30 @@ async fn dispatch<S: Storage>(
     if method != Method::GET {
         app.refuse_while_draining()?;
     }
-    // What the caller may not do is refused, and recorded, before anything
-    // of it is read.
-    let may = |role: Role, operation: Option<Operation>| {
-        caller
-            .may(target.backend, Some(target.workspace), role)
-            .map_err(|e| match operation {
-                Some(op) => app.refused(caller, at, op, e),
-                None => e,
-            })
+    // A refused change is recorded, its body unread or unusable.
+    let refuse = async |operation: Option<Operation>, e: ApiError| match operation {
+        Some(op) => app.refused(caller, at, op, e).await,
+        None => e,
     };
+    let may = |role: Role| caller.may(target.backend, Some(target.workspace), role);
     let (body, held) = match method.as_str() {
         "POST" | "PUT" | "LOCK" | "UNLOCK" => {
             // Writers must at least write before the server reads a body.
-            may(Role::Write, operation)?;
-            match method.as_str() {
+            if let Err(e) = may(Role::Write) {
+                return Err(refuse(operation, e).await);
+            }
+            let read = match method.as_str() {
                 // A lock's details are small, and never wait on the body
                 // budget: readers filling it must not strand a lock.
-                "LOCK" | "UNLOCK" => (
-                    app.read_body_up_to(body, LOCK_BODY_BYTES).await?,
-                    Held::default(),
-                ),
-                _ => app.read_body(body).await?,
+                "LOCK" | "UNLOCK" => app
+                    .read_body_up_to(body, LOCK_BODY_BYTES)
+                    .await
+                    .map(|body| (body, Held::default())),
+                _ => app.read_body(body).await,
+            };
+            match read {
+                Ok(read) => read,
+                Err(e) => return Err(refuse(operation, e).await),
             }
         }
         _ => (Bytes::new(), Held::default()),
@@ -107,7 +109,9 @@ async fn dispatch<S: Storage>(
         "UNLOCK" if force => Role::Admin,
         _ => Role::Write,
     };
-    may(role, operation)?;
+    if let Err(e) = may(role) {
+        return Err(refuse(operation, e).await);
+    }
     if method == Method::GET {
         return read(&app.bodies, target).await;
     }
@@ -119,8 +123,10 @@ async fn dispatch<S: Storage>(
         )
             .into_response());
     };
-    if operation == Operation::Write {
-        verify_md5(&headers, &body)?;
+    if operation == Operation::Write
+        && let Err(e) = verify_md5(&headers, &body)
+    {
+        return Err(refuse(Some(operation), e).await);
     }
     // Every change runs alone on its workspace here (reads never wait), so
     // the guard's check and its write are one step on this host, and runs
@@ -162,7 +168,8 @@ async fn dispatch<S: Storage>(
             let conflict = operation == Operation::Lock
                 && matches!(&answer, Err(e) if e.status() == StatusCode::LOCKED);
             if !conflict {
-                app.record(&caller, (&backend, &workspace), operation, facts, &answer);
+                app.record(&caller, (&backend, &workspace), operation, facts, &answer)
+                    .await;
             }
             answer
         },

@@ -19,8 +19,7 @@ pub async fn list<S: Storage>(
         .list_versions(target.workspace)
         .await
         .map_err(|e| target.error(e))?;
-    app.fill_writers(target.backend, target.workspace, &mut versions)
-        .await;
+    app.fill_writers(target.backend, target.workspace, &mut versions);
     Ok(axum::Json(versions).into_response())
 }
 

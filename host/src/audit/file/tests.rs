@@ -1,0 +1,141 @@
+use super::*;
+use crate::audit::{Operation, Record};
+
+fn record(n: usize) -> Record {
+    Record {
+        time: crate::audit::now_text(),
+        replica: "r1".into(),
+        caller: "alice".into(),
+        claims: Default::default(),
+        backend: "default".into(),
+        workspace: format!("w{n}"),
+        operation: Operation::Write,
+        before: None,
+        after: None,
+        lock: None,
+        holder: None,
+        status: 200,
+        result: "ok".into(),
+    }
+}
+
+fn settings(max_bytes: u64, files: usize) -> AuditSettings {
+    AuditSettings {
+        max_bytes,
+        files,
+        stdout: false,
+        replica: "r1".into(),
+    }
+}
+
+fn log_files(dir: &Path) -> Vec<(String, u64)> {
+    let mut files: Vec<(String, u64)> = std::fs::read_dir(dir.join("audit/r1"))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".jsonl"))
+        .map(|e| {
+            let len = e.metadata().unwrap().len();
+            (e.file_name().to_string_lossy().into_owned(), len)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_stays_within_its_bound_and_keeps_the_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = AuditLog::open(dir.path(), settings(64 << 10, 4)).unwrap();
+    for n in 0..5_000 {
+        log.append(record(n)).await;
+    }
+    let files = log_files(dir.path());
+    let total: u64 = files.iter().map(|(_, len)| len).sum();
+    assert!(total <= 64 << 10, "{files:?}");
+    assert_eq!(files.len(), 4, "{files:?}");
+    let newest = std::fs::read_to_string(dir.path().join("audit/r1/audit.jsonl")).unwrap();
+    assert!(newest.contains("\"workspace\":\"w4999\""));
+    assert_eq!(log.failures(), (0, 0));
+}
+
+#[tokio::test]
+async fn a_huge_field_is_cut_so_one_record_stays_small() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = AuditLog::open(dir.path(), settings(1 << 20, 2)).unwrap();
+    let mut big = record(1);
+    big.holder = Some("h".repeat(1 << 20));
+    big.result = "r\n".repeat(1 << 19);
+    big.caller = "c".repeat(1 << 16);
+    log.append(big).await;
+    let text = std::fs::read_to_string(dir.path().join("audit/r1/audit.jsonl")).unwrap();
+    assert!(text.len() < 2048, "{}", text.len());
+    assert_eq!(text.lines().count(), 1);
+}
+
+#[tokio::test]
+async fn a_reopened_log_appends_after_what_it_held_even_a_torn_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = AuditLog::open(
+        dir.path(),
+        AuditSettings {
+            replica: "r1".into(),
+            ..AuditSettings::default()
+        },
+    )
+    .unwrap();
+    log.append(record(1)).await;
+    drop(log);
+    // A crash (or a full disk) tore the last record.
+    let path = dir.path().join("audit/r1/audit.jsonl");
+    let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+    file.write_all(b"{\"time\":\"2026-11-25T10:0\xc3").unwrap();
+    let log = wait_for_the_lock(dir.path());
+    log.append(record(2)).await;
+    let found = log
+        .query("default", &crate::audit::Filter::default())
+        .unwrap();
+    let workspaces: Vec<&str> = found.iter().map(|r| r.workspace.as_str()).collect();
+    assert_eq!(workspaces, ["w2", "w1"]);
+}
+
+/// The dropped log's writer thread lets go of the folder when it ends.
+fn wait_for_the_lock(dir: &Path) -> AuditLog {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let settings = AuditSettings {
+            replica: "r1".into(),
+            ..AuditSettings::default()
+        };
+        match AuditLog::open(dir, settings) {
+            Ok(log) => return log,
+            Err(e) if Instant::now() < until => {
+                assert!(e.to_string().contains("another running wasmstate"), "{e}");
+                std::thread::yield_now();
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[test]
+fn two_servers_cannot_keep_one_replicas_trail() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = AuditLog::open(dir.path(), settings(1 << 20, 2)).unwrap();
+    let second = AuditLog::open(dir.path(), settings(1 << 20, 2))
+        .err()
+        .unwrap();
+    assert!(second.to_string().contains("replica name"), "{second}");
+}
+
+#[test]
+fn files_past_the_setting_are_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("audit/r1");
+    std::fs::create_dir_all(&folder).unwrap();
+    for n in 1..6 {
+        std::fs::write(folder.join(format!("audit.{n}.jsonl")), "{}\n").unwrap();
+    }
+    let _log = AuditLog::open(dir.path(), settings(1 << 20, 3)).unwrap();
+    let names: Vec<String> = log_files(dir.path()).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["audit.1.jsonl", "audit.2.jsonl", "audit.jsonl"]);
+}
