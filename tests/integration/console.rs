@@ -150,6 +150,7 @@ fn the_console_shows_states_diffs_and_locks_in_a_real_browser() {
         "workspaces-admin",
         "force-unlocked",
         "restored",
+        "audit",
     ] {
         let png = std::fs::read(shots.join(format!("{page}.png"))).unwrap_or_default();
         assert!(

@@ -21,7 +21,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.common.exceptions import TimeoutException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 CONFIG = json.loads(Path(sys.argv[1]).read_text())
 BASE = CONFIG["base"]
@@ -279,6 +279,23 @@ try:
     check(f"as serial {restored}" in message, f"restore reports serial {restored} ({message!r})")
     open_page(admin, diff_page, (By.ID, "diff"), "the diff after the restore")
     check(not texts(admin, "#changed li"), "the restored state equals the first apply's, serial aside")
+
+    # Who wrote each kept version, and the audit trail, from the pages.
+    open_page(admin, versions_page, (By.ID, "versions"), "the versions after the restore")
+    writers = set(texts(admin, "#versions td.by"))
+    check(writers == {CONFIG["admin"][0]}, f"each version names who wrote it ({writers})")
+    link = open_page(admin, workspaces_page, (By.ID, "audit-link"), "the audit trail's link")
+    click_then(admin, link, (By.ID, "audit"), "the audit trail")
+    shot(admin, "audit")
+    ops = texts(admin, "#audit td.operation")
+    check({"write", "lock", "force-unlock", "restore"} <= set(ops), f"the trail lists the changes ({ops})")
+    callers = texts(admin, "#audit tr[data-operation=force-unlock] td.caller")
+    check(callers and callers[0] == CONFIG["admin"][0], f"the force-unlock names who did it ({callers})")
+    Select(admin.find_element(By.NAME, "operation")).select_by_value("restore")
+    click_then(admin, admin.find_element(By.CSS_SELECTOR, "#audit-filter button"),
+               (By.ID, "audit"), "the trail filtered to restores")
+    ops = texts(admin, "#audit td.operation")
+    check(ops == ["restore"], f"the filter shows restores only ({ops})")
 finally:
     admin.quit()
 print("ALL PASSED", flush=True)

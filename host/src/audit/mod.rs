@@ -203,12 +203,19 @@ pub fn lock_digest(id: &str) -> String {
     hex::encode(&Sha256::digest(id.as_bytes())[..8])
 }
 
-/// The time now, as records write it.
+/// The time now, as records write it: RFC 3339 in UTC with exactly three
+/// decimals, so records' times are all as long and sort as text.
 pub fn now_text() -> String {
-    let now = time::OffsetDateTime::now_utc();
-    let ms = now.replace_nanosecond(now.millisecond() as u32 * 1_000_000);
-    ms.unwrap_or(now)
-        .format(&time::format_description::well_known::Rfc3339)
+    static FORMAT: std::sync::OnceLock<Vec<time::format_description::BorrowedFormatItem<'static>>> =
+        std::sync::OnceLock::new();
+    let format = FORMAT.get_or_init(|| {
+        time::format_description::parse_borrowed::<2>(
+            "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z",
+        )
+        .expect("a valid format")
+    });
+    time::OffsetDateTime::now_utc()
+        .format(format)
         .unwrap_or_default()
 }
 
@@ -239,6 +246,13 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", op.name()));
         }
         assert_eq!(Operation::parse("drop-table"), None);
+    }
+
+    #[test]
+    fn times_have_three_decimals_and_parse_back() {
+        let now = now_text();
+        assert_eq!(now.len(), "2026-11-25T17:55:56.940Z".len(), "{now}");
+        assert!(writers::unix_ms(&now).is_some(), "{now}");
     }
 
     #[test]

@@ -257,3 +257,55 @@ fn git_daemon_cas_push_and_shallow_fetch() {
     );
     race(&r, &url, 5);
 }
+
+/// A push over git:// from a clone that lost an object the push needs (a
+/// host cut off while writing it) is retryable, changes nothing on the
+/// remote, and the next call fetches the clone afresh and goes through.
+#[test]
+fn a_push_missing_an_object_is_retryable_and_the_clone_heals() {
+    let r = Remote::new();
+    let (_daemon, port) = Daemon::start(r.tmp.path());
+    let url = format!("git://127.0.0.1:{port}/remote.git");
+    let clones = r.tmp.path().join("clones");
+    let host = GitHost::new(clones.clone());
+    let g = grants(&url);
+    let h = host.repo(&g, &url).unwrap();
+    let main = fetch_one(&h, MAIN).unwrap();
+    let content = b"a state whose blob goes missing";
+    let next = h
+        .commit(
+            Some(&main),
+            &[change(
+                "state.tfstate",
+                Some(std::str::from_utf8(content).unwrap()),
+            )],
+            "next",
+        )
+        .unwrap();
+    let blob = git2::Oid::hash_object(git2::ObjectType::Blob, content)
+        .unwrap()
+        .to_string();
+    let clone = clones.join(clone_dir_name(&clone_key(&url, &g[0])));
+    std::fs::remove_file(clone.join("objects").join(&blob[..2]).join(&blob[2..])).unwrap();
+    let pushed = h.push(MAIN, &next, Some(&main));
+    assert!(
+        matches!(&pushed, Err(GitError::Unavailable(_))),
+        "{pushed:?}"
+    );
+    assert_eq!(r.rev(MAIN).as_ref(), Some(&main), "the remote moved");
+    // The next call starts from a fresh clone; the same write goes through.
+    let h = host.repo(&g, &url).unwrap();
+    assert_eq!(fetch_one(&h, MAIN).as_ref(), Some(&main));
+    let again = h
+        .commit(
+            Some(&main),
+            &[change(
+                "state.tfstate",
+                Some(std::str::from_utf8(content).unwrap()),
+            )],
+            "next",
+        )
+        .unwrap();
+    h.push(MAIN, &again, Some(&main)).unwrap();
+    assert_eq!(r.rev(MAIN).as_ref(), Some(&again));
+}
