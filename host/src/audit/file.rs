@@ -79,22 +79,13 @@ pub struct AuditLog {
 
 impl AuditLog {
     /// The log of `settings.replica` under `data_dir/audit`, created when
-    /// missing; its writer thread started. Refused while another running
-    /// server keeps the same folder (two replicas of one name sharing a
-    /// data directory).
-    pub fn open(data_dir: &Path, settings: AuditSettings) -> io::Result<AuditLog> {
-        let dir = data_dir.join("audit").join(&settings.replica);
-        std::fs::create_dir_all(&dir)?;
-        let lock = File::create(dir.join(".lock"))?;
-        rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
-            |_| {
-                io::Error::other(format!(
-                    "another running wasmstate keeps its audit trail in {}: give each replica \
-                     its own [audit] replica name (default: the host name)",
-                    dir.display()
-                ))
-            },
-        )?;
+    /// missing; its writer thread started. Each running server holds its
+    /// folder: a second server of the same name on the same data directory
+    /// (two processes on one machine) takes `<replica>-2`, and so on, and
+    /// names itself so in its records.
+    pub fn open(data_dir: &Path, mut settings: AuditSettings) -> io::Result<AuditLog> {
+        let (dir, lock, replica) = claim_folder(&data_dir.join("audit"), &settings.replica)?;
+        settings.replica = replica;
         drop_extra_files(&dir, settings.files)?;
         let current = open_current(&dir)?;
         let writers = Arc::new(Mutex::new(Writers::default()));
@@ -309,6 +300,32 @@ impl Thread {
         current.bytes += line.len() as u64;
         Ok(())
     }
+}
+
+/// The first folder of `replica`'s names no running server holds, held:
+/// (its path, the held lock file, the name).
+fn claim_folder(audit: &Path, replica: &str) -> io::Result<(PathBuf, File, String)> {
+    const NAMES: usize = 16;
+    for n in 1..=NAMES {
+        let name = match n {
+            1 => replica.to_string(),
+            n => format!("{replica}-{n}"),
+        };
+        let dir = audit.join(&name);
+        std::fs::create_dir_all(&dir)?;
+        let lock = File::create(dir.join(".lock"))?;
+        let exclusive = rustix::fs::FlockOperation::NonBlockingLockExclusive;
+        if rustix::fs::flock(&lock, exclusive).is_ok() {
+            if n > 1 {
+                tracing::info!(replica = %name, "another server on this data directory keeps the audit trail of {replica}: this one keeps its own as {name}");
+            }
+            return Ok((dir, lock, name));
+        }
+    }
+    Err(io::Error::other(format!(
+        "{NAMES} running servers already keep audit trails named {replica} in {}: give each replica its own [audit] replica name",
+        audit.display()
+    )))
 }
 
 fn file_names(dir: &Path, files: usize) -> Vec<PathBuf> {
