@@ -201,6 +201,10 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
     // Guest calls already under way finish (a write completes or never
     // started); each ends by its own deadline.
     runtime.drain().await;
+    // The records queued are written (and printed) before the process ends.
+    let audit = app_state.audit.clone();
+    let closed = tokio::task::spawn_blocking(move || audit.close());
+    let _ = tokio::time::timeout(crate::audit::GIVE_UP, closed).await;
     tracing::info!("stopped");
     Ok(())
 }

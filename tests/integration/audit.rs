@@ -358,10 +358,21 @@ fn each_replica_keeps_its_own_trail() {
 #[test]
 fn lock_ttl_takes_over_only_locks_older_than_it_and_says_so() {
     let dir = tempdir();
+    // The git guest: its unlock by ID is a compare-and-swap of the lock's
+    // ref (the local guest refuses lock_ttl).
+    let (ttl, strict) = (
+        bare_repo(dir.path(), "ttl"),
+        bare_repo(dir.path(), "strict"),
+    );
     let server = Server::with_config(
         &dir.path().join("data"),
-        "[backends.default]\nguest = \"local\"\nlock_ttl = \"1h\"\n\
-         [backends.strict]\nguest = \"local\"\n",
+        &format!(
+            "[backends.default]\nguest = \"git\"\nlock_ttl = \"1h\"\n\
+             [backends.default.config]\nrepository = {:?}\n\
+             [backends.strict]\nguest = \"git\"\n[backends.strict.config]\nrepository = {:?}\n",
+            ttl.display().to_string(),
+            strict.display().to_string()
+        ),
     );
     let now = time::OffsetDateTime::now_utc()
         .format(&time::format_description::well_known::Rfc3339)
@@ -453,7 +464,8 @@ fn a_flood_of_refusals_or_a_huge_holder_cannot_push_the_history_out() {
         "{} refusals of reader recorded",
         by("reader")
     );
-    assert!(by("writer") <= 1 + 25, "{} records of writer", by("writer"));
+    // What a change answers once it ran is always recorded.
+    assert_eq!(by("writer"), 1 + 30);
     for record in &records {
         let holder = record["holder"].as_str().unwrap_or("");
         assert!(holder.chars().count() <= 201, "{}", holder.len());

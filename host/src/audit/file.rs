@@ -1,30 +1,29 @@
-//! The log on disk, `<data_dir>/audit/<replica>/`: `audit.jsonl` takes new
-//! records; when it would pass its share of the bound it becomes
-//! `audit.1.jsonl` (and that one `audit.2.jsonl`…), the oldest file is
-//! dropped, and a new one begins.
-//!
-//! One thread of its own writes the files, so a slow disk (or a stdout
-//! nobody reads) never holds an async worker. A change waits until its
-//! record is written whole with one append (a crash of the process loses no
-//! record of an answered change); the thread syncs the file to disk within
-//! [`SYNC_EVERY`] (a power cut may lose that last second). Records printed
-//! to stdout go through a bounded queue of their own: a stalled reader
-//! loses lines (counted), never stalls changes.
+//! One replica's audit log on disk, `<data_dir>/audit/<replica>/`, written
+//! by a thread of its own ([`super::writer`]), so a slow disk never holds
+//! an async worker, nor the blocking pool that guests' file calls use. A
+//! change waits until its record is written whole with one append (a crash
+//! of the process loses no record of an answered change); the thread syncs
+//! the file within a second (a power cut may lose that last second). A
+//! disk that stops answering costs a change at most [`GIVE_UP`], then the
+//! record is counted as lost. Records printed to stdout go through a
+//! bounded queue of their own: a stalled reader loses lines (logged),
+//! never stalls changes.
 
 use super::Record;
 use super::limit::{RefusalLimiter, Verdict};
+use super::writer::{Job, Writer, claim_folder, drop_extra_files, file_names, open_current};
 use super::writers::Writers;
-use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-/// How often records written are synced to the disk.
-pub const SYNC_EVERY: Duration = Duration::from_secs(1);
 /// Records waiting for the writer thread (then changes wait to queue).
 const QUEUE: usize = 4096;
+/// The longest a change waits to queue its record, and then for it to be
+/// written.
+pub const GIVE_UP: Duration = Duration::from_secs(10);
 
 /// The `[audit]` table, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,18 +58,14 @@ pub fn default_replica() -> String {
         .unwrap_or_else(|| "wasmstate".into())
 }
 
-enum Job {
-    /// Append a line; say when it is written.
-    Line(Vec<u8>, Option<tokio::sync::oneshot::Sender<()>>),
-}
-
 /// One replica's audit log.
 pub struct AuditLog {
-    /// `None`: records go nowhere (tests, benchmarks).
-    dir: Option<PathBuf>,
+    /// `<data_dir>/audit`; `None`: records go nowhere (tests, benchmarks).
+    root: Option<PathBuf>,
     settings: AuditSettings,
-    jobs: Option<mpsc::SyncSender<Job>>,
-    stdout: Option<mpsc::SyncSender<Vec<u8>>>,
+    jobs: Mutex<Option<tokio::sync::mpsc::Sender<Job>>>,
+    stdout: Mutex<Option<mpsc::SyncSender<Vec<u8>>>>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     failures: Arc<AtomicU64>,
     lost_to_stdout: AtomicU64,
     limiter: Mutex<RefusalLimiter>,
@@ -84,43 +79,61 @@ impl AuditLog {
     /// (two processes on one machine) takes `<replica>-2`, and so on, and
     /// names itself so in its records.
     pub fn open(data_dir: &Path, mut settings: AuditSettings) -> io::Result<AuditLog> {
-        let (dir, lock, replica) = claim_folder(&data_dir.join("audit"), &settings.replica)?;
+        let root = data_dir.join("audit");
+        let (dir, lock, replica) = claim_folder(&root, &settings.replica)?;
         settings.replica = replica;
         drop_extra_files(&dir, settings.files)?;
-        let current = open_current(&dir)?;
-        let writers = Arc::new(Mutex::new(Writers::default()));
-        let failures = Arc::new(AtomicU64::new(0));
-        let (jobs, queue) = mpsc::sync_channel(QUEUE);
-        let thread = Thread {
-            dir: dir.clone(),
+        // What the trail held before this start, read before this server
+        // writes anything (a thread of its own: changes need not wait).
+        let before: Vec<PathBuf> = folders(&root)
+            .iter()
+            .flat_map(|folder| file_names(folder, settings.files))
+            .filter(|path| path.exists())
+            .collect();
+        let writer = Writer {
             per_file: (settings.max_bytes / settings.files as u64).max(1),
             files: settings.files,
-            current: Some(current),
-            failures: failures.clone(),
-            _lock: lock,
+            current: Some(open_current(&dir)?),
+            failures: Arc::default(),
+            dir,
+            lock,
         };
-        let (old, seen) = (file_names(&dir, settings.files), writers.clone());
+        let failures = writer.failures.clone();
+        let (jobs, queue) = tokio::sync::mpsc::channel(QUEUE);
+        let mut threads = vec![
+            std::thread::Builder::new()
+                .name("audit-writer".into())
+                .spawn(move || writer.run(queue))?,
+        ];
+        let writers = Arc::new(Mutex::new(Writers::default()));
+        let files: Vec<std::fs::File> = before
+            .iter()
+            .rev()
+            .filter_map(|p| std::fs::File::open(p).ok())
+            .collect();
+        let seen = writers.clone();
         std::thread::Builder::new()
-            .name("audit-writer".into())
-            .spawn(move || {
-                remember_writers(&old, &seen);
-                thread.run(queue)
-            })?;
-        let stdout = settings.stdout.then(|| {
-            let (lines, queue) = mpsc::sync_channel::<Vec<u8>>(QUEUE);
-            std::thread::spawn(move || {
-                for line in queue {
-                    let mut out = io::stdout().lock();
-                    let _ = out.write_all(&line).and_then(|()| out.flush());
-                }
-            });
-            lines
-        });
+            .name("audit-reader".into())
+            .spawn(move || remember_writers(files, &seen))?;
+        let stdout = match settings.stdout {
+            false => None,
+            true => {
+                let (lines, queue) = mpsc::sync_channel::<Vec<u8>>(QUEUE);
+                threads.push(std::thread::spawn(move || {
+                    for line in queue {
+                        let mut out = io::stdout().lock();
+                        let _ = out.write_all(&line).and_then(|()| out.flush());
+                    }
+                }));
+                Some(lines)
+            }
+        };
         Ok(AuditLog {
-            dir: Some(dir),
+            root: Some(root),
             settings,
-            jobs: Some(jobs),
-            stdout,
+            jobs: Mutex::new(Some(jobs)),
+            stdout: Mutex::new(stdout),
+            threads: Mutex::new(threads),
             failures,
             lost_to_stdout: AtomicU64::new(0),
             limiter: Mutex::default(),
@@ -131,13 +144,14 @@ impl AuditLog {
     /// A log that keeps nothing.
     pub fn disabled() -> AuditLog {
         AuditLog {
-            dir: None,
+            root: None,
             settings: AuditSettings {
                 stdout: false,
                 ..AuditSettings::default()
             },
-            jobs: None,
-            stdout: None,
+            jobs: Mutex::new(None),
+            stdout: Mutex::new(None),
+            threads: Mutex::default(),
             failures: Arc::default(),
             lost_to_stdout: AtomicU64::new(0),
             limiter: Mutex::default(),
@@ -152,7 +166,7 @@ impl AuditLog {
 
     /// Whether records are kept here (a query can answer).
     pub fn keeps(&self) -> bool {
-        self.dir.is_some()
+        self.root.is_some()
     }
 
     /// Records that could not be written since the start, and records not
@@ -164,46 +178,93 @@ impl AuditLog {
         )
     }
 
+    /// Record a change refused before it started (a 403, a body refused):
+    /// at a bounded rate per caller ([`RefusalLimiter`]), the rest counted
+    /// and said in the next one recorded.
+    pub async fn append_refusal(&self, mut record: Record) {
+        if self
+            .jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+        {
+            return;
+        }
+        let verdict = self
+            .limiter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .judge(&record.caller, Instant::now());
+        let n = match verdict {
+            Verdict::Suppress => return,
+            Verdict::Record(n) => n,
+        };
+        record = record.bounded();
+        if n > 0 {
+            record.result.push_str(&format!(
+                " (and {n} earlier refusals of this caller not recorded: too many)"
+            ));
+        }
+        self.write(record).await;
+    }
+
     /// Append `record`, and return once it is written (or could not be:
     /// logged and counted, never the request's answer, since the change
-    /// it records is done). A refusal past its caller's allowance is only
-    /// counted ([`RefusalLimiter`]).
-    pub async fn append(&self, mut record: Record) {
-        let Some(jobs) = &self.jobs else { return };
-        if record.status >= 400 {
-            let verdict = self
-                .limiter
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .judge(&record.caller, Instant::now());
-            match verdict {
-                Verdict::Suppress => return,
-                Verdict::Record(0) => {}
-                Verdict::Record(n) => record.result.push_str(&format!(
-                    " (and {n} earlier refusals of this caller not recorded: too many)"
-                )),
-            }
-        }
-        let record = record.bounded();
+    /// it records is done).
+    pub async fn append(&self, record: Record) {
+        self.write(record.bounded()).await;
+    }
+
+    async fn write(&self, record: Record) {
+        let Some(jobs) = self.jobs.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+            return;
+        };
         self.writers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .note(&record);
+            .note(&record, true);
         let mut line = serde_json::to_vec(&record).expect("records serialise");
         line.push(b'\n');
-        if let Some(stdout) = &self.stdout
-            && stdout.try_send(line.clone()).is_err()
-        {
-            self.lost_to_stdout.fetch_add(1, Ordering::Relaxed);
-        }
+        self.print(&line);
         let (done, written) = tokio::sync::oneshot::channel();
-        let job = Job::Line(line, Some(done));
-        if let Err(mpsc::TrySendError::Full(job)) = jobs.try_send(job) {
-            // The writer is behind: wait for room off the async workers.
-            let jobs = jobs.clone();
-            let _ = tokio::task::spawn_blocking(move || jobs.send(job)).await;
+        let queued = tokio::time::timeout(GIVE_UP, jobs.send(Job(line, done))).await;
+        let outcome = match queued {
+            Ok(Ok(())) => tokio::time::timeout(GIVE_UP, written)
+                .await
+                .map_err(|_| "not written within 10 s")
+                .and_then(|r| r.map_err(|_| "its writer stopped")),
+            Ok(Err(_)) => Err("its writer stopped"),
+            Err(_) => Err("not queued within 10 s"),
+        };
+        if let Err(why) = outcome {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(
+                "an audit record may be lost ({why}): {}",
+                serde_json::to_string(&record).unwrap_or_default()
+            );
         }
-        let _ = written.await;
+    }
+
+    fn print(&self, line: &[u8]) {
+        let stdout = self.stdout.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(stdout) = stdout.as_ref()
+            && stdout.try_send(line.to_vec()).is_err()
+        {
+            let lost = self.lost_to_stdout.fetch_add(1, Ordering::Relaxed) + 1;
+            if lost == 1 || lost.is_multiple_of(1000) {
+                tracing::warn!(lost, "audit records not printed: stdout is not being read");
+            }
+        }
+    }
+
+    /// Write what is queued, and stop the threads (at shutdown): blocks.
+    pub fn close(&self) {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.stdout.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for thread in threads {
+            let _ = thread.join();
+        }
     }
 
     /// The newest writes of `backend`/`workspace` this trail remembers,
@@ -215,197 +276,48 @@ impl AuditLog {
             .of(backend, workspace)
     }
 
-    /// The log's files, newest first.
-    pub(super) fn files(&self) -> Vec<PathBuf> {
-        match &self.dir {
-            Some(dir) => file_names(dir, self.settings.files),
-            None => Vec::new(),
-        }
-    }
-}
-
-/// What the writer thread owns.
-struct Thread {
-    dir: PathBuf,
-    per_file: u64,
-    files: usize,
-    current: Option<Current>,
-    failures: Arc<AtomicU64>,
-    /// Held while the thread runs: the folder is this process's.
-    _lock: File,
-}
-
-struct Current {
-    file: File,
-    bytes: u64,
-}
-
-impl Thread {
-    fn run(mut self, queue: mpsc::Receiver<Job>) {
-        let mut unsynced = false;
-        loop {
-            match queue.recv_timeout(SYNC_EVERY) {
-                Ok(Job::Line(line, done)) => {
-                    if let Err(e) = self.write(&line) {
-                        self.failures.fetch_add(1, Ordering::Relaxed);
-                        tracing::error!(
-                            dir = %self.dir.display(),
-                            error = %e,
-                            "an audit record could not be written (is the disk full?): {}",
-                            String::from_utf8_lossy(&line).trim_end()
-                        );
-                    }
-                    unsynced = true;
-                    if let Some(done) = done {
-                        let _ = done.send(());
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) if unsynced => {
-                    unsynced = false;
-                    if let Some(Err(e)) = self.current.as_ref().map(|c| c.file.sync_data()) {
-                        tracing::error!(error = %e, "the audit log could not be synced to disk");
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    if let Some(current) = &self.current {
-                        let _ = current.file.sync_data();
-                    }
-                    return;
-                }
-            }
-        }
-    }
-
-    fn write(&mut self, line: &[u8]) -> io::Result<()> {
-        let full = self
-            .current
-            .as_ref()
-            .is_some_and(|c| c.bytes > 0 && c.bytes + line.len() as u64 > self.per_file);
-        if full || self.current.is_none() {
-            if let Some(old) = self.current.take() {
-                old.file.sync_data()?;
-                rotate(&self.dir, self.files)?;
-            }
-            self.current = Some(open_current(&self.dir)?);
-        }
-        let current = self.current.as_mut().expect("opened above");
-        // One append of the whole line: never interleaved with another.
-        if let Err(e) = current.file.write_all(line) {
-            // A part may have been written (a full disk): cut it off, so
-            // the next record starts a line of its own.
-            let _ = current.file.set_len(current.bytes);
-            return Err(e);
-        }
-        current.bytes += line.len() as u64;
-        Ok(())
-    }
-}
-
-/// The first folder of `replica`'s names no running server holds, held:
-/// (its path, the held lock file, the name).
-fn claim_folder(audit: &Path, replica: &str) -> io::Result<(PathBuf, File, String)> {
-    const NAMES: usize = 16;
-    for n in 1..=NAMES {
-        let name = match n {
-            1 => replica.to_string(),
-            n => format!("{replica}-{n}"),
+    /// Every trail's files in this data directory, by folder (this
+    /// replica's, others sharing the directory, earlier names), each
+    /// newest first.
+    pub(super) fn folders_files(&self) -> Vec<Vec<PathBuf>> {
+        let Some(root) = &self.root else {
+            return Vec::new();
         };
-        let dir = audit.join(&name);
-        std::fs::create_dir_all(&dir)?;
-        let lock = File::create(dir.join(".lock"))?;
-        let exclusive = rustix::fs::FlockOperation::NonBlockingLockExclusive;
-        if rustix::fs::flock(&lock, exclusive).is_ok() {
-            if n > 1 {
-                tracing::info!(replica = %name, "another server on this data directory keeps the audit trail of {replica}: this one keeps its own as {name}");
-            }
-            return Ok((dir, lock, name));
-        }
-    }
-    Err(io::Error::other(format!(
-        "{NAMES} running servers already keep audit trails named {replica} in {}: give each replica its own [audit] replica name",
-        audit.display()
-    )))
-}
-
-fn file_names(dir: &Path, files: usize) -> Vec<PathBuf> {
-    (0..files).map(|n| file_name(dir, n)).collect()
-}
-
-fn file_name(dir: &Path, n: usize) -> PathBuf {
-    match n {
-        0 => dir.join("audit.jsonl"),
-        n => dir.join(format!("audit.{n}.jsonl")),
+        folders(root)
+            .iter()
+            .map(|folder| file_names(folder, self.settings.files.max(100)))
+            .collect()
     }
 }
 
-/// The newest file, ending with a line break (a record torn by a crash or
-/// a full disk is ended, so the next starts a line of its own).
-fn open_current(dir: &Path) -> io::Result<Current> {
-    let mut file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .read(true)
-        .open(file_name(dir, 0))?;
-    let mut bytes = file.metadata()?.len();
-    if bytes > 0 {
-        use std::io::{Read, Seek, SeekFrom};
-        let mut last = [0u8];
-        file.seek(SeekFrom::Start(bytes - 1))?;
-        file.read_exact(&mut last)?;
-        if last[0] != b'\n' {
-            file.write_all(b"\n")?;
-            bytes += 1;
-        }
-    }
-    Ok(Current { file, bytes })
+/// The trails' folders under `root`.
+fn folders(root: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    found.sort();
+    found
 }
 
-/// Shift every file one place older; the oldest is replaced.
-fn rotate(dir: &Path, files: usize) -> io::Result<()> {
-    for n in (0..files.saturating_sub(1)).rev() {
-        match std::fs::rename(file_name(dir, n), file_name(dir, n + 1)) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-    }
-    File::open(dir)?.sync_all()
-}
-
-/// Files past `files` (left by a larger `files` setting) are dropped: the
-/// bound holds for what is kept.
-fn drop_extra_files(dir: &Path, files: usize) -> io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let name = entry?.file_name();
-        let n = name.to_str().and_then(|n| {
-            n.strip_prefix("audit.")?
-                .strip_suffix(".jsonl")?
-                .parse::<usize>()
-                .ok()
-        });
-        if n.is_some_and(|n| n >= files) {
-            tracing::info!(file = ?name, files, "dropping an audit file past [audit] files");
-            std::fs::remove_file(dir.join(&name))?;
-        }
-    }
-    Ok(())
-}
-
-/// Read the writes the log holds into `writers`, oldest first.
-fn remember_writers(files: &[PathBuf], writers: &Mutex<Writers>) {
-    for path in files.iter().rev() {
-        let Ok(file) = File::open(path) else { continue };
+/// Read the writes `files` hold (oldest first) into `writers`, as older
+/// than any written since the start.
+fn remember_writers(files: Vec<std::fs::File>, writers: &Mutex<Writers>) {
+    for file in files {
         for line in io::BufReader::new(file).split(b'\n').map_while(Result::ok) {
             // A cheap look before the parse: most records are not writes.
-            let write = |op: &[u8]| line.windows(op.len()).any(|w| w == op);
-            if !write(b"\"operation\":\"write\"") && !write(b"\"operation\":\"restore\"") {
+            let has = |op: &[u8]| line.windows(op.len()).any(|w| w == op);
+            if !has(b"\"operation\":\"write\"") && !has(b"\"operation\":\"restore\"") {
                 continue;
             }
             if let Ok(record) = serde_json::from_slice::<Record>(&line) {
                 writers
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .note(&record);
+                    .note(&record, false);
             }
         }
     }

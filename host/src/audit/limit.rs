@@ -11,21 +11,62 @@ use std::time::{Duration, Instant};
 const BURST: f64 = 20.0;
 /// Then one every this long.
 const EVERY: Duration = Duration::from_secs(3);
-/// Callers tracked at once; past it, idle ones are forgotten, and if none
-/// is, every caller shares one allowance.
+/// Callers tracked at once; past it, the least recently refused is
+/// forgotten.
 const MAX_CALLERS: usize = 10_000;
 
-/// Each caller's allowance of recorded refusals.
-#[derive(Debug, Default)]
+/// Each caller's allowance of recorded refusals, and all callers'.
+#[derive(Debug)]
 pub struct RefusalLimiter {
     callers: HashMap<String, Allowance>,
+    /// All callers together: many identities (a CI issuer hands out a new
+    /// subject per branch) do not multiply the rate.
+    all: Allowance,
 }
+
+impl Default for RefusalLimiter {
+    fn default() -> Self {
+        RefusalLimiter {
+            callers: HashMap::new(),
+            all: Allowance::full(ALL_BURST, Instant::now()),
+        }
+    }
+}
+
+/// Refusals of all callers recorded in a burst, then one per
+/// [`ALL_EVERY`]: ten a second, so a flood rotates a 64 MiB trail out in
+/// hours, not seconds.
+const ALL_BURST: f64 = 200.0;
+const ALL_EVERY: Duration = Duration::from_millis(100);
 
 #[derive(Debug)]
 struct Allowance {
     tokens: f64,
     at: Instant,
     suppressed: u64,
+}
+
+impl Allowance {
+    fn full(tokens: f64, now: Instant) -> Allowance {
+        Allowance {
+            tokens,
+            at: now,
+            suppressed: 0,
+        }
+    }
+
+    /// Take one token if there is one (refilled up to `burst`, one per
+    /// `every`).
+    fn take(&mut self, now: Instant, burst: f64, every: Duration) -> bool {
+        let gained = now.duration_since(self.at).as_secs_f64() / every.as_secs_f64();
+        self.tokens = (self.tokens + gained).min(burst);
+        self.at = now;
+        if self.tokens < 1.0 {
+            return false;
+        }
+        self.tokens -= 1.0;
+        true
+    }
 }
 
 /// Whether a refusal is recorded.
@@ -41,32 +82,36 @@ impl RefusalLimiter {
     /// Judge a refusal of `caller` at `now`.
     pub fn judge(&mut self, caller: &str, now: Instant) -> Verdict {
         if !self.callers.contains_key(caller) && self.callers.len() >= MAX_CALLERS {
-            let full = |a: &Allowance| refilled(a, now) >= BURST;
-            self.callers.retain(|_, a| !full(a) || a.suppressed > 0);
+            self.forget_the_least_recent();
         }
-        let key = match self.callers.len() < MAX_CALLERS || self.callers.contains_key(caller) {
-            true => caller,
-            false => "",
-        };
-        let allowance = self.callers.entry(key.to_string()).or_insert(Allowance {
-            tokens: BURST,
-            at: now,
-            suppressed: 0,
-        });
-        allowance.tokens = refilled(allowance, now);
-        allowance.at = now;
-        if allowance.tokens < 1.0 {
+        let allowance = self
+            .callers
+            .entry(caller.to_string())
+            .or_insert_with(|| Allowance::full(BURST, now));
+        if !allowance.take(now, BURST, EVERY) || !self.all.take(now, ALL_BURST, ALL_EVERY) {
             allowance.suppressed += 1;
             return Verdict::Suppress;
         }
-        allowance.tokens -= 1.0;
         Verdict::Record(std::mem::take(&mut allowance.suppressed))
     }
-}
 
-fn refilled(allowance: &Allowance, now: Instant) -> f64 {
-    let gained = now.duration_since(allowance.at).as_secs_f64() / EVERY.as_secs_f64();
-    (allowance.tokens + gained).min(BURST)
+    fn forget_the_least_recent(&mut self) {
+        let oldest = self
+            .callers
+            .iter()
+            .min_by_key(|(_, a)| a.at)
+            .map(|(caller, _)| caller.clone());
+        if let Some(caller) = oldest
+            && let Some(gone) = self.callers.remove(&caller)
+            && gone.suppressed > 0
+        {
+            tracing::warn!(
+                caller = %caller,
+                refusals = gone.suppressed,
+                "audit: refusals not recorded (too many), and no longer counted"
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -98,6 +143,16 @@ mod tests {
                 limiter.judge(&format!("caller-{i}"), now);
             }
         }
-        assert!(limiter.callers.len() <= MAX_CALLERS + 1);
+        assert!(limiter.callers.len() <= MAX_CALLERS);
+    }
+
+    #[test]
+    fn many_callers_do_not_multiply_the_rate() {
+        let mut limiter = RefusalLimiter::default();
+        let now = Instant::now();
+        let recorded = (0..10_000)
+            .filter(|i| limiter.judge(&format!("sub-{i}"), now) != Verdict::Suppress)
+            .count();
+        assert_eq!(recorded, ALL_BURST as usize);
     }
 }

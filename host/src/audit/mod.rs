@@ -11,9 +11,10 @@
 mod file;
 mod limit;
 mod query;
+mod writer;
 mod writers;
 
-pub use file::{AuditLog, AuditSettings};
+pub use file::{AuditLog, AuditSettings, GIVE_UP};
 pub use query::{Filter, MAX_LIMIT};
 pub use writers::{Write, unix_ms};
 
@@ -232,6 +233,8 @@ pub struct Facts {
     pub holder: Option<String>,
     /// A retried write found its state already stored.
     pub unchanged: bool,
+    /// Said after the result (`ok; …`).
+    pub note: Option<String>,
 }
 
 #[cfg(test)]

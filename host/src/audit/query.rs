@@ -115,26 +115,33 @@ impl AuditLog {
         let checked = filter.check()?;
         let limit = filter.limit();
         let mut found = Vec::new();
-        for path in self.files() {
-            let file = match std::fs::File::open(&path) {
-                Ok(file) => file,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
-            };
-            // Each file is oldest first; its matches are reversed.
-            let mut matched: Vec<Record> = std::io::BufReader::new(file)
-                .split(b'\n')
-                .map_while(Result::ok)
-                // A line torn by a crash or a full disk is skipped.
-                .filter_map(|line| serde_json::from_slice::<Record>(&line).ok())
-                .filter(|record| checked.matches(backend, record))
-                .collect();
-            matched.reverse();
-            found.extend(matched);
-            if found.len() >= limit {
-                break;
+        // Each folder (a replica) newest first, up to the limit; then all
+        // of them merged by time (written fixed-width, so text sorts).
+        for files in self.folders_files() {
+            let mut from_folder = Vec::new();
+            for path in files {
+                let file = match std::fs::File::open(&path) {
+                    Ok(file) => file,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+                };
+                // Each file is oldest first; its matches are reversed.
+                let mut matched: Vec<Record> = std::io::BufReader::new(file)
+                    .split(b'\n')
+                    .map_while(Result::ok)
+                    // A line torn by a crash or a full disk is skipped.
+                    .filter_map(|line| serde_json::from_slice::<Record>(&line).ok())
+                    .filter(|record| checked.matches(backend, record))
+                    .collect();
+                matched.reverse();
+                from_folder.extend(matched);
+                if from_folder.len() >= limit {
+                    break;
+                }
             }
+            found.extend(from_folder.into_iter().take(limit));
         }
+        found.sort_by(|a, b| b.time.cmp(&a.time));
         found.truncate(limit);
         Ok(found)
     }

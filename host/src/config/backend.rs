@@ -195,6 +195,18 @@ pub(super) fn validate_backend(
                     key("lock_ttl")
                 ))
             })?;
+            // A takeover releases another's lock by its ID: two servers
+            // doing so at once must not both succeed, which the local
+            // guest's unlock (read, then remove) cannot promise across
+            // processes sharing its directory.
+            if guest == GuestSource::Embedded("local") {
+                return Err(ConfigError(format!(
+                    "{file}: {}: the local guest cannot take a lock over safely (its unlock by \
+                     ID is not atomic across servers sharing its directory); use a guest whose \
+                     storage is (s3-lockfile, dynamodb, git) or remove lock_ttl",
+                    key("lock_ttl")
+                )));
+            }
             if ttl < Duration::from_secs(60) {
                 return Err(ConfigError(format!(
                     "{file}: {}: {text:?} is under a minute: a lock that young belongs to a run still under way",

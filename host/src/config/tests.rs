@@ -278,7 +278,8 @@ fn a_backend_directory_may_not_overlap_the_hosts_or_another_backends() {
 #[test]
 fn lock_ttl_and_the_audit_table_are_checked() {
     let config = parse(
-        "[backends.a]\nguest = \"local\"\nlock_ttl = \"12h\"\n[backends.b]\nguest = \"local\"\n\
+        "[backends.a]\nguest = \"git\"\nlock_ttl = \"12h\"\n[backends.a.config]\nrepository = \"/r.git\"\n\
+         [backends.b]\nguest = \"local\"\n\
          [audit]\nmax_mib = 8\nfiles = 2\nstdout = true\nreplica = \"pod-1\"\n",
     )
     .unwrap();
@@ -298,8 +299,12 @@ fn lock_ttl_and_the_audit_table_are_checked() {
     );
     for (bad, says) in [
         (
-            "[backends.a]\nguest = \"local\"\nlock_ttl = \"10s\"\n",
+            "[backends.a]\nguest = \"git\"\nlock_ttl = \"10s\"\n[backends.a.config]\nrepository = \"/r.git\"\n",
             "under a minute",
+        ),
+        (
+            "[backends.a]\nguest = \"local\"\nlock_ttl = \"1h\"\n",
+            "cannot take a lock over safely",
         ),
         (
             "[backends.a]\nguest = \"local\"\nlock_ttl = \"soon\"\n",

@@ -56,11 +56,10 @@ pub(super) async fn lock<S: Storage>(
         {
             app.metrics.lock_released(target.backend, target.workspace);
             taken = target.storage.lock(target.workspace, info.clone()).await;
-            // Recorded only when this caller got the lock: a takeover that
-            // lost the race displaced nobody.
-            if taken.is_ok() {
-                took_over(app, target, caller, &holder, ttl).await;
-            }
+            // Recorded whenever the release went through (it may have
+            // released nothing, the holder having gone meanwhile: the
+            // storage cannot tell), saying whether this caller got the lock.
+            took_over(app, target, caller, &holder, ttl, taken.is_ok()).await;
         }
     }
     match taken {
@@ -95,17 +94,20 @@ fn older_than(holder: &LockInfo, ttl: Duration) -> bool {
     !holder.id.is_empty() && age > ttl
 }
 
-/// Record and log that `caller` took over `holder`'s lock.
+/// Record and log that `caller` released `holder`'s expired lock (and
+/// whether it then got the lock).
 async fn took_over<S: Storage>(
     app: &App<S>,
     target: &Target<'_, S>,
     caller: &Caller,
     holder: &LockInfo,
     ttl: Duration,
+    relocked: bool,
 ) {
     let facts = Facts {
         lock_id: Some(holder.id.clone()),
         holder: Some(holder.who.clone()),
+        note: (!relocked).then(|| "released, but another took the lock first".to_string()),
         ..Facts::default()
     };
     let at = (target.backend, target.workspace);

@@ -35,17 +35,33 @@ impl<S> App<S> {
         facts: Facts,
         outcome: &Result<T, ApiError>,
     ) -> impl std::future::Future<Output = ()> + use<'a, S, T> {
+        let record = self.make(caller, (backend, workspace), operation, facts, outcome);
+        self.audit.append(record)
+    }
+
+    fn make<T: Answered>(
+        &self,
+        caller: &Caller,
+        (backend, workspace): (&str, &str),
+        operation: Operation,
+        facts: Facts,
+        outcome: &Result<T, ApiError>,
+    ) -> Record {
         let (status, result) = match outcome {
             Ok(answer) if facts.unchanged => (answer.status(), "unchanged".to_string()),
             Ok(answer) => (answer.status(), "ok".to_string()),
             Err(e) => (e.status().as_u16(), e.message()),
+        };
+        let result = match &facts.note {
+            Some(note) => format!("{result}; {note}"),
+            None => result,
         };
         let holder = facts.holder.or_else(|| match outcome {
             Err(ApiError::Holder(_, holder)) => Some(holder.who.clone()),
             _ => None,
         });
         let identity = caller.identity();
-        let record = Record {
+        Record {
             time: now_text(),
             replica: self.audit.replica().to_string(),
             caller: identity.map_or_else(|| "anyone".to_string(), |i| i.name.clone()),
@@ -59,12 +75,12 @@ impl<S> App<S> {
             holder,
             status,
             result,
-        };
-        self.audit.append(record)
+        }
     }
 
-    /// Record a change refused before it started (403: the caller may not),
-    /// and hand the refusal back.
+    /// Record a change refused before it started (403: the caller may not;
+    /// a body refused), at a bounded rate per caller, and hand the refusal
+    /// back. What a change answers once it ran is always recorded.
     pub async fn refused(
         &self,
         caller: &Caller,
@@ -73,8 +89,8 @@ impl<S> App<S> {
         refusal: ApiError,
     ) -> ApiError {
         let outcome: Result<(), ApiError> = Err(refusal);
-        self.record(caller, at, operation, Facts::default(), &outcome)
-            .await;
+        let record = self.make(caller, at, operation, Facts::default(), &outcome);
+        self.audit.append_refusal(record).await;
         let Err(refusal) = outcome else {
             unreachable!("made an error above")
         };

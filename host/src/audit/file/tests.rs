@@ -1,5 +1,6 @@
 use super::*;
 use crate::audit::{Operation, Record};
+use std::fs::OpenOptions;
 
 fn record(n: usize) -> Record {
     Record {
@@ -119,16 +120,30 @@ async fn a_second_server_of_one_name_keeps_a_trail_of_its_own() {
     let first = AuditLog::open(dir.path(), settings(1 << 20, 2)).unwrap();
     let second = AuditLog::open(dir.path(), settings(1 << 20, 2)).unwrap();
     assert_eq!((first.replica(), second.replica()), ("r1", "r1-2"));
-    first.append(record(1)).await;
-    second.append(record(2)).await;
-    let seen = |log: &AuditLog| -> Vec<String> {
+    let mut one = record(1);
+    one.replica = first.replica().into();
+    first.append(one).await;
+    let mut two = record(2);
+    two.replica = second.replica().into();
+    second.append(two).await;
+    // Each wrote its own folder; a search reads every folder of the data
+    // directory.
+    for (folder, workspace) in [("r1", "w1"), ("r1-2", "w2")] {
+        let text =
+            std::fs::read_to_string(dir.path().join("audit").join(folder).join("audit.jsonl"));
+        assert!(
+            text.unwrap()
+                .contains(&format!("\"workspace\":\"{workspace}\""))
+        );
+    }
+    for log in [&first, &second] {
         let found = log
             .query("default", &crate::audit::Filter::default())
             .unwrap();
-        found.into_iter().map(|r| r.workspace).collect()
-    };
-    assert_eq!(seen(&first), ["w1"]);
-    assert_eq!(seen(&second), ["w2"]);
+        let mut replicas: Vec<String> = found.into_iter().map(|r| r.replica).collect();
+        replicas.sort();
+        assert_eq!(replicas, ["r1", "r1-2"]);
+    }
 }
 
 #[test]
