@@ -442,6 +442,7 @@ fn a_flood_of_refusals_or_a_huge_holder_cannot_push_the_history_out() {
     let huge = lock_info("big", &"x".repeat(100 << 10));
     let locked = send_with("LOCK", &url, Some(&huge), &[("Authorization", &writer)]);
     assert_eq!(locked.status, 200);
+    let started = std::time::Instant::now();
     for _ in 0..300 {
         let refused = send_with("POST", &url, Some(&state(1)), &[("Authorization", &reader)]);
         assert_eq!(refused.status, 403);
@@ -457,11 +458,12 @@ fn a_flood_of_refusals_or_a_huge_holder_cannot_push_the_history_out() {
         .collect();
     let by = |caller: &str| records.iter().filter(|r| r["caller"] == caller).count();
     // The lock, then each caller's refusals at a bounded rate (a burst of
-    // 20, then one per 3 s).
+    // 20, then one per 3 s of the run, however slow the machine).
     assert_eq!(records[0]["operation"], "lock");
+    let allowed = 20 + started.elapsed().as_secs() as usize / 3 + 1;
     assert!(
-        by("reader") <= 25,
-        "{} refusals of reader recorded",
+        by("reader") <= allowed,
+        "{} refusals of reader recorded, {allowed} allowed",
         by("reader")
     );
     // What a change answers once it ran is always recorded.
