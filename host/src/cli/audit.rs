@@ -75,7 +75,7 @@ pub async fn run(args: AuditArgs, remote: RemoteArgs) -> anyhow::Result<()> {
         println!("{}", line(record));
     }
     eprintln!(
-        "{} record(s) from replica {:?}'s trail (each replica keeps its own)",
+        "{} record(s) from the trails in replica {:?}'s data directory (each replica writes its own)",
         answer.records.len(),
         answer.replica
     );

@@ -1,4 +1,4 @@
-//! The console's audit page, `/ui/audit/{backend}`: this replica's trail of
+//! The console's audit page, `/ui/audit/{backend}`: the data directory's trails of
 //! a backend, filtered by a form (admins of the backend, or of the
 //! workspace the filter names).
 
@@ -57,7 +57,7 @@ fn render(backend: &str, filter: &Filter, replica: &str, records: &[Record]) -> 
             label { input type="checkbox" name="refused" value="true" checked[filter.refused == Some(true)]; " refused only" }
             button type="submit" { "Filter" }
         }
-        p.note { "Replica " code { (replica) } "'s trail, newest first: each replica keeps its own." }
+        p.note { "Newest first, from the trails in replica " code { (replica) } "'s data directory: each replica writes its own." }
         table #audit {
             thead { tr { th { "time" } th { "workspace" } th { "operation" } th { "caller" } th { "serial" } th { "result" } } }
             tbody {

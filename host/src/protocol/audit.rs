@@ -1,4 +1,5 @@
-//! `GET /audit/{backend}`: this replica's audit trail of a backend, newest
+//! `GET /audit/{backend}`: the audit trails of this data directory (this
+//! replica's, and any sharing it) for a backend, newest
 //! first, filtered by `?workspace=&operation=&caller=&since=&until=
 //! &refused=&limit=`. Admins of the backend only (or of the workspace a
 //! filter names). And who wrote each kept version, from the same trail.
