@@ -63,7 +63,7 @@ pub async fn run(args: AuditArgs, remote: RemoteArgs) -> anyhow::Result<()> {
         .await?;
     if args.json {
         for record in &answer.records {
-            println!("{}", serde_json::to_string(record)?);
+            println!("{}", json_line(record)?);
         }
         return Ok(());
     }
@@ -82,15 +82,35 @@ pub async fn run(args: AuditArgs, remote: RemoteArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether `c` changes how a terminal shows what follows: a control
+/// character, or a bidirectional override that reorders the line.
+fn steers(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 /// `text` with control characters escaped: holders, claims and guests'
 /// errors come from others, and must not drive the admin's terminal.
 fn printable(text: &str) -> String {
     text.chars()
-        .flat_map(|c| match c.is_control() {
+        .flat_map(|c| match steers(c) {
             true => c.escape_default().collect::<Vec<_>>(),
             false => vec![c],
         })
         .collect()
+}
+
+/// A record as one JSON line, with the control characters serde_json
+/// leaves as they are (DEL and C1, which some terminals obey) escaped too.
+fn json_line(record: &Record) -> serde_json::Result<String> {
+    let text = serde_json::to_string(record)?;
+    Ok(text
+        .chars()
+        .map(|c| match steers(c) {
+            true => format!("\\u{:04x}", c as u32),
+            false => c.to_string(),
+        })
+        .collect())
 }
 
 /// One record as a table row.
@@ -124,9 +144,23 @@ fn line(record: &Record) -> String {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn json_lines_escape_every_control_character_and_stay_json() {
+        let mut record: crate::audit::Record = serde_json::from_str(
+            r#"{"time":"t","replica":"r","caller":"c","backend":"b","workspace":"w",
+                "operation":"write","status":200,"result":"ok"}"#,
+        )
+        .unwrap();
+        record.result = "ok\u{9b}2J\u{7f}".into();
+        let line = super::json_line(&record).unwrap();
+        assert!(!line.chars().any(char::is_control), "{line}");
+        let back: crate::audit::Record = serde_json::from_str(&line).unwrap();
+        assert_eq!(back.result, record.result);
+    }
+
+    #[test]
     fn control_characters_never_reach_the_terminal() {
-        let shown = super::printable("ci@runner\u{1b}[2K\rroot\n");
-        assert!(!shown.chars().any(char::is_control), "{shown}");
+        let shown = super::printable("ci@runner\u{1b}[2K\rroot\n\u{202e}txt.exe");
+        assert!(!shown.chars().any(super::steers), "{shown}");
         assert!(shown.contains("\\u{1b}[2K"), "{shown}");
     }
 }
