@@ -36,19 +36,24 @@ pub fn age_text(seconds: u64) -> String {
     text.split(' ').take(2).collect::<Vec<_>>().join(" ")
 }
 
+/// How long ago `lock` was taken at `now`, by the `Created` time its
+/// holder's client wrote (that client's clock); `None` when it does not
+/// parse.
+pub fn lock_age(lock: &LockInfo, now: time::OffsetDateTime) -> Option<time::Duration> {
+    let created = time::OffsetDateTime::parse(
+        &lock.created,
+        &time::format_description::well_known::Rfc3339,
+    );
+    created.ok().map(|at| now - at)
+}
+
 impl HeldLock {
     /// `lock`, held on `workspace`, as `now` sees it; its ID only for an
     /// admin.
     pub fn of(workspace: String, lock: LockInfo, admin: bool, now: time::OffsetDateTime) -> Self {
-        let created = time::OffsetDateTime::parse(
-            &lock.created,
-            &time::format_description::well_known::Rfc3339,
-        );
         HeldLock {
             workspace,
-            age_seconds: created
-                .ok()
-                .map(|at| (now - at).whole_seconds().max(0) as u64),
+            age_seconds: lock_age(&lock, now).map(|age| age.whole_seconds().max(0) as u64),
             who: lock.who,
             operation: lock.operation,
             created: lock.created,

@@ -142,7 +142,7 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
             metrics.clone(),
             switches.clone(),
             marks,
-            sign_in_settings(&config),
+            restart_only_settings(&config),
         ));
     }
     let draining = Arc::new(AtomicBool::new(false));
@@ -237,7 +237,7 @@ fn print_banner<'a>(scheme: &str, addr: SocketAddr, backends: impl Iterator<Item
 
 /// Who may sign in, as the config says: a reload does not change it.
 /// What a reload cannot change: who signs in, and the audit trail.
-fn sign_in_settings(config: &Config) -> String {
+fn restart_only_settings(config: &Config) -> String {
     format!(
         "{:?}{:?}{:?}{:?}",
         config.users, config.tokens, config.oidc, config.audit
@@ -253,7 +253,7 @@ async fn reload_on_sighup(
     metrics: Arc<Metrics>,
     switches: Arc<Switches>,
     marks: Marks,
-    sign_in: String,
+    restart_only: String,
 ) {
     let max_stored = runtime.max_stored_bytes();
     let build =
@@ -263,7 +263,7 @@ async fn reload_on_sighup(
         match crate::reload::reload(&source, &runtime, &served, build).await {
             Ok(outcome) => {
                 switches.set(switch_values(&outcome.config));
-                if sign_in_settings(&outcome.config) != sign_in {
+                if restart_only_settings(&outcome.config) != restart_only {
                     tracing::warn!(
                         "[[users]], [[tokens]], [[oidc]] or [audit] changed in the config: they \
                          take effect at the next restart (a reload swaps backends only)"

@@ -5,20 +5,11 @@
 //! takeover, recorded there.
 
 use crate::common::*;
-use crate::console::ConsoleSession;
+use crate::console::{ConsoleSession, basic};
 use serde_json::Value;
 use std::time::Duration;
 
 const ALICE: (&str, &str) = ("alice", "alice's console password");
-
-fn basic(user: (&str, &str)) -> String {
-    use base64::Engine as _;
-    let pair = format!("{}:{}", user.0, user.1);
-    format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(pair)
-    )
-}
 
 /// The first 16 hex digits of the SHA-256 of a lock ID: what records keep.
 fn digest(id: &str) -> String {
@@ -26,10 +17,16 @@ fn digest(id: &str) -> String {
     hex::encode(&sha2::Sha256::digest(id.as_bytes())[..8])
 }
 
-/// `backend`'s records on `server`, oldest first, as `auth` may see them.
-fn records(server: &Server, backend: &str, auth: &str) -> Vec<Value> {
-    let url = format!("{}/audit/{backend}?limit=1000", server.url);
-    let answer = send_with("GET", &url, None, &[("Authorization", auth)]);
+/// `GET /audit/default?{query}` on `server`, signed in with `auth`.
+fn audit(server: &Server, query: &str, auth: &str) -> Answer {
+    let url = format!("{}/audit/default?{query}", server.url);
+    send_with("GET", &url, None, &[("Authorization", auth)])
+}
+
+/// Backend `default`'s records on `server`, oldest first, as `auth` may
+/// see them.
+fn records(server: &Server, auth: &str) -> Vec<Value> {
+    let answer = audit(server, "limit=1000", auth);
     assert_eq!(answer.status, 200, "{}", answer.text());
     let mut records = answer.json()["records"].as_array().unwrap().clone();
     records.reverse();
@@ -161,15 +158,10 @@ fn every_change_is_recorded_field_by_field_and_survives_a_restart() {
     call("PUT", &gone, None, &alice, 201);
     call("DELETE", &gone, None, &alice, 200);
     // The trail is for admins.
-    let refused = send_with(
-        "GET",
-        &format!("{}/audit/default", server.url),
-        None,
-        &[("Authorization", &ci)],
-    );
+    let refused = audit(&server, "", &ci);
     assert_eq!(refused.status, 403, "{}", refused.text());
 
-    let seen = records(&server, "default", &alice);
+    let seen = records(&server, &alice);
     let summaries: Vec<_> = seen.iter().map(summary_of).collect();
     let expected = [
         ("workspace-create", "alice", "w", 201),
@@ -229,8 +221,7 @@ fn every_change_is_recorded_field_by_field_and_survives_a_restart() {
 
     // Filters: one workspace, one operation, refused only, a time range.
     let filtered = |query: &str| {
-        let url = format!("{}/audit/default?{query}", server.url);
-        let answer = send_with("GET", &url, None, &[("Authorization", &alice)]);
+        let answer = audit(&server, query, &alice);
         assert_eq!(answer.status, 200, "{}", answer.text());
         answer.json()["records"].as_array().unwrap().len()
     };
@@ -238,12 +229,7 @@ fn every_change_is_recorded_field_by_field_and_survives_a_restart() {
     assert_eq!(filtered("operation=force-unlock"), 2);
     assert_eq!(filtered("refused=true"), 3);
     assert_eq!(filtered("since=2000-01-01&until=2000-01-02"), 0);
-    let bad = send_with(
-        "GET",
-        &format!("{}/audit/default?operation=drop", server.url),
-        None,
-        &[("Authorization", &alice)],
-    );
+    let bad = audit(&server, "operation=drop", &alice);
     assert_eq!(bad.status, 400, "{}", bad.text());
 
     // One command answers "who force-unlocked it".
@@ -307,7 +293,7 @@ fn every_change_is_recorded_field_by_field_and_survives_a_restart() {
     let server = Server::with_config(&data, &config);
     let url = server.state_url("default", "w");
     call("POST", &url, Some(&state(4)), &ci, 200);
-    let after = records(&server, "default", &alice);
+    let after = records(&server, &alice);
     assert_eq!(after.len(), seen.len() + 1);
     assert_eq!(after[..seen.len()], seen[..]);
     let newest = &after[seen.len()];

@@ -9,7 +9,8 @@ use std::time::Duration;
 const ADMIN: (&str, &str) = ("olivia", "admin password for the console");
 const READER: (&str, &str) = ("rita", "reader password for the console");
 
-fn basic(user: (&str, &str)) -> String {
+/// An `Authorization: Basic` value for `user` (name, password).
+pub(crate) fn basic(user: (&str, &str)) -> String {
     let pair = format!("{}:{}", user.0, user.1);
     format!(
         "Basic {}",
@@ -243,21 +244,44 @@ pub(crate) struct ConsoleSession {
 impl ConsoleSession {
     /// Sign in (automatic without users).
     pub fn open(server: &Server) -> ConsoleSession {
+        ConsoleSession::signed_in(server, None, |client, login| client.get(login))
+    }
+
+    /// The session whose cookie the answer to `login` sets (answered
+    /// `status`, when given), asked with a client that does not follow
+    /// redirects.
+    fn signed_in(
+        server: &Server,
+        status: Option<u16>,
+        login: impl FnOnce(&reqwest::blocking::Client, String) -> reqwest::blocking::RequestBuilder,
+    ) -> ConsoleSession {
         let client = reqwest::blocking::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(Duration::from_secs(60))
             .build()
             .unwrap();
-        let login = client
-            .get(format!("{}/ui/login", server.url))
+        let answer = login(&client, format!("{}/ui/login", server.url))
             .send()
             .unwrap();
-        let cookie = login.headers()["set-cookie"].to_str().unwrap();
-        let cookie = cookie.split(';').next().unwrap().to_string();
+        if let Some(status) = status {
+            assert_eq!(
+                answer.status(),
+                status,
+                "sign-in refused: {:?}",
+                answer.text()
+            );
+        }
+        let status = answer.status();
+        let cookie = answer
+            .headers()
+            .get("set-cookie")
+            .unwrap_or_else(|| panic!("no session cookie in the {status} answer to the login"))
+            .to_str()
+            .unwrap();
         ConsoleSession {
+            cookie: cookie.split(';').next().unwrap().to_string(),
             client,
             base: server.url.clone(),
-            cookie,
             csrf: String::new(),
             workspace: String::new(),
         }
@@ -265,25 +289,11 @@ impl ConsoleSession {
 
     /// Sign in as `user` with `password` through the login form.
     pub fn sign_in(server: &Server, user: &str, password: &str) -> ConsoleSession {
-        let client = reqwest::blocking::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(Duration::from_secs(60))
-            .build()
-            .unwrap();
-        let login = client
-            .post(format!("{}/ui/login", server.url))
-            .form(&[("user", user), ("password", password)])
-            .send()
-            .unwrap();
-        assert_eq!(login.status(), 303, "sign-in refused: {:?}", login.text());
-        let cookie = login.headers()["set-cookie"].to_str().unwrap();
-        ConsoleSession {
-            client,
-            base: server.url.clone(),
-            cookie: cookie.split(';').next().unwrap().to_string(),
-            csrf: String::new(),
-            workspace: String::new(),
-        }
+        ConsoleSession::signed_in(server, Some(303), |client, login| {
+            client
+                .post(login)
+                .form(&[("user", user), ("password", password)])
+        })
     }
 
     /// Ready to act on `workspace` of backend `default`, with the CSRF token

@@ -174,15 +174,10 @@ impl Record {
                 (name, value)
             })
             .collect();
-        if let Some(after) = &mut self.after
-            && let Some(lineage) = &mut after.lineage
-        {
-            cut(lineage, MAX_NAME_CHARS);
-        }
-        if let Some(before) = &mut self.before
-            && let Some(lineage) = &mut before.lineage
-        {
-            cut(lineage, MAX_NAME_CHARS);
+        for version in [&mut self.before, &mut self.after].into_iter().flatten() {
+            if let Some(lineage) = &mut version.lineage {
+                cut(lineage, MAX_NAME_CHARS);
+            }
         }
         self
     }

@@ -350,10 +350,13 @@ pub async fn force_unlock<S: Storage>(
     workspace: &str,
 ) -> Result<Option<LockInfo>, ApiError> {
     storage_of(app, caller, backend, Some(workspace))?;
-    if let Err(e) = caller.may(backend, Some(workspace), Role::Admin) {
-        let at = (backend, workspace);
-        return Err(app.refused(caller, at, Operation::ForceUnlock, e).await);
-    }
+    app.permit(
+        caller,
+        (backend, workspace),
+        Role::Admin,
+        Operation::ForceUnlock,
+    )
+    .await?;
     app.refuse_while_draining()?;
     let caller = caller.clone();
     app.change(
@@ -361,20 +364,8 @@ pub async fn force_unlock<S: Storage>(
         workspace,
         move |app, backend, workspace| async move {
             let target = app.target(&backend, &workspace)?;
-            let released = target
-                .storage
-                .force_unlock(&workspace)
-                .await
-                .map_err(|e| target.error(e));
-            if released.is_ok() {
-                app.metrics.lock_released(&backend, &workspace);
-            }
-            let holder = released.as_ref().ok().and_then(Option::as_ref);
-            let facts = Facts {
-                lock_id: holder.map(|h| h.id.clone()),
-                holder: holder.map(|h| h.who.clone()),
-                ..Facts::default()
-            };
+            let mut facts = Facts::default();
+            let released = crate::protocol::force_unlock(&app, &target, &mut facts).await;
             let at = (backend.as_str(), workspace.as_str());
             app.record(&caller, at, Operation::ForceUnlock, facts, &released)
                 .await;
@@ -398,10 +389,13 @@ pub async fn restore<S: Storage>(
     who: &str,
 ) -> Result<u64, ApiError> {
     let storage = storage_of(app, caller, backend, Some(workspace))?;
-    if let Err(e) = caller.may(backend, Some(workspace), Role::Admin) {
-        let at = (backend, workspace);
-        return Err(app.refused(caller, at, Operation::Restore, e).await);
-    }
+    app.permit(
+        caller,
+        (backend, workspace),
+        Role::Admin,
+        Operation::Restore,
+    )
+    .await?;
     app.refuse_while_draining()?;
     let old: std::sync::Arc<[u8]> = version_bytes(storage, backend, workspace, id).await?.into();
     // Parsing and renumbering a big state is the backend's host work.

@@ -84,14 +84,8 @@ pub(super) async fn lock<S: Storage>(
 /// Whether `holder` took its lock more than `ttl` ago, by its own word; a
 /// lock whose time does not parse is never taken over.
 fn older_than(holder: &LockInfo, ttl: Duration) -> bool {
-    let Ok(created) = time::OffsetDateTime::parse(
-        &holder.created,
-        &time::format_description::well_known::Rfc3339,
-    ) else {
-        return false;
-    };
-    let age = time::OffsetDateTime::now_utc() - created;
-    !holder.id.is_empty() && age > ttl
+    let age = crate::backend::lock_age(holder, time::OffsetDateTime::now_utc());
+    !holder.id.is_empty() && age.is_some_and(|age| age > ttl)
 }
 
 /// Record and log that `caller` released `holder`'s expired lock (and
@@ -141,23 +135,7 @@ pub(super) async fn unlock<S: Storage>(
     // (OpenTofu's force-unlock sends LockInfo with only the ID: the normal
     // path below, which releases the lock when that ID holds it.)
     if body.iter().all(u8::is_ascii_whitespace) {
-        let released = target
-            .storage
-            .force_unlock(target.workspace)
-            .await
-            .map_err(|e| target.error(e))?;
-        app.metrics.lock_released(target.backend, target.workspace);
-        if let Some(holder) = released {
-            tracing::warn!(
-                backend = target.backend,
-                workspace = target.workspace,
-                "force-unlocked: lock {} of {} removed",
-                holder.id,
-                holder.who
-            );
-            facts.lock_id = Some(holder.id);
-            facts.holder = Some(holder.who);
-        }
+        force_unlock(app, target, facts).await?;
         return Ok(StatusCode::OK.into_response());
     }
     let info = parse_lock_info(&body)?;
@@ -169,6 +147,33 @@ pub(super) async fn unlock<S: Storage>(
         .map_err(|e| target.error(e))?;
     app.metrics.lock_released(target.backend, target.workspace);
     Ok(StatusCode::OK.into_response())
+}
+
+/// Release the lock of `target` whoever holds it (`terraform
+/// force-unlock`, the console): the holder removed, also told to `facts`.
+pub(crate) async fn force_unlock<S: Storage>(
+    app: &App<S>,
+    target: &Target<'_, S>,
+    facts: &mut Facts,
+) -> Result<Option<LockInfo>, ApiError> {
+    let released = target
+        .storage
+        .force_unlock(target.workspace)
+        .await
+        .map_err(|e| target.error(e))?;
+    app.metrics.lock_released(target.backend, target.workspace);
+    if let Some(holder) = &released {
+        tracing::warn!(
+            backend = target.backend,
+            workspace = target.workspace,
+            "force-unlocked: lock {} of {} removed",
+            holder.id,
+            holder.who
+        );
+        facts.lock_id = Some(holder.id.clone());
+        facts.holder = Some(holder.who.clone());
+    }
+    Ok(released)
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ mod error;
 mod gate;
 mod guard;
 mod locks;
+pub(crate) use locks::force_unlock;
 mod origin;
 mod record;
 mod state;
@@ -434,9 +435,7 @@ async fn workspace_route<S: Storage>(
         }
     };
     let at = (backend.as_str(), workspace.as_str());
-    if let Err(e) = caller.may(&backend, Some(&workspace), role) {
-        return Err(app.refused(&caller, at, operation, e).await);
-    }
+    app.permit(&caller, at, role, operation).await?;
     app.refuse_while_draining()?;
     app.change(
         &backend,

@@ -78,6 +78,21 @@ impl<S> App<S> {
         }
     }
 
+    /// Whether `caller` may act as `role` on `at`; a refusal (403) is
+    /// recorded as `operation` refused.
+    pub async fn permit(
+        &self,
+        caller: &Caller,
+        at: (&str, &str),
+        role: crate::auth::Role,
+        operation: Operation,
+    ) -> Result<(), ApiError> {
+        match caller.may(at.0, Some(at.1), role) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.refused(caller, at, operation, e).await),
+        }
+    }
+
     /// Record a change refused before it started (403: the caller may not;
     /// a body refused), at a bounded rate per caller, and hand the refusal
     /// back. What a change answers once it ran is always recorded.

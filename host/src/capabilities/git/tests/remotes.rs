@@ -271,18 +271,17 @@ fn a_push_missing_an_object_is_retryable_and_the_clone_heals() {
     let g = grants(&url);
     let h = host.repo(&g, &url).unwrap();
     let main = fetch_one(&h, MAIN).unwrap();
-    let content = b"a state whose blob goes missing";
-    let next = h
-        .commit(
+    let content = "a state whose blob goes missing";
+    let commit = |h: &RepoHandle<'_>| {
+        h.commit(
             Some(&main),
-            &[change(
-                "state.tfstate",
-                Some(std::str::from_utf8(content).unwrap()),
-            )],
+            &[change("state.tfstate", Some(content))],
             "next",
         )
-        .unwrap();
-    let blob = git2::Oid::hash_object(git2::ObjectType::Blob, content)
+        .unwrap()
+    };
+    let next = commit(&h);
+    let blob = git2::Oid::hash_object(git2::ObjectType::Blob, content.as_bytes())
         .unwrap()
         .to_string();
     let clone = clones.join(clone_dir_name(&clone_key(&url, &g[0])));
@@ -296,16 +295,7 @@ fn a_push_missing_an_object_is_retryable_and_the_clone_heals() {
     // The next call starts from a fresh clone; the same write goes through.
     let h = host.repo(&g, &url).unwrap();
     assert_eq!(fetch_one(&h, MAIN).as_ref(), Some(&main));
-    let again = h
-        .commit(
-            Some(&main),
-            &[change(
-                "state.tfstate",
-                Some(std::str::from_utf8(content).unwrap()),
-            )],
-            "next",
-        )
-        .unwrap();
+    let again = commit(&h);
     h.push(MAIN, &again, Some(&main)).unwrap();
     assert_eq!(r.rev(MAIN).as_ref(), Some(&again));
 }
