@@ -179,6 +179,52 @@ fn join(diagnostics: &[Diagnostic]) -> String {
     lines.join("; ")
 }
 
+/// Who keeps a backend's version history: what every replica sees, or
+/// only this one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HistorySource {
+    /// Not known yet: no listing has asked the guest since the start.
+    #[default]
+    Unknown,
+    /// The guest's storage (S3 object versions, git commits): shared by
+    /// every replica on that storage, and kept across restarts.
+    Storage,
+    /// This replica's data directory (`<data_dir>/history`): only the
+    /// writes that went through it, unless that folder is shared.
+    Replica,
+    /// Nowhere: the storage keeps none and the backend's `history` is 0.
+    None,
+}
+
+impl HistorySource {
+    /// One line for people: where versions come from, and what follows.
+    pub fn describe(self) -> &'static str {
+        match self {
+            HistorySource::Unknown => "not known yet (no version listed since the server started)",
+            HistorySource::Storage => {
+                "kept by the storage itself: every replica lists the same versions"
+            }
+            HistorySource::Replica => {
+                "kept by this replica in its data directory: versions written through other \
+                 replicas are not here unless that folder is shared (turn on the storage's own \
+                 history, such as S3 bucket versioning, where it has one)"
+            }
+            HistorySource::None => "none: the storage keeps no history and `history = 0`",
+        }
+    }
+
+    /// The short name the API and metrics use (`storage`, `replica`…).
+    pub fn name(self) -> &'static str {
+        match self {
+            HistorySource::Unknown => "unknown",
+            HistorySource::Storage => "storage",
+            HistorySource::Replica => "replica",
+            HistorySource::None => "none",
+        }
+    }
+}
+
 /// One kept version, as listed by `GET …/versions`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Version {
@@ -234,6 +280,10 @@ pub trait Storage: Send + Sync + 'static {
     /// that list many workspaces then skip the states themselves.
     fn opens_whole(&self) -> bool {
         false
+    }
+    /// Who keeps this backend's versions, as far as the last listing told.
+    fn history_source(&self) -> HistorySource {
+        HistorySource::Unknown
     }
     /// Where heavy host work for this backend runs (sealing, opening and
     /// parsing its big states): its own slots, so its big states slow
@@ -367,6 +417,9 @@ impl<S: Storage> Storage for std::sync::Arc<S> {
     }
     fn opens_whole(&self) -> bool {
         (**self).opens_whole()
+    }
+    fn history_source(&self) -> HistorySource {
+        (**self).history_source()
     }
     fn host_work(&self) -> HostWork {
         (**self).host_work()

@@ -72,9 +72,24 @@ impl Client {
 
     /// The kept versions of a state, newest first.
     pub async fn versions(&self, backend: &str, workspace: &str) -> anyhow::Result<Vec<Version>> {
+        Ok(self.versions_with_source(backend, workspace).await?.0)
+    }
+
+    /// [`Client::versions`], with who keeps them as the server says
+    /// (`storage`, `replica`, `none`; `None` from a server that does not).
+    pub async fn versions_with_source(
+        &self,
+        backend: &str,
+        workspace: &str,
+    ) -> anyhow::Result<(Vec<Version>, Option<String>)> {
         let url = format!("{}/versions", self.state_url(backend, workspace));
         let response = self.send(self.http.get(&url), &url).await?;
-        Ok(response.json().await?)
+        let source = response
+            .headers()
+            .get(crate::protocol::versions::HISTORY_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        Ok((response.json().await?, source))
     }
 
     /// Write version `id` back as the newest state, under the lock, with

@@ -79,6 +79,15 @@ impl<S> Swappable<S> {
     }
 }
 
+impl<S: Storage> Swappable<crate::store::Store<S>> {
+    /// Ask the storage served now who keeps its versions, and log it.
+    pub async fn probe_history(&self) {
+        if let Ok(store) = self.current() {
+            store.probe_history().await;
+        }
+    }
+}
+
 /// A storage being served, held for one call.
 struct Current<S>(Arc<Serving<S>>);
 
@@ -99,6 +108,11 @@ impl<S: Storage> Storage for Swappable<S> {
     fn opens_whole(&self) -> bool {
         // A stopped backend reads nothing; a page then shows its error.
         self.current().is_ok_and(|s| s.opens_whole())
+    }
+    fn history_source(&self) -> crate::backend::HistorySource {
+        self.current()
+            .map(|s| s.history_source())
+            .unwrap_or_default()
     }
     fn host_work(&self) -> crate::work::HostWork {
         self.current().map(|s| s.host_work()).unwrap_or_default()

@@ -192,6 +192,7 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
         draining.store(true, Ordering::Release);
     };
     print_banner(scheme, addr, app_state.backends.keys().map(String::as_str));
+    probe_histories(app_state.backends.values().cloned().collect());
     let changes = app_state.changes.clone();
     crate::listen::serve(listener, tls, app, limits, metrics, signal).await;
     // Changes whose client went away still finish (a lock taken for an
@@ -245,6 +246,17 @@ fn restart_only_settings(config: &Config) -> String {
 }
 
 #[allow(clippy::too_many_arguments)]
+/// Ask each backend's guest, one after another and off the start's path,
+/// who keeps its versions (the storage, or this replica), so the log says
+/// it once per backend and the console knows it before anyone lists.
+fn probe_histories(backends: Vec<Arc<Swappable<Store<GuestBackend>>>>) {
+    tokio::spawn(async move {
+        for backend in backends {
+            backend.probe_history().await;
+        }
+    });
+}
+
 async fn reload_on_sighup(
     mut hangups: tokio::signal::unix::Signal,
     source: ConfigSource,
@@ -270,6 +282,13 @@ async fn reload_on_sighup(
                     );
                 }
                 metrics.reloaded(true);
+                probe_histories(
+                    outcome
+                        .replaced
+                        .iter()
+                        .filter_map(|name| served.get(name).cloned())
+                        .collect(),
+                );
                 // Metrics first: whoever reads the log line reads them true.
                 for (name, slot) in &served {
                     metrics.backend_up(name, slot.is_up());

@@ -61,71 +61,52 @@ struct Raw {
 /// OpenTofu's encrypted states start with them).
 pub const PREFIX_BYTES: usize = 64 << 10;
 
-/// `lineage` and `serial` from the beginning of a state, which may be cut
-/// anywhere after them: the top-level keys are read in order until both
-/// were seen, and nothing after them is looked at. `None` when the prefix
-/// does not hold both (a state that has neither, or writes them late).
-pub fn version_in_prefix(prefix: &[u8]) -> Option<(String, u64)> {
-    use serde::de::{IgnoredAny, MapAccess, Visitor};
-    use serde_json::value::RawValue;
+pub use wasmstate_types::state::version_in_prefix;
 
-    /// Walks the top-level object of `input`, leaving what it found in
-    /// `found`.
-    struct Seek<'a, 'de> {
-        input: &'de [u8],
-        found: &'a mut (Option<String>, Option<u64>),
+/// The top-level key that marks a state sealed by the host's encryption at
+/// rest. It is written first, so a prefix check tells sealed states from
+/// plain ones without parsing; `serial` and `lineage` come last, after the
+/// ciphertext.
+pub const SEALED_MARKER: &str = "wasmstate_encrypted";
+
+/// True when `stored` is a sealed envelope rather than a plain state.
+pub fn is_sealed(stored: &[u8]) -> bool {
+    let start = stored
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(stored.len());
+    let rest = &stored[start..];
+    rest.starts_with(b"{") && {
+        let after = &rest[1..];
+        let after = &after[after
+            .iter()
+            .position(|b| !b.is_ascii_whitespace())
+            .unwrap_or(after.len())..];
+        after.starts_with(format!("\"{SEALED_MARKER}\"").as_bytes())
     }
+}
 
-    impl<'de> Visitor<'de> for Seek<'_, 'de> {
-        type Value = ();
+/// Bytes at the end of a sealed envelope searched for its clear `serial`
+/// and `lineage`.
+const ENVELOPE_TAIL_BYTES: usize = 64 << 10;
 
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a JSON object")
-        }
-
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-            while let Some(key) = map.next_key::<String>()? {
-                match key.as_str() {
-                    "lineage" => self.found.0 = map.next_value()?,
-                    "serial" => {
-                        // A number that runs to the end of the prefix may
-                        // have been cut (`1234` read as `12`): unknown.
-                        let raw: &RawValue = map.next_value()?;
-                        let text = raw.get();
-                        let end =
-                            text.as_ptr() as usize - self.input.as_ptr() as usize + text.len();
-                        self.found.1 = if end >= self.input.len() {
-                            None
-                        } else {
-                            serde_json::from_str(text).map_err(serde::de::Error::custom)?
-                        };
-                        if self.found.1.is_none() {
-                            return Ok(());
-                        }
-                    }
-                    _ => {
-                        map.next_value::<IgnoredAny>()?;
-                    }
-                }
-                if self.found.0.is_some() && self.found.1.is_some() {
-                    // Stop here: the rest may be cut off.
-                    return Ok(());
-                }
-            }
-            Ok(())
-        }
+/// `lineage` and `serial` of a sealed envelope, from its last bytes, where
+/// the envelope keeps them after the ciphertext: without parsing the
+/// ciphertext (a state of any size costs the same). `None` for anything
+/// else, or a lineage longer than the tail.
+pub fn version_of_envelope(stored: &[u8]) -> Option<(String, u64)> {
+    if !is_sealed(stored) {
+        return None;
     }
-
-    let mut found = (None, None);
-    let mut json = serde_json::Deserializer::from_slice(prefix);
-    // Stopping early (or a prefix cut mid-value) is an error to serde_json
-    // once the visitor returns; what was found before that still counts.
-    let seek = Seek {
-        input: prefix,
-        found: &mut found,
-    };
-    let _ = serde::Deserializer::deserialize_map(&mut json, seek);
-    Some((found.0.filter(|l| !l.is_empty())?, found.1?))
+    let tail = &stored[stored.len().saturating_sub(ENVELOPE_TAIL_BYTES)..];
+    // Inside a JSON string every `"` is escaped, so `"serial":` starts a
+    // key; the ciphertext (base64) holds none.
+    let key = b"\"serial\":";
+    let at = tail.windows(key.len()).rposition(|w| w == key)?;
+    let mut object = Vec::with_capacity(tail.len() - at + 1);
+    object.push(b'{');
+    object.extend_from_slice(&tail[at..]);
+    version_in_prefix(&object)
 }
 
 /// `state` with its top-level `serial` set to `serial` (added first when it

@@ -9,9 +9,9 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
-const BUCKET: &str = "wasmstate-states";
+pub(crate) const BUCKET: &str = "wasmstate-states";
 const TABLE: &str = "terraform-locks";
-const KEY: &str = "app/terraform.tfstate";
+pub(crate) const KEY: &str = "app/terraform.tfstate";
 
 #[derive(Clone, Copy, PartialEq)]
 pub(crate) enum Locking {
@@ -75,6 +75,11 @@ fn server(data: &Path, s3_url: &str, locking: Locking) -> Server {
 
 fn kit(locking: Locking) {
     let moto = start_moto(locking);
+    // The history case runs against S3 object versions with s3-lockfile;
+    // dynamodb's bucket keeps none, as a bucket may.
+    if locking == Locking::LockFile {
+        moto.enable_versioning(BUCKET);
+    }
     let mut args = vec!["guest".to_string(), "test".into(), locking.guest().into()];
     for (k, v) in settings(&moto.url, locking) {
         args.push("--config".into());

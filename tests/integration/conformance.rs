@@ -63,7 +63,7 @@ pub const V0_1_0_LOCAL_WASM: &str = concat!(
 fn a_guest_built_for_0_1_0_passes_the_kit_and_says_so() {
     let (ok, out) = wasmstate(&["guest", "test", V0_1_0_LOCAL_WASM]);
     assert!(ok, "{out}");
-    assert_eq!(summary(&out), "20 passed, 0 failed", "{out}");
+    assert_eq!(summary(&out), "21 passed, 0 failed", "{out}");
     let (ok, out) = wasmstate(&["guest", "inspect", V0_1_0_LOCAL_WASM]);
     assert!(ok, "{out}");
     assert!(out.contains("wit           0.1.0 (supported;"), "{out}");

@@ -30,6 +30,7 @@ mod protocol;
 mod quota_races;
 mod safety;
 mod sandbox;
+mod shared_history;
 mod storage_faults;
 mod terraform;
 mod trust;

@@ -48,6 +48,7 @@ impl LockInfo {
 }
 
 pub mod git;
+pub mod state;
 
 /// The one rule for names that become path segments, file names and
 /// storage keys (workspaces and backends).

@@ -11,9 +11,11 @@
 
 mod s3;
 mod state;
+mod versions;
 
 pub use aws_smithy_wasm::wasi::WasiSleep;
-pub use s3::{Condition, S3State, WRITE_TAG};
+pub use s3::{Condition, S3State, SERIAL_TAG, WRITE_TAG};
+pub use versions::MAX_VERSIONS;
 
 use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::config::{Region, SharedHttpClient};

@@ -24,6 +24,25 @@ const ABANDONED_AFTER_SECS: u64 = 2 * 3600;
 /// without its digest from a state changed behind its back.
 pub const WRITE_TAG: &str = "wasmstate-write";
 
+/// User metadata (`x-amz-meta-wasmstate-serial`) holding the serial of the
+/// state an object holds, as the host read it: a version's serial for the
+/// history listing without reading the version (a sealed state keeps its
+/// serial after the ciphertext).
+pub const SERIAL_TAG: &str = "wasmstate-serial";
+
+/// The user metadata a state write carries.
+fn metadata(
+    tag: Option<&str>,
+    serial: Option<u64>,
+) -> Option<std::collections::HashMap<String, String>> {
+    let pairs: std::collections::HashMap<String, String> = tag
+        .map(|t| (WRITE_TAG.to_string(), t.to_string()))
+        .into_iter()
+        .chain(serial.map(|s| (SERIAL_TAG.to_string(), s.to_string())))
+        .collect();
+    (!pairs.is_empty()).then_some(pairs)
+}
+
 /// When a PUT may replace what is at its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Condition {
@@ -106,13 +125,15 @@ impl S3State {
         Ok(self.get_with_etag(key)?.map(|(bytes, _)| bytes))
     }
 
-    /// Copy the object at `key` into `out` by ranged GETs, each pinned to
+    /// Copy the object at `key` (its `version`, or the current one) into
+    /// `out` by ranged GETs, each pinned to
     /// the first one's ETag (a state replaced mid-read fails, to be
     /// retried, instead of mixing two states); its size, `None` when there
     /// is no object.
     pub(crate) fn get_to(
         &self,
         key: &str,
+        version: Option<&str>,
         out: &mut dyn std::io::Write,
     ) -> Result<Option<Got>, Error> {
         block_on(async {
@@ -124,18 +145,23 @@ impl S3State {
                     .get_object()
                     .bucket(&self.settings.bucket)
                     .key(key)
+                    .set_version_id(version.map(str::to_string))
                     .range(format!("bytes={start}-{}", start + want - 1));
                 if let Some(tag) = &etag {
                     request = request.if_match(tag);
                 }
                 let answer = match request.send().await {
                     Ok(answer) => answer,
+                    // A version id S3 does not take (400), or a delete
+                    // marker (405): no such version.
                     Err(e)
                         if start == 0
                             && (matches!(
                                 e.as_service_error(),
                                 Some(GetObjectError::NoSuchKey(_))
-                            ) || status_of(&e) == Some(404)) =>
+                            ) || status_of(&e) == Some(404)
+                                || (version.is_some()
+                                    && matches!(status_of(&e), Some(400 | 405)))) =>
                     {
                         return Ok(None);
                     }
@@ -218,10 +244,11 @@ impl S3State {
         condition: &Condition,
         tag: Option<&str>,
     ) -> Result<bool, Error> {
+        let serial = state.serial();
         if state.size() <= PART_BYTES {
             let bytes = state.read_all();
             each(&bytes);
-            return self.put_tagged(key, &bytes, condition, tag);
+            return self.put_tagged(key, &bytes, condition, tag, serial);
         }
         self.abort_abandoned_uploads(key);
         let s = &self.settings;
@@ -230,7 +257,7 @@ impl S3State {
             .create_multipart_upload()
             .bucket(&s.bucket)
             .key(key)
-            .set_metadata(tag.map(|t| [(WRITE_TAG.to_string(), t.to_string())].into()))
+            .set_metadata(metadata(tag, serial))
             .content_type("application/json");
         if let Some(kms) = &s.kms_key_id {
             create = create
@@ -374,17 +401,19 @@ impl S3State {
             true => Condition::IfAbsent,
             false => Condition::Always,
         };
-        self.put_tagged(key, bytes, &condition, None)
+        self.put_tagged(key, bytes, &condition, None, None)
     }
 
     /// Write `bytes` at `key` if `condition` holds (`Ok(false)` when it
-    /// does not), carrying `tag` as [`WRITE_TAG`] metadata.
+    /// does not), carrying `tag` as [`WRITE_TAG`] metadata and `serial` as
+    /// [`SERIAL_TAG`].
     pub fn put_tagged(
         &self,
         key: &str,
         bytes: &[u8],
         condition: &Condition,
         tag: Option<&str>,
+        serial: Option<u64>,
     ) -> Result<bool, Error> {
         let s = &self.settings;
         let request = |condition: &Condition| {
@@ -393,7 +422,7 @@ impl S3State {
                 .put_object()
                 .bucket(&s.bucket)
                 .key(key)
-                .set_metadata(tag.map(|t| [(WRITE_TAG.to_string(), t.to_string())].into()))
+                .set_metadata(metadata(tag, serial))
                 .content_type("application/json")
                 .body(ByteStream::from(bytes.to_vec()));
             if let Some(kms) = &s.kms_key_id {

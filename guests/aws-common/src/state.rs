@@ -27,7 +27,7 @@ impl S3State {
         out: &mut dyn std::io::Write,
     ) -> Result<Option<Option<String>>, Error> {
         Ok(self
-            .get_to(&self.settings.state_key(workspace), out)?
+            .get_to(&self.settings.state_key(workspace), None, out)?
             .filter(|got| got.size > 0)
             .map(|got| got.tag))
     }

@@ -27,8 +27,8 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use md5::{Digest, Md5};
 use wasmstate_aws_common::{AwsSettings, S3State, block_on, sdk_error};
 use wasmstate_guest::{
-    Backend, Config, Diagnostic, Error, LockInfo, StateReader, StateWriter, check_lock, log,
-    register_backend,
+    Backend, Config, Diagnostic, Error, LockInfo, StateReader, StateWriter, Version, check_lock,
+    log, register_backend,
 };
 
 struct Dynamo {
@@ -386,6 +386,20 @@ impl Backend for Dynamo {
         }
         self.s3.delete_state(ws)?;
         self.delete_item(&self.digest_id(ws))
+    }
+
+    /// The bucket's object versions, when it has versioning on.
+    fn list_versions(&self, ws: &str) -> Result<Option<Vec<Version>>, Error> {
+        self.s3.list_versions(ws)
+    }
+
+    fn read_version_into(
+        &self,
+        ws: &str,
+        id: &str,
+        out: &mut StateWriter<'_>,
+    ) -> Result<bool, Error> {
+        self.s3.read_version_to(ws, id, out)
     }
 }
 

@@ -10,7 +10,8 @@
 
 use wasmstate_aws_common::{AwsSettings, S3State};
 use wasmstate_guest::{
-    Backend, Config, Error, LockInfo, StateReader, StateWriter, check_lock, register_backend,
+    Backend, Config, Error, LockInfo, StateReader, StateWriter, Version, check_lock,
+    register_backend,
 };
 
 struct S3Lockfile {
@@ -131,6 +132,20 @@ impl Backend for S3Lockfile {
             return Err(Error::locked(holder));
         }
         self.s3.delete_state(ws)
+    }
+
+    /// The bucket's object versions, when it has versioning on.
+    fn list_versions(&self, ws: &str) -> Result<Option<Vec<Version>>, Error> {
+        self.s3.list_versions(ws)
+    }
+
+    fn read_version_into(
+        &self,
+        ws: &str,
+        id: &str,
+        out: &mut StateWriter<'_>,
+    ) -> Result<bool, Error> {
+        self.s3.read_version_to(ws, id, out)
     }
 }
 

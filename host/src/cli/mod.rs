@@ -329,11 +329,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let backend = &remote.backend;
             match action {
                 StateAction::Versions { workspace } => {
-                    let versions = client.versions(backend, &workspace).await?;
-                    println!("{:<20} {:>8} {:>10}  written", "id", "serial", "bytes");
+                    let (versions, source) =
+                        client.versions_with_source(backend, &workspace).await?;
+                    if let Some(source) = source {
+                        println!("history: {}", history_line(&source));
+                    }
+                    let width = versions
+                        .iter()
+                        .map(|v| v.id.len())
+                        .max()
+                        .unwrap_or(0)
+                        .max(20);
+                    println!("{:<width$} {:>8} {:>10}  written", "id", "serial", "bytes");
                     for v in versions {
                         println!(
-                            "{:<20} {:>8} {:>10}  {}",
+                            "{:<width$} {:>8} {:>10}  {}",
                             v.id,
                             v.serial.map_or("-".to_string(), |s| s.to_string()),
                             v.bytes,
@@ -356,4 +366,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// What `state versions` says of who keeps the versions the server listed.
+fn history_line(source: &str) -> String {
+    use crate::backend::HistorySource;
+    [
+        HistorySource::Storage,
+        HistorySource::Replica,
+        HistorySource::None,
+    ]
+    .into_iter()
+    .find(|s| s.name() == source)
+    .map_or_else(|| source.to_string(), |s| s.describe().to_string())
 }

@@ -1,6 +1,7 @@
 //! The cases. Each takes the storage and a workspace of its own, and returns
 //! `Err` with a one-line reason when the storage misbehaves.
 
+use super::history::kept_versions;
 use crate::backend::{LockInfo, Storage, StorageError};
 use std::future::Future;
 use std::pin::Pin;
@@ -45,6 +46,7 @@ cases! {
     "a locked workspace cannot be deleted" => locked_workspace_delete,
     "parallel lockers: exactly one wins each round" => parallel_lockers,
     "parallel increments lose no update" => parallel_increments,
+    "kept versions list each write newest first and read back" => kept_versions,
 }
 
 fn ensure(condition: bool, reason: impl FnOnce() -> String) -> Result<(), String> {

@@ -8,6 +8,7 @@
 
 mod cases;
 mod guest;
+mod history;
 
 pub use guest::{GuestUnderTest, run_guest};
 

@@ -256,6 +256,16 @@ pub async fn held_locks<S: Storage>(
     Ok(held)
 }
 
+/// One page of a workspace's versions, and who keeps them.
+#[derive(Debug, Serialize)]
+pub struct Versions {
+    /// The versions of this page, newest first.
+    #[serde(flatten)]
+    pub page: Page<Version>,
+    /// Who keeps them: whether another replica lists the same.
+    pub history: crate::backend::HistorySource,
+}
+
 /// One page of a workspace's versions, newest first.
 pub async fn versions<S: Storage>(
     app: &App<S>,
@@ -263,7 +273,7 @@ pub async fn versions<S: Storage>(
     backend: &str,
     workspace: &str,
     page: usize,
-) -> Result<Page<Version>, ApiError> {
+) -> Result<Versions, ApiError> {
     let storage = storage_of(app, caller, backend, Some(workspace))?;
     let mut versions = match storage.list_versions(workspace).await {
         Ok(versions) => versions,
@@ -271,7 +281,10 @@ pub async fn versions<S: Storage>(
         Err(e) => return Err(storage_error(backend)(e)),
     };
     app.fill_writers(backend, workspace, &mut versions);
-    Ok(paginate(versions, page))
+    Ok(Versions {
+        page: paginate(versions, page),
+        history: storage.history_source(),
+    })
 }
 
 /// `id`'s bytes, or the current state's for `current`.

@@ -2,9 +2,8 @@
 //! construction). No script at all: admin actions are forms carrying the
 //! session's CSRF token, so the Content-Security-Policy allows no script.
 
-use super::data::{BackendView, Page, WorkspaceView};
+use super::data::{BackendView, Page, Versions, WorkspaceView};
 use super::diff::StateDiff;
-use crate::backend::Version;
 use crate::client::format_unix_ms;
 use crate::marketplace::store::Installed;
 use maud::{DOCTYPE, Markup, html};
@@ -177,13 +176,15 @@ pub fn workspaces(backend: &str, page: &Page<WorkspaceView>, viewer: &Viewer<'_>
 pub fn versions(
     backend: &str,
     workspace: &str,
-    page: &Page<Version>,
+    listed: &Versions,
     compared: Option<(&str, &str, &StateDiff)>,
     admin: bool,
     viewer: &Viewer<'_>,
 ) -> Markup {
     let here = format!("/ui/backends/{backend}/{workspace}");
+    let page = &listed.page;
     html! {
+        p #history-source { "Versions: " (listed.history.describe()) "." }
         @if let Some((from, to, d)) = compared {
             section #diff {
                 h2 { "From " code { (from) } " to " code { (to) } }

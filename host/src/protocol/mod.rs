@@ -19,7 +19,7 @@ pub(crate) use locks::force_unlock;
 mod origin;
 mod record;
 mod state;
-mod versions;
+pub mod versions;
 mod workspaces;
 
 pub use audit::{AuditAnswer, WRITER_WINDOW_MS};

@@ -8,8 +8,13 @@ use super::error::ApiError;
 use crate::backend::Storage;
 use axum::response::{IntoResponse, Response};
 
+/// The response header that says who keeps the versions listed
+/// (`storage`, `replica`, `none`): whether another replica lists the same.
+pub const HISTORY_HEADER: &str = "wasmstate-history";
+
 /// `GET …/versions`: a JSON list of `{id, serial, created_unix_ms, bytes,
-/// written_by}` (`written_by` when this replica's audit trail knows it).
+/// written_by}` (`written_by` when this replica's audit trail knows it),
+/// with [`HISTORY_HEADER`].
 pub async fn list<S: Storage>(
     app: &super::App<S>,
     target: Target<'_, S>,
@@ -20,7 +25,8 @@ pub async fn list<S: Storage>(
         .await
         .map_err(|e| target.error(e))?;
     app.fill_writers(target.backend, target.workspace, &mut versions);
-    Ok(axum::Json(versions).into_response())
+    let source = target.storage.history_source().name();
+    Ok(([(HISTORY_HEADER, source)], axum::Json(versions)).into_response())
 }
 
 /// `GET …/versions/{id}`: that version's state, 404 when it is not kept.

@@ -21,7 +21,10 @@ impl StateSource {
     /// Lend `bytes` to a guest.
     pub fn new(bytes: Bytes) -> Self {
         let head = &bytes[..bytes.len().min(crate::statefile::PREFIX_BYTES)];
-        let serial = crate::statefile::version_in_prefix(head).map(|(_, serial)| serial);
+        // A sealed state keeps its serial after the ciphertext.
+        let serial = crate::statefile::version_in_prefix(head)
+            .or_else(|| crate::statefile::version_of_envelope(&bytes))
+            .map(|(_, serial)| serial);
         StateSource {
             bytes,
             read: 0,

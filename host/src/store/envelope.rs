@@ -30,9 +30,6 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 
-/// The top-level key that marks a sealed state. It is written first, so a
-/// prefix check tells sealed states from plain ones without parsing.
-const MARKER: &str = "wasmstate_encrypted";
 const FORMAT: u32 = 2;
 /// Envelopes that bound only serial and lineage; read in migration mode.
 const FORMAT_UNBOUND: u32 = 1;
@@ -130,22 +127,7 @@ impl StateHeader {
     }
 }
 
-/// True when `stored` is a sealed envelope rather than a plain state.
-pub fn is_sealed(stored: &[u8]) -> bool {
-    let start = stored
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(stored.len());
-    let rest = &stored[start..];
-    rest.starts_with(b"{") && {
-        let after = &rest[1..];
-        let after = &after[after
-            .iter()
-            .position(|b| !b.is_ascii_whitespace())
-            .unwrap_or(after.len())..];
-        after.starts_with(format!("\"{MARKER}\"").as_bytes())
-    }
-}
+pub use crate::statefile::is_sealed;
 
 fn associated_data(format: u32, place: Place<'_>, header: &StateHeader) -> Vec<u8> {
     let serial = header.serial.map(|s| s.to_string()).unwrap_or_default();
@@ -348,6 +330,12 @@ mod tests {
             lineage: Some("abc".into()),
         };
         assert_eq!(StateHeader::of(&sealed), clear);
+        // What the history listing reads without parsing the ciphertext.
+        assert_eq!(
+            crate::statefile::version_of_envelope(&sealed),
+            Some(("abc".to_string(), 7))
+        );
+        assert_eq!(crate::statefile::version_of_envelope(STATE), None);
         assert_eq!(sealer.open(HERE, sealed).unwrap(), (STATE.to_vec(), clear));
     }
 

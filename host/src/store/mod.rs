@@ -9,13 +9,15 @@
 pub mod envelope;
 pub mod history;
 pub mod rollback;
+pub mod seed;
 
-use crate::backend::{LockInfo, Storage, StorageError, StorageResult, Version};
+use crate::backend::{HistorySource, LockInfo, Storage, StorageError, StorageResult, Version};
 use bytes::Bytes;
 use envelope::{EncryptionKey, Place, Sealer, StateHeader};
 use history::History;
 use rollback::{ReadStart, RollbackMarks};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// A backend's storage with the host's encryption and history around it.
 pub struct Store<S> {
@@ -36,7 +38,17 @@ pub struct Store<S> {
     /// replica cannot tell one written that way elsewhere from storage
     /// rolling back, so rollbacks are not refused.
     older_states_allowed: bool,
+    /// Who keeps the versions, as the guest's last listing said
+    /// ([`HistorySource`] as a number, so every request can read it).
+    history_source: AtomicU8,
 }
+
+const SOURCES: [HistorySource; 4] = [
+    HistorySource::Unknown,
+    HistorySource::Storage,
+    HistorySource::Replica,
+    HistorySource::None,
+];
 
 impl<S: Storage> Store<S> {
     /// Wrap `inner`, the storage of `backend`. With `keys`, states are
@@ -61,7 +73,44 @@ impl<S: Storage> Store<S> {
             backend: Arc::from(backend),
             history,
             marks,
+            history_source: AtomicU8::new(0),
         }
+    }
+
+    /// Note who keeps the versions, from what the guest's listing said.
+    fn learned(&self, listed: &StorageResult<Vec<Version>>) {
+        let source = match (listed, &self.history) {
+            (Ok(_), _) => HistorySource::Storage,
+            (Err(StorageError::NoHistory), Some(_)) => HistorySource::Replica,
+            (Err(StorageError::NoHistory), None) => HistorySource::None,
+            // Unreachable storage says nothing about who keeps versions.
+            (Err(_), _) => return,
+        };
+        let index = SOURCES.iter().position(|s| *s == source).unwrap_or(0);
+        self.history_source.store(index as u8, Ordering::Relaxed);
+    }
+
+    /// Ask the guest once who keeps the versions (a listing of `default`),
+    /// and say it in the log: at start, where an operator looks first.
+    pub async fn probe_history(&self) -> HistorySource {
+        let listed = self.inner.list_versions("default").await;
+        self.learned(&listed);
+        let source = self.history_source();
+        if let Err(e) = &listed
+            && !matches!(e, StorageError::NoHistory)
+        {
+            tracing::warn!(backend = %self.backend, error = %e, "cannot tell yet who keeps the version history");
+        }
+        match source {
+            HistorySource::Replica => tracing::warn!(
+                backend = %self.backend,
+                "version history {}",
+                source.describe()
+            ),
+            HistorySource::Unknown => {}
+            _ => tracing::info!(backend = %self.backend, "version history {}", source.describe()),
+        }
+        source
     }
 
     /// With `allowed` (the backend's `allow_force_push`), an older state
@@ -141,12 +190,28 @@ impl<S: Storage> Store<S> {
             return None;
         }
         if !self.marks.knows(workspace)
-            && let Some(history) = &self.history
-            && let Some((lineage, serial)) = history.newest_version(workspace).await
+            && let Some((lineage, serial)) = self.newest_kept(workspace).await
         {
             self.marks.seed(workspace, lineage.as_deref(), serial);
         }
         Some(self.marks.read_start())
+    }
+
+    /// The newest state of `workspace` any history holds: the storage's,
+    /// which every replica shares ([`seed`]), else this replica's own.
+    async fn newest_kept(&self, workspace: &str) -> Option<(Option<String>, u64)> {
+        let listed = self.inner.list_versions(workspace).await;
+        self.learned(&listed);
+        match listed {
+            Ok(versions) => {
+                let read = |id: String| async move {
+                    self.inner.read_version(workspace, &id).await.ok().flatten()
+                };
+                seed::newest_of_life(&versions, read).await
+            }
+            Err(StorageError::NoHistory) => self.history.as_ref()?.newest_version(workspace).await,
+            Err(_) => None,
+        }
     }
 
     /// Open what storage returned as the current state of `workspace`,
@@ -187,16 +252,23 @@ impl<S: Storage> Storage for Store<S> {
                 .limits
                 .push(("encryption at rest".into(), sealer.describe()));
         }
-        if let Some(history) = &self.history {
-            description
-                .limits
-                .push(("host history".into(), history.describe()));
-        }
+        let source = self.history_source();
+        let kept = match (source, &self.history) {
+            (HistorySource::Replica | HistorySource::Unknown, Some(history)) => {
+                format!("{}; {}", source.describe(), history.describe())
+            }
+            _ => source.describe().to_string(),
+        };
+        description.limits.push(("version history".into(), kept));
         Some(description)
     }
 
     fn opens_whole(&self) -> bool {
         self.sealer.is_some() || self.inner.opens_whole()
+    }
+
+    fn history_source(&self) -> HistorySource {
+        SOURCES[usize::from(self.history_source.load(Ordering::Relaxed)) % SOURCES.len()]
     }
 
     fn host_work(&self) -> crate::work::HostWork {
@@ -248,7 +320,10 @@ impl<S: Storage> Storage for Store<S> {
                 self.max_stored_bytes
             )));
         }
-        let kept = self.history.as_ref().map(|_| stored.clone());
+        // Storage that keeps versions itself needs no copy here.
+        let kept = (self.history_source() != HistorySource::Storage)
+            .then(|| self.history.as_ref().map(|_| stored.clone()))
+            .flatten();
         self.inner.write(workspace, stored, lock_id).await?;
         if self.sealer.is_some()
             && let Some(serial) = header.serial
@@ -305,10 +380,15 @@ impl<S: Storage> Storage for Store<S> {
     /// The guest's own history when its storage keeps one (git commits…),
     /// else the host's.
     async fn list_versions(&self, workspace: &str) -> StorageResult<Vec<Version>> {
-        match (self.inner.list_versions(workspace).await, &self.history) {
+        let listed = self.inner.list_versions(workspace).await;
+        self.learned(&listed);
+        match (listed, &self.history) {
             (Err(StorageError::NoHistory), Some(history)) => {
                 history.list(workspace).await.map_err(history_error)
             }
+            // 0 bytes marks a moment without a state (a delete): nothing
+            // to read or restore.
+            (Ok(versions), _) => Ok(versions.into_iter().filter(|v| v.bytes > 0).collect()),
             (listed, _) => listed,
         }
     }

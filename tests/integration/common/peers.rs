@@ -150,6 +150,82 @@ impl Moto {
         assert_eq!(answer.status, 200, "reset-auth: {}", answer.text());
     }
 
+    /// Turn on a bucket's versioning, as `aws s3api put-bucket-versioning`.
+    pub fn enable_versioning(&self, bucket: &str) {
+        let body = br#"<VersioningConfiguration xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Status>Enabled</Status></VersioningConfiguration>"#;
+        let answer = send_with(
+            "PUT",
+            &format!("{}/{bucket}?versioning", self.url),
+            Some(body),
+            &[("Authorization", &moto_auth("s3"))],
+        );
+        assert_eq!(answer.status, 200, "versioning: {}", answer.text());
+    }
+
+    /// Put `bytes` at `key` straight into moto, behind every server's back.
+    pub fn put_object(&self, bucket: &str, key: &str, bytes: &[u8]) {
+        let answer = send_with(
+            "PUT",
+            &format!("{}/{bucket}/{key}", self.url),
+            Some(bytes),
+            &[("Authorization", &moto_auth("s3"))],
+        );
+        assert_eq!(answer.status, 200, "put {key}: {}", answer.text());
+    }
+
+    /// The version ids of `key`, newest first, as S3 lists them.
+    pub fn version_ids(&self, bucket: &str, key: &str) -> Vec<String> {
+        let answer = send_with(
+            "GET",
+            &format!("{}/{bucket}?versions&prefix={key}", self.url),
+            None,
+            &[("Authorization", &moto_auth("s3"))],
+        );
+        assert_eq!(answer.status, 200, "list versions: {}", answer.text());
+        // `<Version><Key>…</Key><VersionId>…</VersionId>…</Version>`, in order.
+        let text = answer.text();
+        let (mut ids, mut element, mut in_version) = (Vec::new(), String::new(), false);
+        let (mut this_key, mut this_id) = (None::<String>, None::<String>);
+        for token in xmlparser::Tokenizer::from(text.as_str()) {
+            match token.unwrap_or_else(|e| panic!("listing is not XML: {e}")) {
+                xmlparser::Token::ElementStart { local, .. } => {
+                    element = local.to_string();
+                    in_version |= element == "Version";
+                }
+                xmlparser::Token::Text { text } if in_version => match element.as_str() {
+                    "Key" => this_key = Some(text.to_string()),
+                    "VersionId" => this_id = Some(text.to_string()),
+                    _ => {}
+                },
+                xmlparser::Token::ElementEnd {
+                    end: xmlparser::ElementEnd::Close(_, local),
+                    ..
+                } => {
+                    element.clear();
+                    if local.as_str() == "Version" {
+                        in_version = false;
+                        if this_key.take().as_deref() == Some(key) {
+                            ids.extend(this_id.take());
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        ids
+    }
+
+    /// One version of an object, read straight from moto.
+    pub fn object_version(&self, bucket: &str, key: &str, version: &str) -> Option<Vec<u8>> {
+        let answer = send_with(
+            "GET",
+            &format!("{}/{bucket}/{key}?versionId={version}", self.url),
+            None,
+            &[("Authorization", &moto_auth("s3"))],
+        );
+        (answer.status == 200).then_some(answer.body)
+    }
+
     /// An object's bytes, read straight from moto.
     pub fn object(&self, bucket: &str, key: &str) -> Option<Vec<u8>> {
         // Objects are private: moto wants a (syntactically) signed request.

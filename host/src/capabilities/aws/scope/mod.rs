@@ -11,8 +11,10 @@
 use crate::policy::Origin;
 
 /// S3 query parameters of the calls a state store makes: object GET,
-/// HEAD, PUT and DELETE, multipart uploads, and listings. Any other (a
-/// subresource such as `policy`, `acl`, `tagging`, `lifecycle`) is refused.
+/// HEAD, PUT and DELETE, multipart uploads, listings, and reading the
+/// bucket's history (its versioning setting, a key's versions, a version's
+/// bytes). Any other (a subresource such as `policy`, `acl`, `tagging`,
+/// `lifecycle`) is refused.
 const S3_QUERY: &[&str] = &[
     "x-id",
     "list-type",
@@ -30,6 +32,10 @@ const S3_QUERY: &[&str] = &[
     "key-marker",
     "upload-id-marker",
     "max-uploads",
+    "versioning",
+    "versions",
+    "version-id-marker",
+    "versionId",
 ];
 
 /// S3 request headers setting who may read an object, how long it must
@@ -191,6 +197,14 @@ impl SigningScope {
                 return Err(format!("S3 ?{name} given twice"));
             }
         }
+        // Versions are read, never removed or changed: a DELETE of one
+        // would erase the history every replica relies on for good.
+        if seen.contains("versionId") && !matches!(request.method().as_str(), "GET" | "HEAD") {
+            return Err(format!(
+                "S3 {} of an object version is not a state store's call: versions are only read",
+                request.method()
+            ));
+        }
         let host = request.uri().host().unwrap_or_default();
         let path = percent_decode(request.uri().path());
         // Path-style when the configuration says so (an endpoint whose
@@ -240,8 +254,11 @@ impl SigningScope {
             .find(|(k, _)| k == "prefix")
             .map_or("", |(_, v)| v.as_str());
         // Any other GET of the bucket lists its objects (ListObjects v1
-        // without a query): within the workspaces' prefix.
-        let allowed = if has("uploads") {
+        // without a query): within the workspaces' prefix. Reading whether
+        // the bucket keeps versions reads no object.
+        let allowed = if has("versioning") {
+            params.iter().all(|(k, _)| k == "versioning" || k == "x-id")
+        } else if has("uploads") || has("versions") {
             self.key_allowed(prefix)
         } else {
             match self.workspace_prefix.as_str() {

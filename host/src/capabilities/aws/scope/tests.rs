@@ -309,3 +309,55 @@ fn anything_else_is_refused_before_it_is_signed() {
             .is_err()
     );
 }
+
+/// The history a versioned bucket keeps is read, never changed: a guest
+/// cannot have a version deleted, versioning suspended, or another
+/// backend's versions listed.
+#[test]
+fn object_versions_are_read_and_never_removed() {
+    let s = scope();
+    for (method, uri) in [
+        ("GET", "http://127.0.0.1:5000/states?versioning"),
+        (
+            "GET",
+            "http://127.0.0.1:5000/states?versions&prefix=app%2Fterraform.tfstate",
+        ),
+        (
+            "GET",
+            "http://127.0.0.1:5000/states?versions&prefix=env%3A%2Fws%2Fapp%2Fterraform.tfstate&key-marker=k&version-id-marker=v",
+        ),
+        (
+            "GET",
+            "http://127.0.0.1:5000/states/app/terraform.tfstate?versionId=abc&x-id=GetObject",
+        ),
+    ] {
+        assert_eq!(
+            s.check(&request(method, uri, &[], "")),
+            Ok(Service::S3),
+            "{method} {uri}"
+        );
+    }
+    for (method, uri) in [
+        (
+            "DELETE",
+            "http://127.0.0.1:5000/states/app/terraform.tfstate?versionId=abc",
+        ),
+        (
+            "PUT",
+            "http://127.0.0.1:5000/states/app/terraform.tfstate?versionId=abc",
+        ),
+        ("PUT", "http://127.0.0.1:5000/states?versioning"),
+        ("GET", "http://127.0.0.1:5000/states?versioning&prefix=x"),
+        ("GET", "http://127.0.0.1:5000/states?versions&prefix=other"),
+        ("GET", "http://127.0.0.1:5000/states?versions"),
+        (
+            "GET",
+            "http://127.0.0.1:5000/other-bucket/app/terraform.tfstate?versionId=abc",
+        ),
+    ] {
+        assert!(
+            s.check(&request(method, uri, &[], "")).is_err(),
+            "{method} {uri} was signed"
+        );
+    }
+}

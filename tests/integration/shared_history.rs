@@ -1,0 +1,292 @@
+//! History served by the storage, not by one replica's disk: several hosts
+//! on one moto bucket with versioning list the same versions in the same
+//! order, diff and restore each other's writes, and a host started with an
+//! empty data directory loses none. With encryption on, every replica
+//! refuses the same rollback; without versioning, the server says where
+//! its history is kept.
+
+use crate::aws::{BUCKET, KEY, Locking, backend_config, start_moto};
+use crate::common::*;
+use std::path::Path;
+use std::time::Duration;
+
+/// A state with one output, so two versions have a diff.
+fn state_by(serial: u64, lineage: &str, who: &str) -> Vec<u8> {
+    format!(
+        r#"{{"version":4,"terraform_version":"1.11.4","serial":{serial},"lineage":"{lineage}","outputs":{{"who":{{"value":"{who}","type":"string"}}}},"resources":[]}}"#
+    )
+    .into_bytes()
+}
+
+/// A host on the shared bucket, waited for until it has said who keeps its
+/// history (so its first write is not copied into its own data directory).
+fn host(data: &Path, moto: &Moto, locking: Locking, extra: &str) -> Server {
+    let server = Server::with_config(data, &backend_config(&moto.url, locking, extra));
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while !server.log_text().contains("version history") {
+        assert!(
+            std::time::Instant::now() < until,
+            "no history probe's log line: {}",
+            server.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server
+}
+
+/// `(id, serial)` of each version a host lists, and its history header.
+fn listed(server: &Server) -> (Vec<(String, u64)>, String) {
+    let answer = send(
+        "GET",
+        &format!("{}/versions", server.state_url("aws", "default")),
+        None,
+    );
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let source = answer
+        .headers
+        .get("wasmstate-history")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let versions = answer
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["id"].as_str().unwrap().to_string(),
+                v["serial"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    (versions, source)
+}
+
+/// Return once the wall clock has moved into the next second.
+fn next_second() {
+    let second = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    let now = second();
+    wait_until("the next second", Duration::from_secs(5), || second() > now);
+}
+
+fn files_under(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.path().is_dir() {
+            true => files_under(&e.path()),
+            false => 1,
+        })
+        .sum()
+}
+
+fn every_replica_sees_every_version(locking: Locking) {
+    let moto = start_moto(locking);
+    moto.enable_versioning(BUCKET);
+    let dirs = [tempdir(), tempdir(), tempdir()];
+    let mut hosts: Vec<Server> = dirs
+        .iter()
+        .map(|d| host(d.path(), &moto, locking, ""))
+        .collect();
+    assert!(
+        hosts[0].log_text().contains("kept by the storage itself"),
+        "{}",
+        hosts[0].log_text()
+    );
+    // Each host writes one version.
+    for (i, server) in hosts.iter().enumerate() {
+        let serial = i as u64 + 1;
+        let url = server.state_url("aws", "default");
+        let sent = send(
+            "POST",
+            &url,
+            Some(&state_by(serial, "shared", &format!("host-{i}"))),
+        );
+        assert_eq!(sent.status, 200, "{}", sent.text());
+    }
+    let (first, source) = listed(&hosts[0]);
+    assert_eq!(source, "storage");
+    let serials: Vec<u64> = first.iter().map(|(_, s)| *s).collect();
+    assert_eq!(serials, [3, 2, 1], "{first:?}");
+    for other in &hosts[1..] {
+        assert_eq!(
+            listed(other).0,
+            first,
+            "every replica lists the same, in order"
+        );
+    }
+    // No replica kept a copy of its own: the storage keeps them.
+    for dir in &dirs {
+        assert_eq!(files_under(&dir.path().join("history")), 0);
+    }
+    // Read and diff, through one host, the versions the others wrote.
+    let oldest = &first[2].0;
+    let middle = &first[1].0;
+    let url = hosts[2].state_url("aws", "default");
+    let read = send("GET", &format!("{url}/versions/{oldest}"), None);
+    assert_eq!(read.body, state_by(1, "shared", "host-0"), "byte-exact");
+    let diff = send(
+        "GET",
+        &format!(
+            "{}/ui/api/backends/aws/default/diff?from={oldest}&to={middle}",
+            hosts[2].url
+        ),
+        None,
+    );
+    assert_eq!(diff.status, 200, "{}", diff.text());
+    assert_eq!(diff.json()["outputs_changed"], serde_json::json!(["who"]));
+
+    // Restore host 0's version through host 2: serial 4, host 0's outputs.
+    let (ok, out) = wasmstate(&[
+        "state",
+        "restore",
+        "default",
+        oldest,
+        "-b",
+        "aws",
+        "--server",
+        &hosts[2].url,
+    ]);
+    assert!(ok && out.contains("as serial 4"), "{out}");
+    let current = send("GET", &hosts[1].state_url("aws", "default"), None).json();
+    assert_eq!(
+        (
+            current["serial"].as_u64(),
+            &current["outputs"]["who"]["value"]
+        ),
+        (Some(4), &serde_json::json!("host-0"))
+    );
+
+    // A pod restarted with an empty data directory loses nothing.
+    drop(hosts.remove(1));
+    let fresh = tempdir();
+    let restarted = host(fresh.path(), &moto, locking, "");
+    let (after, _) = listed(&restarted);
+    assert_eq!(after.len(), 4, "{after:?}");
+    assert_eq!(
+        &after[1..],
+        &first[..],
+        "the same versions below the restore"
+    );
+    let (ok, out) = wasmstate(&[
+        "state",
+        "versions",
+        "default",
+        "-b",
+        "aws",
+        "--server",
+        &restarted.url,
+    ]);
+    assert!(ok, "{out}");
+    assert!(out.contains("kept by the storage itself"), "{out}");
+    assert!(out.contains(oldest.as_str()), "{out}");
+}
+
+#[test]
+fn every_replica_lists_restores_and_keeps_s3_versions() {
+    every_replica_sees_every_version(Locking::LockFile);
+}
+
+#[test]
+fn every_replica_lists_restores_and_keeps_s3_versions_with_dynamodb_locks() {
+    every_replica_sees_every_version(Locking::DynamoDb);
+}
+
+/// With encryption on, an older envelope put back as the newest object (a
+/// rollback the seal cannot tell) is refused by every replica, including one
+/// that never served the workspace; a state deleted and started again is
+/// not.
+#[test]
+fn every_replica_refuses_the_same_rollback() {
+    let moto = start_moto(Locking::LockFile);
+    moto.enable_versioning(BUCKET);
+    let keys = tempdir();
+    let key = key_file(keys.path());
+    let sealed = format!("encryption = {{ keys = [{{ id = \"k1\", file = {key:?} }}] }}\n");
+    let (a_dir, b_dir) = (tempdir(), tempdir());
+    let a = host(a_dir.path(), &moto, Locking::LockFile, &sealed);
+    let b = host(b_dir.path(), &moto, Locking::LockFile, &sealed);
+    let url_a = a.state_url("aws", "default");
+    for serial in [1, 2] {
+        assert_eq!(
+            send("POST", &url_a, Some(&state_by(serial, "L", "a"))).status,
+            200
+        );
+    }
+    assert_eq!(
+        send("GET", &b.state_url("aws", "default"), None).json()["serial"],
+        2
+    );
+
+    // Serial 1's envelope put back behind every server's back.
+    let ids = moto.version_ids(BUCKET, KEY);
+    let old = moto
+        .object_version(BUCKET, KEY, ids.last().unwrap())
+        .unwrap();
+    moto.put_object(BUCKET, KEY, &old);
+    let fresh_dir = tempdir();
+    let fresh = host(fresh_dir.path(), &moto, Locking::LockFile, &sealed);
+    for (who, server) in [("writer", &a), ("reader", &b), ("fresh replica", &fresh)] {
+        let read = send("GET", &server.state_url("aws", "default"), None);
+        assert!(
+            read.status >= 500,
+            "{who} served the rollback: {}",
+            read.text()
+        );
+        assert!(read.text().contains("rollback"), "{who}: {}", read.text());
+    }
+
+    // Deleted and started again, lower serial, same lineage: a new life.
+    // S3 times its versions to the second, and a delete marker sharing a
+    // second with a version is taken as the newer (the check starts later,
+    // never refuses more): each step in a second of its own makes the new
+    // life start exactly at the marker.
+    next_second();
+    let delete = send("DELETE", &url_a, None);
+    assert_eq!(delete.status, 200, "{}", delete.text());
+    next_second();
+    assert_eq!(
+        send("POST", &url_a, Some(&state_by(1, "L", "again"))).status,
+        200
+    );
+    let other_dir = tempdir();
+    let other = host(other_dir.path(), &moto, Locking::LockFile, &sealed);
+    let read = send("GET", &other.state_url("aws", "default"), None);
+    assert_eq!(read.status, 200, "{}", read.text());
+    assert_eq!(read.json()["outputs"]["who"]["value"], "again");
+}
+
+/// A bucket without versioning keeps no history: the server says so, and
+/// says the versions it lists are this replica's own.
+#[test]
+fn a_bucket_without_versioning_says_history_is_per_replica() {
+    let moto = start_moto(Locking::LockFile);
+    let data = tempdir();
+    let server = host(data.path(), &moto, Locking::LockFile, "");
+    let log = server.log_text();
+    assert!(log.contains("has versioning off"), "{log}");
+    assert!(log.contains("kept by this replica"), "{log}");
+    let url = server.state_url("aws", "default");
+    assert_eq!(send("POST", &url, Some(&state_by(1, "L", "a"))).status, 200);
+    let (versions, source) = listed(&server);
+    assert_eq!((versions.len(), source.as_str()), (1, "replica"));
+    assert_eq!(files_under(&data.path().join("history")), 1);
+    let (ok, out) = wasmstate(&[
+        "state",
+        "versions",
+        "default",
+        "-b",
+        "aws",
+        "--server",
+        &server.url,
+    ]);
+    assert!(ok && out.contains("kept by this replica"), "{out}");
+}
