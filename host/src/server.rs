@@ -245,7 +245,6 @@ fn restart_only_settings(config: &Config) -> String {
     )
 }
 
-#[allow(clippy::too_many_arguments)]
 /// Ask each backend's guest, one after another and off the start's path,
 /// who keeps its versions (the storage, or this replica), so the log says
 /// it once per backend and the console knows it before anyone lists.
@@ -257,6 +256,7 @@ fn probe_histories(backends: Vec<Arc<Swappable<Store<GuestBackend>>>>) {
     });
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn reload_on_sighup(
     mut hangups: tokio::signal::unix::Signal,
     source: ConfigSource,

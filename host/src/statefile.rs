@@ -87,8 +87,8 @@ pub fn is_sealed(stored: &[u8]) -> bool {
 }
 
 /// Bytes at the end of a sealed envelope searched for its clear `serial`
-/// and `lineage`.
-const ENVELOPE_TAIL_BYTES: usize = 64 << 10;
+/// and `lineage` (the AWS guests read as many of a version's end).
+pub const ENVELOPE_TAIL_BYTES: usize = 64 << 10;
 
 /// `lineage` and `serial` of a sealed envelope, from its last bytes, where
 /// the envelope keeps them after the ciphertext: without parsing the
@@ -98,15 +98,9 @@ pub fn version_of_envelope(stored: &[u8]) -> Option<(String, u64)> {
     if !is_sealed(stored) {
         return None;
     }
-    let tail = &stored[stored.len().saturating_sub(ENVELOPE_TAIL_BYTES)..];
-    // Inside a JSON string every `"` is escaped, so `"serial":` starts a
-    // key; the ciphertext (base64) holds none.
-    let key = b"\"serial\":";
-    let at = tail.windows(key.len()).rposition(|w| w == key)?;
-    let mut object = Vec::with_capacity(tail.len() - at + 1);
-    object.push(b'{');
-    object.extend_from_slice(&tail[at..]);
-    version_in_prefix(&object)
+    wasmstate_types::state::version_in_tail(
+        &stored[stored.len().saturating_sub(ENVELOPE_TAIL_BYTES)..],
+    )
 }
 
 /// `state` with its top-level `serial` set to `serial` (added first when it

@@ -64,7 +64,7 @@ pub use body::{StateReader, StateWriter};
 pub use config::Config;
 pub use error::Error;
 pub use types::{Diagnostic, LockInfo, Version};
-pub use wasmstate_types::state::version_in_prefix;
+pub use wasmstate_types::state::{version_in_prefix, version_in_tail};
 
 /// Check a workspace name by the host's rule: 1 to 90 characters of
 /// `A-Z a-z 0-9 . _ -`, not starting with `.`. The host checks every name

@@ -264,6 +264,39 @@ fn every_replica_refuses_the_same_rollback() {
     assert_eq!(read.json()["outputs"]["who"]["value"], "again");
 }
 
+/// A state force-pushed (older on purpose, `allow_force_push` on) is the
+/// start of a replica's check, not a rollback from the newer states before
+/// it: a replica without that setting reads it.
+#[test]
+fn a_force_pushed_state_is_not_taken_for_a_rollback() {
+    let moto = start_moto(Locking::LockFile);
+    moto.enable_versioning(BUCKET);
+    let keys = tempdir();
+    let key = key_file(keys.path());
+    let sealed = format!("encryption = {{ keys = [{{ id = \"k1\", file = {key:?} }}] }}\n");
+    let forcing_dir = tempdir();
+    let forcing = host(
+        forcing_dir.path(),
+        &moto,
+        Locking::LockFile,
+        &format!("allow_force_push = true\n{sealed}"),
+    );
+    let url = forcing.state_url("aws", "default");
+    for serial in [5, 3, 4] {
+        let sent = send(
+            "POST",
+            &url,
+            Some(&state_by(serial, "L", &format!("s{serial}"))),
+        );
+        assert_eq!(sent.status, 200, "{}", sent.text());
+    }
+    let strict_dir = tempdir();
+    let strict = host(strict_dir.path(), &moto, Locking::LockFile, &sealed);
+    let read = send("GET", &strict.state_url("aws", "default"), None);
+    assert_eq!(read.status, 200, "{}", read.text());
+    assert_eq!(read.json()["serial"], 4);
+}
+
 /// A bucket without versioning keeps no history: the server says so, and
 /// says the versions it lists are this replica's own.
 #[test]

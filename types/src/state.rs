@@ -69,9 +69,33 @@ pub fn version_in_prefix(prefix: &[u8]) -> Option<(String, u64)> {
     Some((found.0.filter(|l| !l.is_empty())?, found.1?))
 }
 
+/// `lineage` and `serial` from the end of a state that keeps them last
+/// (wasmstate's sealed envelope puts them after the ciphertext): the last
+/// top-level `"serial":` key of `tail` and what follows it. Inside a JSON
+/// string every `"` is escaped, so `"serial":` there starts a key; `None`
+/// when `tail` holds none (or a lineage longer than it).
+pub fn version_in_tail(tail: &[u8]) -> Option<(String, u64)> {
+    let key = b"\"serial\":";
+    let at = tail.windows(key.len()).rposition(|w| w == key)?;
+    let mut object = Vec::with_capacity(tail.len() - at + 1);
+    object.push(b'{');
+    object.extend_from_slice(&tail[at..]);
+    version_in_prefix(&object)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::version_in_prefix;
+    use super::{version_in_prefix, version_in_tail};
+
+    #[test]
+    fn finds_lineage_and_serial_at_the_end() {
+        let tail = br#"AAAA=="},"serial":7,"lineage":"a\"serial\":9"}"#;
+        assert_eq!(
+            version_in_tail(tail),
+            Some((r#"a"serial":9"#.to_string(), 7))
+        );
+        assert_eq!(version_in_tail(b"no serial here"), None);
+    }
 
     #[test]
     fn finds_lineage_and_serial_in_a_cut_prefix() {

@@ -8,8 +8,10 @@
 
 use crate::s3::{S3State, SERIAL_TAG};
 use crate::{block_on, sdk_error, status_of};
+use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::types::BucketVersioningStatus;
-use wasmstate_guest::{Error, Version, log, version_in_prefix};
+use wasmstate_guest::{Error, Version, log, version_in_prefix, version_in_tail};
 
 /// Most versions listed, the newest: each costs one small ranged GET for
 /// its serial.
@@ -19,6 +21,10 @@ pub const MAX_VERSIONS: usize = 100;
 /// [`SERIAL_TAG`] (written by Terraform itself): Terraform writes `serial`
 /// and `lineage` within its first few hundred bytes.
 const SERIAL_PREFIX: usize = 4096;
+
+/// Bytes at the end of a version read for its serial when its first bytes
+/// hold none: a sealed envelope keeps `serial` and `lineage` there.
+const ENVELOPE_TAIL_BYTES: usize = 64 << 10;
 
 /// The longest version id S3 hands out is far below this; anything longer
 /// is no id of ours.
@@ -35,7 +41,7 @@ struct Entry {
 impl S3State {
     /// Whether the bucket keeps object versions (versioning `Enabled`; a
     /// `Suspended` bucket keeps none of the new writes).
-    pub fn versioning_enabled(&self) -> Result<bool, Error> {
+    fn versioning_enabled(&self) -> Result<bool, Listing> {
         let bucket = &self.settings.bucket;
         match block_on(self.client.get_bucket_versioning().bucket(bucket).send()) {
             Ok(answer) => Ok(answer.status() == Some(&BucketVersioningStatus::Enabled)),
@@ -48,7 +54,7 @@ impl S3State {
                 .is_some_and(|body| {
                     String::from_utf8_lossy(body).contains("<Status>Enabled</Status>")
                 })),
-            Err(e) => Err(sdk_error(
+            Err(e) => Err(Listing::of(
                 &format!("reading the versioning of s3://{bucket}"),
                 e,
             )),
@@ -63,6 +69,21 @@ impl S3State {
     /// state. It cannot be read, and the host's rollback check starts
     /// afresh after it.
     pub fn list_versions(&self, workspace: &str) -> Result<Option<Vec<Version>>, Error> {
+        match self.listed_versions(workspace) {
+            Err(Refused(why)) => {
+                log::warn(&format!(
+                    "{why}; this replica keeps versions in its own data directory. Grant \
+                     s3:GetBucketVersioning, s3:ListBucketVersions and s3:GetObjectVersion so every \
+                     replica sees the bucket's versions"
+                ));
+                Ok(None)
+            }
+            Err(Failed(e)) => Err(e),
+            Ok(listed) => Ok(listed),
+        }
+    }
+
+    fn listed_versions(&self, workspace: &str) -> Result<Option<Vec<Version>>, Listing> {
         if !self.versioning_enabled()? {
             log::warn(&format!(
                 "s3://{} has versioning off, so it keeps no previous states: this replica keeps \
@@ -78,7 +99,7 @@ impl S3State {
         for entry in self.history_of(&key)? {
             let serial = match entry.bytes {
                 0 => None,
-                _ => self.serial_of(&key, &entry.id)?,
+                size => self.serial_of(&key, &entry.id, size)?,
             };
             versions.push(Version {
                 id: entry.id,
@@ -112,7 +133,7 @@ impl S3State {
     /// with times to the second: at the same second a marker goes first. The
     /// host's rollback check then starts after it, so a tie can only make
     /// that check start later, never refuse a state written after a delete.
-    fn history_of(&self, key: &str) -> Result<Vec<Entry>, Error> {
+    fn history_of(&self, key: &str) -> Result<Vec<Entry>, Listing> {
         let bucket = &self.settings.bucket;
         let (mut versions, mut markers) = (Vec::new(), Vec::new());
         let mut next: Option<(String, Option<String>)> = None;
@@ -127,8 +148,9 @@ impl S3State {
                     .key_marker(key_marker)
                     .set_version_id_marker(version_marker);
             }
-            let page = block_on(request.send())
-                .map_err(|e| sdk_error(&format!("listing the versions of {}", self.url(key)), e))?;
+            let page = block_on(request.send()).map_err(|e| {
+                Listing::of(&format!("listing the versions of {}", self.url(key)), e)
+            })?;
             for v in page.versions().iter().filter(|v| v.key() == Some(key)) {
                 versions.push(Entry {
                     id: v.version_id().unwrap_or("null").to_string(),
@@ -182,40 +204,93 @@ impl S3State {
         Ok(merged)
     }
 
-    /// The serial of version `id` of `key`: its [`SERIAL_TAG`] when
-    /// wasmstate wrote it, else read from its first bytes.
-    fn serial_of(&self, key: &str, id: &str) -> Result<Option<u64>, Error> {
+    /// The serial of version `id` of `key` (`size` bytes): its
+    /// [`SERIAL_TAG`] when wasmstate wrote it, else read from its first
+    /// bytes, or from its last (a sealed state written before the tag).
+    fn serial_of(&self, key: &str, id: &str, size: u64) -> Result<Option<u64>, Listing> {
+        let head = format!("bytes=0-{}", SERIAL_PREFIX - 1);
+        let Some((bytes, tag)) = self.version_range(key, id, head)? else {
+            return Ok(None);
+        };
+        if let Some(serial) = tag {
+            return Ok(Some(serial));
+        }
+        if let Some((_, serial)) = version_in_prefix(&bytes) {
+            return Ok(Some(serial));
+        }
+        if size <= SERIAL_PREFIX as u64 {
+            return Ok(None);
+        }
+        let tail = format!("bytes=-{ENVELOPE_TAIL_BYTES}");
+        Ok(self
+            .version_range(key, id, tail)?
+            .and_then(|(bytes, _)| version_in_tail(&bytes))
+            .map(|(_, serial)| serial))
+    }
+
+    /// `range` of version `id` of `key`, with its [`SERIAL_TAG`]; `None`
+    /// when it is gone (removed since the listing, by a lifecycle rule).
+    fn version_range(
+        &self,
+        key: &str,
+        id: &str,
+        range: String,
+    ) -> Result<Option<(Vec<u8>, Option<u64>)>, Listing> {
         let answer = block_on(
             self.client
                 .get_object()
                 .bucket(&self.settings.bucket)
                 .key(key)
                 .version_id(id)
-                .range(format!("bytes=0-{}", SERIAL_PREFIX - 1))
+                .range(range)
                 .send(),
         );
         let answer = match answer {
             Ok(answer) => answer,
-            // Removed since the listing (a version deleted by a lifecycle rule).
             Err(e) if matches!(status_of(&e), Some(404 | 416)) => return Ok(None),
             Err(e) => {
-                return Err(sdk_error(
-                    &format!("reading version {id} of {}", self.url(key)),
-                    e,
-                ));
+                let what = format!("reading version {id} of {}", self.url(key));
+                return Err(Listing::of(&what, e));
             }
         };
-        if let Some(serial) = answer
+        let tag = answer
             .metadata()
             .and_then(|m| m.get(SERIAL_TAG))
-            .and_then(|s| s.parse().ok())
-        {
-            return Ok(Some(serial));
-        }
-        let prefix = block_on(answer.body.collect())
-            .map_err(|e| Error::Unavailable(format!("reading {}: {e}", self.url(key))))?
+            .and_then(|s| s.parse().ok());
+        let bytes = block_on(answer.body.collect())
+            .map_err(|e| {
+                Failed(Error::Unavailable(format!(
+                    "reading {}: {e}",
+                    self.url(key)
+                )))
+            })?
             .into_bytes();
-        Ok(version_in_prefix(&prefix).map(|(_, serial)| serial))
+        Ok(Some((bytes.to_vec(), tag)))
+    }
+}
+
+/// Why a listing of versions failed.
+enum Listing {
+    /// The store refused the history's calls (403: a policy without
+    /// s3:GetBucketVersioning, s3:ListBucketVersions or s3:GetObjectVersion,
+    /// as Terraform's least-privilege one; 501: a store without versions):
+    /// the host keeps its own history then.
+    Refused(String),
+    /// Anything else, passed on (a 503 is worth a retry).
+    Failed(Error),
+}
+
+use Listing::{Failed, Refused};
+
+impl Listing {
+    fn of<E>(what: &str, error: SdkError<E, HttpResponse>) -> Listing
+    where
+        E: std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
+    {
+        match status_of(&error) {
+            Some(403 | 501) => Refused(sdk_error(what, error).to_string()),
+            _ => Failed(sdk_error(what, error)),
+        }
     }
 }
 

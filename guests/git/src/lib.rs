@@ -500,7 +500,19 @@ impl Backend for Git {
             .file_history(&tip, &paths.state, MAX_VERSIONS)
             .map_err(failed(&doing))?;
         let mut versions = Vec::new();
-        for v in history.into_iter().filter(|v| v.size > 0) {
+        for v in history {
+            // A commit that removed the file, or emptied it, is a moment
+            // without a state: listed with 0 bytes (the host shows it to no
+            // one, and its rollback check starts afresh after it).
+            if v.size == 0 {
+                versions.push(Version {
+                    serial: None,
+                    id: v.commit,
+                    created_unix_ms: v.time_unix_ms,
+                    bytes: 0,
+                });
+                continue;
+            }
             let state = self
                 .repo
                 .read_file(&v.commit, &paths.state)

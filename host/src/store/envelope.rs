@@ -106,8 +106,32 @@ struct Sealed {
     format: u32,
     algorithm: String,
     key_id: String,
+    /// Written with `allow_force_push` on: an older state may follow newer
+    /// ones on purpose here, so the rollback check of a replica that seeds
+    /// from the storage's history starts at this version. In clear and not
+    /// bound (earlier wasmstate builds open such envelopes as they are):
+    /// it can only make that check start later, never refuse a state.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    restarts: bool,
     nonce: String,
     ciphertext: String,
+}
+
+/// Whether `stored` is an envelope written with `allow_force_push` on
+/// ([`Sealed`]'s `restarts`). Reads the whole envelope: for the rare
+/// history walk that needs it, never for a request's state.
+pub fn restarts(stored: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Flags {
+        #[serde(default)]
+        restarts: bool,
+    }
+    #[derive(Deserialize)]
+    struct Outer {
+        wasmstate_encrypted: Flags,
+    }
+    is_sealed(stored)
+        && serde_json::from_slice::<Outer>(stored).is_ok_and(|o| o.wasmstate_encrypted.restarts)
 }
 
 /// The clear fields of a state (or of an envelope).
@@ -169,12 +193,13 @@ impl Sealer {
     }
 
     /// Encrypt a plain state of `place`, whose clear fields are `header`,
-    /// into an envelope.
+    /// into an envelope; `restarts` when written with `allow_force_push`.
     pub fn seal(
         &self,
         place: Place<'_>,
         state: &[u8],
         header: &StateHeader,
+        restarts: bool,
     ) -> Result<Vec<u8>, String> {
         let key = &self.keys[0];
         let cipher = Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(&key.key));
@@ -194,6 +219,7 @@ impl Sealer {
                 format: FORMAT,
                 algorithm: ALGORITHM.into(),
                 key_id: key.id.clone(),
+                restarts,
                 nonce: BASE64.encode(nonce),
                 ciphertext: BASE64.encode(ciphertext),
             },
@@ -315,7 +341,9 @@ mod tests {
     };
 
     fn seal(sealer: &Sealer, place: Place<'_>) -> Vec<u8> {
-        sealer.seal(place, STATE, &StateHeader::of(STATE)).unwrap()
+        sealer
+            .seal(place, STATE, &StateHeader::of(STATE), false)
+            .unwrap()
     }
 
     #[test]
@@ -336,6 +364,12 @@ mod tests {
             Some(("abc".to_string(), 7))
         );
         assert_eq!(crate::statefile::version_of_envelope(STATE), None);
+        assert!(!restarts(&sealed));
+        let forced = sealer
+            .seal(HERE, STATE, &StateHeader::of(STATE), true)
+            .unwrap();
+        assert!(restarts(&forced));
+        assert_eq!(sealer.open(HERE, forced).unwrap().0, STATE.to_vec());
         assert_eq!(sealer.open(HERE, sealed).unwrap(), (STATE.to_vec(), clear));
     }
 

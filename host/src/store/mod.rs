@@ -16,6 +16,7 @@ use bytes::Bytes;
 use envelope::{EncryptionKey, Place, Sealer, StateHeader};
 use history::History;
 use rollback::{ReadStart, RollbackMarks};
+use seed::Seed;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -158,6 +159,7 @@ impl<S: Storage> Store<S> {
             return Ok((StateHeader::default(), state));
         }
         let (sealer, backend) = (self.sealer.clone(), self.backend.clone());
+        let restarts = self.older_states_allowed;
         let workspace = workspace.to_string();
         let work = self.inner.host_work();
         let sealed = work.run(state.len(), move || {
@@ -167,7 +169,9 @@ impl<S: Storage> Store<S> {
                 workspace: &workspace,
             };
             let stored = match &sealer {
-                Some(sealer) => sealer.seal(place, &state, &header).map(Bytes::from),
+                Some(sealer) => sealer
+                    .seal(place, &state, &header, restarts)
+                    .map(Bytes::from),
                 None => Ok(state),
             };
             stored.map(|stored| (header, stored))
@@ -189,17 +193,21 @@ impl<S: Storage> Store<S> {
         if self.sealer.is_none() || self.older_states_allowed {
             return None;
         }
-        if !self.marks.knows(workspace)
-            && let Some((lineage, serial)) = self.newest_kept(workspace).await
-        {
-            self.marks.seed(workspace, lineage.as_deref(), serial);
+        if !self.marks.knows(workspace) {
+            match self.newest_kept(workspace).await {
+                Seed::At(lineage, serial) => self.marks.seed(workspace, lineage.as_deref(), serial),
+                // Nothing kept of this life: whatever comes starts over, and
+                // the history is not asked again at every read.
+                Seed::Fresh => self.marks.start_fresh(workspace),
+                Seed::Unknown => {}
+            }
         }
         Some(self.marks.read_start())
     }
 
     /// The newest state of `workspace` any history holds: the storage's,
     /// which every replica shares ([`seed`]), else this replica's own.
-    async fn newest_kept(&self, workspace: &str) -> Option<(Option<String>, u64)> {
+    async fn newest_kept(&self, workspace: &str) -> Seed {
         let listed = self.inner.list_versions(workspace).await;
         self.learned(&listed);
         match listed {
@@ -209,8 +217,23 @@ impl<S: Storage> Store<S> {
                 };
                 seed::newest_of_life(&versions, read).await
             }
-            Err(StorageError::NoHistory) => self.history.as_ref()?.newest_version(workspace).await,
-            Err(_) => None,
+            Err(StorageError::NoHistory) => self.newest_in_replica(workspace).await,
+            // The storage's history cannot be read now: this replica's own
+            // is still something to start from.
+            Err(_) => match self.newest_in_replica(workspace).await {
+                Seed::Fresh => Seed::Unknown,
+                seeded => seeded,
+            },
+        }
+    }
+
+    async fn newest_in_replica(&self, workspace: &str) -> Seed {
+        let Some(history) = &self.history else {
+            return Seed::Unknown;
+        };
+        match history.newest_version(workspace).await {
+            Some((lineage, serial)) => Seed::At(lineage, serial),
+            None => Seed::Unknown,
         }
     }
 

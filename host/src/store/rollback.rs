@@ -149,6 +149,19 @@ impl RollbackMarks {
         );
     }
 
+    /// Start afresh where a history holds no state of the workspace's
+    /// current life, unless this host has seen it since: the next state
+    /// read becomes the mark, as after a delete here.
+    pub fn start_fresh(&self, workspace: &str) {
+        let set_at = self.tick();
+        self.marks().entry(workspace.to_string()).or_insert(Mark {
+            lineage: None,
+            serial: 0,
+            set_at,
+            deleted: true,
+        });
+    }
+
     /// Forget `workspace`'s states: it was deleted, a new one may start
     /// over (with any lineage and serial).
     pub fn forget(&self, workspace: &str) {

@@ -12,7 +12,6 @@
 //! as on the replica that deleted it.
 
 use crate::backend::Version;
-use std::cmp::Reverse;
 use std::future::Future;
 
 /// `lineage` and `serial` a stored state (sealed or not) keeps in clear,
@@ -28,40 +27,70 @@ pub fn clear_version(stored: &[u8]) -> Option<(Option<String>, u64)> {
     Some((header.lineage, header.serial?))
 }
 
+/// Most versions the seed looks at, newest first: a guest may list more
+/// (its storage's whole history), and each may cost a read.
+pub const MAX_SEED_VERSIONS: usize = 100;
+
+/// Where a workspace's rollback check starts, from a history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seed {
+    /// At this lineage and serial.
+    At(Option<String>, u64),
+    /// Afresh: the history holds no state of the current life (none at
+    /// all, or a delete or an empty creation is the newest).
+    Fresh,
+    /// Not known (a version could not be read): the check starts with
+    /// what the read brings, and the next read asks again.
+    Unknown,
+}
+
 /// The seed from `versions` (newest first, as the storage lists them),
-/// reading a version's bytes with `read` only where its listed serial could
-/// raise the seed. `None` when the newest version cannot be read or holds
-/// no serial.
-pub async fn newest_of_life<F, R>(versions: &[Version], read: R) -> Option<(Option<String>, u64)>
+/// reading versions with `read` only where an older one lists a serial
+/// above the newest's (or none): the versions between are read too, for a
+/// version written with `allow_force_push` (an older state on purpose)
+/// ends the walk. In the common history, where the newest is the highest,
+/// that is one read.
+pub async fn newest_of_life<F, R>(versions: &[Version], read: R) -> Seed
 where
     R: Fn(String) -> F,
     F: Future<Output = Option<Vec<u8>>>,
 {
-    let life: Vec<&Version> = versions.iter().take_while(|v| v.bytes > 0).collect();
-    let newest = life.first()?;
-    let (lineage, mut serial) = clear_version(&read(newest.id.clone()).await?)?;
-    // Listed serials higher than the newest's first; unknown ones last.
-    let mut candidates: Vec<&Version> = life[1..]
+    let life: Vec<&Version> = versions
         .iter()
-        .copied()
-        .filter(|v| v.serial.is_none_or(|s| s > serial))
+        .take(MAX_SEED_VERSIONS)
+        .take_while(|v| v.bytes > 0)
         .collect();
-    candidates.sort_by_key(|v| Reverse(v.serial.map_or(0, |s| s + 1)));
-    for candidate in candidates {
-        if candidate.serial.is_some_and(|s| s <= serial) {
-            continue;
+    let Some(newest) = life.first() else {
+        return Seed::Fresh;
+    };
+    let Some(stored) = read(newest.id.clone()).await else {
+        return Seed::Unknown;
+    };
+    let Some((lineage, mut serial)) = clear_version(&stored) else {
+        return Seed::Unknown;
+    };
+    if super::envelope::restarts(&stored) {
+        return Seed::At(lineage, serial);
+    }
+    // Versions that might raise the seed: a serial above it, or unknown.
+    let may_raise = |v: &&Version, serial: u64| v.serial.is_none_or(|s| s > serial);
+    for (at, version) in life.iter().enumerate().skip(1) {
+        if !life[at..].iter().any(|v| may_raise(v, serial)) {
+            break;
         }
-        let Some(bytes) = read(candidate.id.clone()).await else {
+        let Some(bytes) = read(version.id.clone()).await else {
             continue;
         };
         if let Some((their_lineage, their_serial)) = clear_version(&bytes)
             && their_lineage == lineage
-            && their_serial > serial
         {
-            serial = their_serial;
+            serial = serial.max(their_serial);
+        }
+        if super::envelope::restarts(&bytes) {
+            break;
         }
     }
-    Some((lineage, serial))
+    Seed::At(lineage, serial)
 }
 
 #[cfg(test)]
@@ -83,10 +112,7 @@ mod tests {
         format!(r#"{{"version":4,"serial":{serial},"lineage":"{lineage}"}}"#).into_bytes()
     }
 
-    async fn seed(
-        versions: &[Version],
-        stored: &[(&str, Vec<u8>)],
-    ) -> Option<(Option<String>, u64)> {
+    async fn seed(versions: &[Version], stored: &[(&str, Vec<u8>)]) -> Seed {
         let stored: HashMap<String, Vec<u8>> = stored
             .iter()
             .map(|(id, bytes)| (id.to_string(), bytes.clone()))
@@ -111,7 +137,10 @@ mod tests {
             ("v2", state("L", 7)),
             ("v1", state("L", 5)),
         ];
-        assert_eq!(seed(&versions, &stored).await, Some((Some("L".into()), 7)));
+        assert_eq!(
+            seed(&versions, &stored).await,
+            Seed::At(Some("L".into()), 7)
+        );
     }
 
     #[tokio::test]
@@ -127,15 +156,75 @@ mod tests {
             ("other", state("M", 9)),
             ("before", state("L", 40)),
         ];
-        assert_eq!(seed(&versions, &stored).await, Some((Some("L".into()), 2)));
+        assert_eq!(
+            seed(&versions, &stored).await,
+            Seed::At(Some("L".into()), 2)
+        );
     }
 
     #[tokio::test]
     async fn unknown_serials_are_read_and_nothing_readable_is_no_seed() {
         let versions = [version("b", Some(3), 10), version("a", None, 10)];
         let stored = [("b", state("L", 3)), ("a", state("L", 8))];
-        assert_eq!(seed(&versions, &stored).await, Some((Some("L".into()), 8)));
-        assert_eq!(seed(&[version("gone", Some(1), 10)], &[]).await, None);
-        assert_eq!(seed(&[version("d", None, 0)], &[]).await, None);
+        assert_eq!(
+            seed(&versions, &stored).await,
+            Seed::At(Some("L".into()), 8)
+        );
+        assert_eq!(
+            seed(&[version("gone", Some(1), 10)], &[]).await,
+            Seed::Unknown
+        );
+        assert_eq!(seed(&[version("d", None, 0)], &[]).await, Seed::Fresh);
+        assert_eq!(seed(&[], &[]).await, Seed::Fresh);
+    }
+
+    /// A state force-pushed (older on purpose) ends the walk: what came
+    /// before it does not count, whether it is the newest or in between.
+    #[tokio::test]
+    async fn a_force_pushed_version_starts_the_check_over() {
+        let key = crate::store::envelope::EncryptionKey::parse(
+            "k",
+            &crate::store::envelope::EncryptionKey::generate(),
+        )
+        .unwrap();
+        let sealer = crate::store::envelope::Sealer::new(vec![key], false).unwrap();
+        let place = crate::store::envelope::Place {
+            backend: "b",
+            workspace: "w",
+        };
+        let sealed = |serial: u64, forced: bool| {
+            let plain = state("L", serial);
+            let header = crate::store::envelope::StateHeader::of(&plain);
+            sealer.seal(place, &plain, &header, forced).unwrap()
+        };
+        let versions = [
+            version("after", Some(31), 10),
+            version("forced", Some(30), 10),
+            version("before", Some(40), 10),
+        ];
+        let stored = [
+            ("after", sealed(31, false)),
+            ("forced", sealed(30, true)),
+            ("before", sealed(40, false)),
+        ];
+        assert_eq!(
+            seed(&versions, &stored).await,
+            Seed::At(Some("L".into()), 31)
+        );
+        let stored = [("forced", sealed(30, true)), ("before", sealed(40, false))];
+        assert_eq!(
+            seed(&versions[1..], &stored).await,
+            Seed::At(Some("L".into()), 30)
+        );
+        // Without the mark, the same history is a rollback from 40.
+        let stored = [
+            ("after", sealed(31, false)),
+            ("forced", sealed(30, false)),
+            ("before", sealed(40, false)),
+        ];
+        assert_eq!(
+            seed(&versions, &stored).await,
+            Seed::At(Some("L".into()), 40)
+        );
     }
 }

@@ -197,6 +197,14 @@ impl SigningScope {
                 return Err(format!("S3 ?{name} given twice"));
             }
         }
+        // The bucket's versioning and its listings of versions are read on
+        // the bucket itself, never on an object (where a store could take
+        // them for something else).
+        if (seen.contains("versioning") || seen.contains("versions"))
+            && (request.method() != http::Method::GET || !self.bucket_level(request, bucket))
+        {
+            return Err("S3 ?versioning or ?versions other than a GET of the bucket is not a state store's call".into());
+        }
         // Versions are read, never removed or changed: a DELETE of one
         // would erase the history every replica relies on for good.
         if seen.contains("versionId") && !matches!(request.method().as_str(), "GET" | "HEAD") {
@@ -236,6 +244,19 @@ impl SigningScope {
             return Ok(());
         }
         Err(format!("key {key:?} is outside the backend's state layout"))
+    }
+
+    /// Whether `request` is for the bucket itself (no object key), as
+    /// [`SigningScope::check_s3`] reads the path.
+    fn bucket_level(&self, request: &http::Request<bytes::Bytes>, bucket: &str) -> bool {
+        let host = request.uri().host().unwrap_or_default();
+        let path = percent_decode(request.uri().path());
+        let rest = path.strip_prefix('/').unwrap_or(&path);
+        if !self.path_style && host.starts_with(&format!("{bucket}.")) {
+            rest.is_empty()
+        } else {
+            rest.split_once('/').is_none_or(|(_, key)| key.is_empty())
+        }
     }
 
     /// A listing (a GET of the bucket)'s `prefix` must stay within the backend's states: the

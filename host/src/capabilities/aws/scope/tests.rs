@@ -347,6 +347,14 @@ fn object_versions_are_read_and_never_removed() {
             "http://127.0.0.1:5000/states/app/terraform.tfstate?versionId=abc",
         ),
         ("PUT", "http://127.0.0.1:5000/states?versioning"),
+        (
+            "PUT",
+            "http://127.0.0.1:5000/states/app/terraform.tfstate?versioning",
+        ),
+        (
+            "GET",
+            "http://127.0.0.1:5000/states/app/terraform.tfstate?versions&prefix=app%2Fterraform.tfstate",
+        ),
         ("GET", "http://127.0.0.1:5000/states?versioning&prefix=x"),
         ("GET", "http://127.0.0.1:5000/states?versions&prefix=other"),
         ("GET", "http://127.0.0.1:5000/states?versions"),
