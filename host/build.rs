@@ -15,6 +15,7 @@ const GUESTS: &[(&str, &str)] = &[
     ("wasmstate-guest-s3-lockfile", "WASMSTATE_GUEST_S3_LOCKFILE"),
     ("wasmstate-guest-dynamodb", "WASMSTATE_GUEST_DYNAMODB"),
     ("wasmstate-guest-git", "WASMSTATE_GUEST_GIT"),
+    ("wasmstate-guest-gcs", "WASMSTATE_GUEST_GCS"),
     // Built here only so the tests can find it; it is not embedded.
     ("wasmstate-guest-etcd", "WASMSTATE_EXAMPLE_ETCD"),
     ("wasmstate-fixture-misbehave", "WASMSTATE_FIXTURE_MISBEHAVE"),

@@ -131,7 +131,23 @@ pub const EMBEDDED: &[EmbeddedGuest] = &[
         signs_aws: false,
         default_git: git_guest_grants,
     },
+    EmbeddedGuest {
+        name: "gcs",
+        summary: "Google Cloud Storage, locked with .tflock objects (Terraform's gcs layout)",
+        wasm: include_bytes!(env!("WASMSTATE_GUEST_GCS")),
+        default_http: gcs_grants,
+        signs_aws: false,
+        default_git: |_| GitDefaults::default(),
+    },
 ];
+
+/// The endpoint a GCS guest's configuration points at: its
+/// `storage_custom_endpoint`, else Google's.
+fn gcs_grants(config: &[(String, String)]) -> Vec<Origin> {
+    let endpoint =
+        setting(config, "storage_custom_endpoint").unwrap_or("https://storage.googleapis.com");
+    origin_of(endpoint).into_iter().collect()
+}
 
 /// The origin (`scheme://host:port`) of a URL.
 fn origin_of(url: &str) -> Option<Origin> {

@@ -30,9 +30,19 @@ pub struct Response {
     pub status: u16,
     /// Body bytes.
     pub body: Vec<u8>,
+    /// Headers, names lowercase, in the order received.
+    pub headers: Vec<(String, String)>,
 }
 
 impl Response {
+    /// The first value of header `name` (any case), if it is text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
     /// Whether the status is 2xx.
     pub fn is_success(&self) -> bool {
         (200..300).contains(&self.status)
@@ -71,6 +81,11 @@ pub fn request(
         client.set_connect_timeout(CONNECT_TIMEOUT);
         let response = client.send(request).await.map_err(|e| failure(url, &e))?;
         let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
+            .collect();
         let mut body = response.into_body();
         let bytes = body
             .contents()
@@ -80,6 +95,7 @@ pub fn request(
         Ok(Response {
             status,
             body: bytes,
+            headers,
         })
     })
 }

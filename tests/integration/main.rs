@@ -15,6 +15,7 @@ mod console;
 mod docs;
 mod escapes;
 mod etcd;
+mod gcs;
 mod git;
 mod hostile;
 mod isolation;

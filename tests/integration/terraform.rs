@@ -76,7 +76,7 @@ pub fn backend_config(url: &str) -> Vec<String> {
         .collect()
 }
 
-fn init(dir: &Path, url: &str, extra: &[&str]) -> String {
+pub(crate) fn init(dir: &Path, url: &str, extra: &[&str]) -> String {
     let mut args = vec!["init", "-input=false"];
     args.extend_from_slice(extra);
     let config = backend_config(url);

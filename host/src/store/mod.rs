@@ -102,14 +102,11 @@ impl<S: Storage> Store<S> {
         {
             tracing::warn!(backend = %self.backend, error = %e, "cannot tell yet who keeps the version history");
         }
-        match source {
-            HistorySource::Replica => tracing::warn!(
-                backend = %self.backend,
-                "version history {}",
-                source.describe()
-            ),
-            HistorySource::Unknown => {}
-            _ => tracing::info!(backend = %self.backend, "version history {}", source.describe()),
+        // An info line: keeping versions here is what a single host of the
+        // default guest wants; a guest whose storage could keep them (a
+        // bucket with versioning off) warns in its own words.
+        if source != HistorySource::Unknown {
+            tracing::info!(backend = %self.backend, "version history {}", source.describe());
         }
         source
     }

@@ -1,0 +1,269 @@
+//! wasmstate guest: Terraform state in Google Cloud Storage, the layout of
+//! Terraform's `backend "gcs"` (`internal/backend/remote-state/gcs`):
+//!
+//! - state `<prefix><workspace>.tfstate` (`prefix` without a leading `/`,
+//!   with a trailing one when not empty);
+//! - lock object `<prefix><workspace>.tflock`, created only where none
+//!   exists (`ifGenerationMatch=0`), holding Terraform's LockInfo JSON with
+//!   `Path = "gs://<bucket>/<lock object>"`; removed only while it is the
+//!   generation that was read;
+//! - workspaces: the `.tfstate` objects directly under the prefix.
+//!
+//! So native Terraform and wasmstate exclude each other on the same
+//! bucket, and either reads the state the other wrote. Terraform names a
+//! lock by the lock object's generation; wasmstate's clients name it by
+//! their LockInfo ID, which the object holds, so each side's unlock and
+//! force-unlock work on its own locks and force-unlock works on both.
+//!
+//! With object versioning on, the bucket's noncurrent generations are the
+//! state's history, seen by every replica.
+//!
+//! Settings, named as Terraform's: `bucket` (required), `prefix`,
+//! `storage_custom_endpoint` (the JSON API's base, `…/storage/v1/`),
+//! `kms_encryption_key`.
+
+mod history;
+mod objects;
+
+use objects::{Bucket, Condition};
+use wasmstate_guest::{
+    Backend, Config, Diagnostic, Error, LockInfo, StateReader, StateWriter, Version, check_lock,
+    register_backend,
+};
+
+/// Google's endpoint for the JSON API.
+const DEFAULT_ENDPOINT: &str = "https://storage.googleapis.com/storage/v1/";
+
+/// Retries when a lock vanishes between a refused create and the read of
+/// its holder (the holder just unlocked).
+const RACE_RETRIES: usize = 20;
+
+struct Gcs {
+    bucket: Bucket,
+    prefix: String,
+}
+
+fn invalid(key: &str, message: impl Into<String>) -> Error {
+    Error::InvalidConfig(vec![Diagnostic::key(key, message)])
+}
+
+impl Gcs {
+    fn state(&self, ws: &str) -> String {
+        format!("{}{ws}.tfstate", self.prefix)
+    }
+
+    fn lock_object(&self, ws: &str) -> String {
+        format!("{}{ws}.tflock", self.prefix)
+    }
+
+    /// The lock's holder and the generation that holds it.
+    fn holder_with_generation(&self, ws: &str) -> Result<Option<(LockInfo, String)>, Error> {
+        let name = self.lock_object(ws);
+        let mut bytes = Vec::new();
+        let Some(meta) = self.bucket.read_to(&name, None, &mut bytes)? else {
+            return Ok(None);
+        };
+        let holder = LockInfo::from_json(&bytes).map_err(|e| {
+            Error::Internal(format!(
+                "lock object {} is not LockInfo JSON ({e}); force-unlock to remove it",
+                self.bucket.url(&name)
+            ))
+        })?;
+        Ok(Some((holder, meta.generation)))
+    }
+
+    fn holder(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
+        Ok(self.holder_with_generation(ws)?.map(|(holder, _)| holder))
+    }
+}
+
+impl Backend for Gcs {
+    fn new(config: &Config) -> Result<Self, Error> {
+        config.reject_unknown(&[
+            "bucket",
+            "prefix",
+            "storage_custom_endpoint",
+            "kms_encryption_key",
+        ])?;
+        let bucket = config.required("bucket")?;
+        if bucket.is_empty() || bucket.contains('/') {
+            return Err(invalid(
+                "bucket",
+                "must be a bucket name such as \"acme-tf-state\"",
+            ));
+        }
+        let endpoint = config
+            .get("storage_custom_endpoint")
+            .unwrap_or(DEFAULT_ENDPOINT);
+        if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+            return Err(invalid(
+                "storage_custom_endpoint",
+                format!(
+                    "{endpoint:?} must start with http:// or https:// (e.g. \"https://storage.googleapis.com/storage/v1/\")"
+                ),
+            ));
+        }
+        // As Terraform: no leading `/`, a trailing one when not empty.
+        let prefix = config.get("prefix").unwrap_or("").trim_start_matches('/');
+        let prefix = match prefix {
+            "" => String::new(),
+            p if p.ends_with('/') => p.to_string(),
+            p => format!("{p}/"),
+        };
+        let kms = config.get("kms_encryption_key").map(str::to_string);
+        Ok(Gcs {
+            bucket: Bucket::new(bucket, endpoint, kms),
+            prefix,
+        })
+    }
+
+    fn read_into(&self, ws: &str, out: &mut StateWriter<'_>) -> Result<bool, Error> {
+        // An empty object is a workspace created and never written.
+        Ok(self
+            .bucket
+            .read_to(&self.state(ws), None, out)?
+            .is_some_and(|meta| meta.bytes() > 0))
+    }
+
+    /// The write replaces only the generation that was live when it began
+    /// (its caller checked the lock against that one), so a request the
+    /// store applies late cannot bring an older state back.
+    fn write_from(
+        &self,
+        ws: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+    ) -> Result<(), Error> {
+        check_lock(self.holder(ws)?, lock_id)?;
+        let name = self.state(ws);
+        let condition = match self.bucket.get(&name)? {
+            Some(live) => Condition::Generation(live.generation.parse().map_err(|_| {
+                Error::Internal(format!("generation {:?} is not a number", live.generation))
+            })?),
+            None => Condition::Absent,
+        };
+        if self.bucket.upload_from(&name, state, condition)? {
+            return Ok(());
+        }
+        Err(Error::Unavailable(format!(
+            "the state at {} changed while this write was under way, so it was not written; read it again",
+            self.bucket.url(&name)
+        )))
+    }
+
+    fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
+        check_lock(self.holder(ws)?, lock_id)?;
+        self.bucket.delete(&self.state(ws), None).map(|_| ())
+    }
+
+    fn lock(&self, ws: &str, info: &LockInfo) -> Result<(), Error> {
+        let name = self.lock_object(ws);
+        let mut info = info.clone();
+        info.path = self.bucket.url(&name);
+        for _ in 0..RACE_RETRIES {
+            if self
+                .bucket
+                .upload(&name, &info.to_json(), Condition::Absent, None)?
+            {
+                return Ok(());
+            }
+            match self.holder(ws)? {
+                Some(holder) if holder.id == info.id => return Ok(()),
+                Some(holder) => return Err(Error::locked(holder)),
+                None => continue,
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "the lock of {ws:?} kept changing hands"
+        )))
+    }
+
+    /// Remove the lock object only while it is the generation read: a
+    /// lock force-unlocked and taken by someone else since is left alone.
+    fn unlock(&self, ws: &str, id: &str) -> Result<(), Error> {
+        let Some((holder, generation)) = self.holder_with_generation(ws)? else {
+            return Ok(());
+        };
+        if holder.id != id {
+            return Err(Error::lock_mismatch(Some(holder)));
+        }
+        if self
+            .bucket
+            .delete(&self.lock_object(ws), Some(&generation))?
+        {
+            return Ok(());
+        }
+        match self.holder(ws)? {
+            None => Ok(()),
+            holder => Err(Error::lock_mismatch(holder)),
+        }
+    }
+
+    fn current_lock(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
+        self.holder(ws)
+    }
+
+    fn force_unlock(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
+        // A corrupt lock object is removed too: that is what force is for.
+        let holder = self.holder(ws).unwrap_or(None);
+        self.bucket.delete(&self.lock_object(ws), None)?;
+        Ok(holder)
+    }
+
+    /// As Terraform lists them: the `.tfstate` objects directly under the
+    /// prefix.
+    fn list_workspaces(&self) -> Result<Vec<String>, Error> {
+        let mut names = Vec::new();
+        for object in self.bucket.list(&self.prefix, false)? {
+            let Some(rest) = object.name.strip_prefix(&self.prefix) else {
+                continue;
+            };
+            if let Some(ws) = rest.strip_suffix(".tfstate")
+                && !ws.contains('/')
+                && wasmstate_guest::validate_workspace_name(ws).is_ok()
+            {
+                names.push(ws.to_string());
+            }
+        }
+        Ok(names)
+    }
+
+    fn create_workspace(&self, ws: &str) -> Result<bool, Error> {
+        self.bucket
+            .upload(&self.state(ws), b"", Condition::Absent, None)
+    }
+
+    fn delete_workspace(&self, ws: &str) -> Result<(), Error> {
+        if self.bucket.get(&self.state(ws))?.is_none() {
+            return Err(Error::NotFound);
+        }
+        if let Some(holder) = self.holder(ws)? {
+            return Err(Error::locked(holder));
+        }
+        self.bucket.delete(&self.state(ws), None).map(|_| ())
+    }
+
+    /// The bucket's generations of the state object, when it has object
+    /// versioning on.
+    fn list_versions(&self, ws: &str) -> Result<Option<Vec<Version>>, Error> {
+        history::list(&self.bucket, &self.state(ws))
+    }
+
+    fn read_version_into(
+        &self,
+        ws: &str,
+        id: &str,
+        out: &mut StateWriter<'_>,
+    ) -> Result<bool, Error> {
+        // Generations are numbers: anything else is no version of ours.
+        if id.is_empty() || id.len() > 20 || !id.bytes().all(|b| b.is_ascii_digit()) {
+            return Ok(false);
+        }
+        Ok(self
+            .bucket
+            .read_to(&self.state(ws), Some(id), out)?
+            .is_some_and(|meta| meta.bytes() > 0))
+    }
+}
+
+register_backend!(Gcs);

@@ -1,0 +1,486 @@
+//! Objects in one Google Cloud Storage bucket, through the JSON API over
+//! `wasi:http`. Requests leave without credentials: the host adds them.
+//!
+//! Uploads are `multipart` (metadata and bytes in one request, which is
+//! what Google's own clients send for small objects and what honours
+//! `ifGenerationMatch` everywhere, fake-gcs-server included) up to
+//! [`PART_BYTES`], and `resumable` in parts past it. Downloads are ranged
+//! GETs pinned to one generation, so a state replaced mid-read never mixes
+//! two.
+
+use serde::Deserialize;
+use wasmstate_guest::http::{self, Response};
+use wasmstate_guest::{Error, StateReader};
+
+/// Bytes of each ranged read and of each part of a resumable upload (a
+/// multiple of 256 KiB, as resumable uploads require): what the guest
+/// holds of a state at once.
+pub const PART_BYTES: usize = 8 << 20;
+
+/// User metadata holding the serial of the state an object holds, as the
+/// host read it: the history listing's serials without reading versions.
+pub const SERIAL_KEY: &str = "wasmstate-serial";
+
+/// An object's resource, as far as the guest reads it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Object {
+    /// Full object name.
+    pub name: String,
+    /// Its generation (an int64, as a string).
+    pub generation: String,
+    /// Its size in bytes (as a string).
+    #[serde(default)]
+    pub size: String,
+    /// When this generation was written (RFC 3339).
+    #[serde(default)]
+    pub time_created: String,
+    /// When this generation stopped being the live one, for a noncurrent
+    /// version.
+    #[serde(default)]
+    pub time_deleted: Option<String>,
+    /// User metadata.
+    #[serde(default)]
+    pub metadata: std::collections::BTreeMap<String, String>,
+}
+
+impl Object {
+    /// Its size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.size.parse().unwrap_or(0)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Listing {
+    #[serde(default)]
+    items: Vec<Object>,
+    #[serde(default)]
+    next_page_token: Option<String>,
+}
+
+/// When an upload may replace what is at its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Condition {
+    /// Only if no live object is there (`ifGenerationMatch=0`).
+    Absent,
+    /// Only if the live object is this generation.
+    Generation(i64),
+}
+
+impl Condition {
+    fn query(self) -> String {
+        match self {
+            Condition::Absent => "ifGenerationMatch=0".into(),
+            Condition::Generation(g) => format!("ifGenerationMatch={g}"),
+        }
+    }
+}
+
+/// One bucket.
+pub struct Bucket {
+    /// The bucket's name.
+    pub name: String,
+    /// JSON API base, ending in `/storage/v1/`.
+    api: String,
+    /// Upload base, ending in `/upload/storage/v1/`.
+    upload: String,
+    /// `kms_encryption_key`: new objects are encrypted with it.
+    kms_key: Option<String>,
+}
+
+/// Percent-encode `text` for a URL path segment or query value.
+pub fn encode(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+/// Pauses before a GET is sent again after its connection broke. Every
+/// request opens a connection of its own, and under parallel clients on
+/// loopback one now and then is reset before its answer (seen against
+/// fake-gcs-server, in bursts); a GET changes nothing, so it is sent again
+/// after a pause.
+const GET_RETRY_PAUSES_MS: [u64; 3] = [10, 50, 250];
+
+/// `GET url` with `headers`, sent again when its connection breaks.
+fn get_with(url: &str, headers: &[(&str, &str)]) -> Result<Response, Error> {
+    let mut pauses = GET_RETRY_PAUSES_MS.iter();
+    loop {
+        match http::request("GET", url, headers, Vec::new()) {
+            Err(Error::Unavailable(why)) => match pauses.next() {
+                Some(ms) => {
+                    let pause = wstd::time::Duration::from_millis(*ms);
+                    wstd::runtime::block_on(async { wstd::task::sleep(pause).await });
+                }
+                None => return Err(Error::Unavailable(why)),
+            },
+            answer => return answer,
+        }
+    }
+}
+
+fn failed(what: &str, answer: &Response) -> Error {
+    let text = String::from_utf8_lossy(&answer.body);
+    let text = text.trim();
+    let text = &text[..text.len().min(300)];
+    match answer.status {
+        429 | 500..=599 => Error::Unavailable(format!("{what}: {} {text}", answer.status)),
+        _ => Error::Internal(format!("{what}: {} {text}", answer.status)),
+    }
+}
+
+impl Bucket {
+    /// The bucket `name` behind `endpoint` (the JSON API's base, as
+    /// Terraform's `storage_custom_endpoint`: `…/storage/v1/`).
+    pub fn new(name: &str, endpoint: &str, kms_key: Option<String>) -> Self {
+        let api = format!("{}/", endpoint.trim_end_matches('/'));
+        let upload = match api.strip_suffix("/storage/v1/") {
+            Some(root) => format!("{root}/upload/storage/v1/"),
+            None => format!("{api}upload/"),
+        };
+        Bucket {
+            name: name.to_string(),
+            api,
+            upload,
+            kms_key,
+        }
+    }
+
+    fn object_url(&self, object: &str) -> String {
+        format!("{}b/{}/o/{}", self.api, encode(&self.name), encode(object))
+    }
+
+    /// `gs://bucket/object`, for messages and lock paths.
+    pub fn url(&self, object: &str) -> String {
+        format!("gs://{}/{object}", self.name)
+    }
+
+    /// The live object's resource, `None` when there is none.
+    pub fn get(&self, object: &str) -> Result<Option<Object>, Error> {
+        let answer = get_with(&self.object_url(object), &[])?;
+        match answer.status {
+            200 => answer.json().map(Some),
+            404 => Ok(None),
+            _ => Err(failed(
+                &format!("looking for {}", self.url(object)),
+                &answer,
+            )),
+        }
+    }
+
+    /// The bytes of `object` at `generation` (the live one when `None`),
+    /// written into `out` in ranged GETs; its resource, `None` when there
+    /// is no such object or generation.
+    pub fn read_to(
+        &self,
+        object: &str,
+        generation: Option<&str>,
+        out: &mut dyn std::io::Write,
+    ) -> Result<Option<Object>, Error> {
+        let meta = match generation {
+            Some(g) => self.get_generation(object, g)?,
+            None => self.get(object)?,
+        };
+        let Some(meta) = meta else {
+            return Ok(None);
+        };
+        let size = meta.bytes();
+        let url = format!(
+            "{}?alt=media&generation={}",
+            self.object_url(object),
+            encode(&meta.generation)
+        );
+        let mut start = 0u64;
+        while start < size {
+            let end = (start + PART_BYTES as u64).min(size) - 1;
+            let range = format!("bytes={start}-{end}");
+            let answer = get_with(&url, &[("range", &range)])?;
+            match answer.status {
+                200 | 206 => {}
+                404 => {
+                    return Err(Error::Unavailable(format!(
+                        "{} was replaced while it was read; retry",
+                        self.url(object)
+                    )));
+                }
+                _ => return Err(failed(&format!("reading {}", self.url(object)), &answer)),
+            }
+            if answer.body.is_empty() {
+                break;
+            }
+            out.write_all(&answer.body)
+                .map_err(|e| Error::io("handing the state to the host", e))?;
+            start += answer.body.len() as u64;
+        }
+        Ok(Some(meta))
+    }
+
+    /// Bytes `start..end` of `object` at `generation` (fewer when it is
+    /// shorter; none when it is gone).
+    pub fn read_range(
+        &self,
+        object: &str,
+        generation: &str,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<u8>, Error> {
+        if end <= start {
+            return Ok(Vec::new());
+        }
+        let url = format!(
+            "{}?alt=media&generation={}",
+            self.object_url(object),
+            encode(generation)
+        );
+        let range = format!("bytes={start}-{}", end - 1);
+        let answer = get_with(&url, &[("range", &range)])?;
+        match answer.status {
+            200 | 206 => Ok(answer.body),
+            404 | 416 => Ok(Vec::new()),
+            _ => Err(failed(&format!("reading {}", self.url(object)), &answer)),
+        }
+    }
+
+    fn get_generation(&self, object: &str, generation: &str) -> Result<Option<Object>, Error> {
+        let url = format!(
+            "{}?generation={}",
+            self.object_url(object),
+            encode(generation)
+        );
+        let answer = get_with(&url, &[])?;
+        match answer.status {
+            200 => answer.json().map(Some),
+            // A generation that is not a number is no version of ours.
+            400 | 404 => Ok(None),
+            _ => Err(failed(
+                &format!("looking for {}", self.url(object)),
+                &answer,
+            )),
+        }
+    }
+
+    /// Upload what `state` yields as `object` if `condition` holds
+    /// (`Ok(false)` when it does not: nothing changed), with `serial` as
+    /// [`SERIAL_KEY`] metadata.
+    pub fn upload_from(
+        &self,
+        object: &str,
+        state: &mut StateReader<'_>,
+        condition: Condition,
+    ) -> Result<bool, Error> {
+        let serial = state.serial();
+        if state.size() <= PART_BYTES as u64 {
+            let bytes = state.read_all();
+            return self.upload(object, &bytes, condition, serial);
+        }
+        self.upload_resumable(object, state, condition, serial)
+    }
+
+    fn resource(&self, object: &str, serial: Option<u64>) -> serde_json::Value {
+        let mut resource = serde_json::json!({ "name": object, "contentType": "application/json" });
+        if let Some(serial) = serial {
+            resource["metadata"] = serde_json::json!({ SERIAL_KEY: serial.to_string() });
+        }
+        if let Some(key) = &self.kms_key {
+            resource["kmsKeyName"] = serde_json::json!(key);
+        }
+        resource
+    }
+
+    /// Upload `bytes` as `object` in one multipart request if `condition`
+    /// holds; `Ok(false)` when it does not.
+    pub fn upload(
+        &self,
+        object: &str,
+        bytes: &[u8],
+        condition: Condition,
+        serial: Option<u64>,
+    ) -> Result<bool, Error> {
+        let resource = serde_json::to_vec(&self.resource(object, serial))
+            .map_err(|e| Error::Internal(format!("encoding an object resource: {e}")))?;
+        let boundary = boundary_for(bytes);
+        // RFC 2046 multipart/related: the resource, then the bytes.
+        let mut body = Vec::with_capacity(bytes.len() + resource.len() + 256);
+        for (kind, part) in [
+            ("application/json; charset=UTF-8", &resource[..]),
+            ("application/octet-stream", bytes),
+        ] {
+            body.extend_from_slice(
+                format!("--{boundary}\r\ncontent-type: {kind}\r\n\r\n").as_bytes(),
+            );
+            body.extend_from_slice(part);
+            body.extend_from_slice(b"\r\n");
+        }
+        body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+        let url = format!(
+            "{}b/{}/o?uploadType=multipart&{}",
+            self.upload,
+            encode(&self.name),
+            condition.query()
+        );
+        let kind = format!("multipart/related; boundary={boundary}");
+        let answer = http::request("POST", &url, &[("content-type", &kind)], body)?;
+        match answer.status {
+            200 | 201 => Ok(true),
+            412 => Ok(false),
+            _ => Err(failed(&format!("writing {}", self.url(object)), &answer)),
+        }
+    }
+
+    fn upload_resumable(
+        &self,
+        object: &str,
+        state: &mut StateReader<'_>,
+        condition: Condition,
+        serial: Option<u64>,
+    ) -> Result<bool, Error> {
+        let what = || format!("writing {}", self.url(object));
+        let url = format!(
+            "{}b/{}/o?uploadType=resumable&{}",
+            self.upload,
+            encode(&self.name),
+            condition.query()
+        );
+        let resource = serde_json::to_vec(&self.resource(object, serial))
+            .map_err(|e| Error::Internal(format!("encoding an object resource: {e}")))?;
+        let total = state.size();
+        let header = total.to_string();
+        let answer = http::request(
+            "POST",
+            &url,
+            &[
+                ("content-type", "application/json; charset=UTF-8"),
+                ("x-upload-content-length", &header),
+            ],
+            resource,
+        )?;
+        match answer.status {
+            200 | 201 => {}
+            412 => return Ok(false),
+            _ => return Err(failed(&what(), &answer)),
+        }
+        let Some(session) = answer.header("location").map(str::to_string) else {
+            return Err(Error::Internal(format!("{}: no upload session", what())));
+        };
+        let mut start = 0u64;
+        loop {
+            let mut part = Vec::with_capacity(PART_BYTES);
+            while part.len() < PART_BYTES {
+                let chunk = state.next_chunk(PART_BYTES - part.len());
+                if chunk.is_empty() {
+                    break;
+                }
+                part.extend_from_slice(&chunk);
+            }
+            let end = start + part.len() as u64;
+            let range = if part.is_empty() {
+                format!("bytes */{total}")
+            } else {
+                format!("bytes {start}-{}/{total}", end - 1)
+            };
+            let answer = http::request("PUT", &session, &[("content-range", &range)], part)?;
+            match answer.status {
+                200 | 201 => return Ok(true),
+                // More to send.
+                308 if end < total => start = end,
+                412 => return Ok(false),
+                _ => return Err(failed(&what(), &answer)),
+            }
+        }
+    }
+
+    /// Delete the live `object`, only while it is `generation` when one is
+    /// given. `Ok(false)` when the condition did not hold; a missing
+    /// object is fine.
+    pub fn delete(&self, object: &str, generation: Option<&str>) -> Result<bool, Error> {
+        let url = match generation {
+            Some(g) => format!(
+                "{}?ifGenerationMatch={}",
+                self.object_url(object),
+                encode(g)
+            ),
+            None => self.object_url(object),
+        };
+        let answer = http::request("DELETE", &url, &[], Vec::new())?;
+        match answer.status {
+            200 | 204 | 404 => Ok(true),
+            412 => Ok(false),
+            _ => Err(failed(&format!("deleting {}", self.url(object)), &answer)),
+        }
+    }
+
+    /// The objects whose names start with `prefix`, not below another `/`
+    /// after it (a `delimiter=/` listing), or every generation of them
+    /// with `versions`.
+    pub fn list(&self, prefix: &str, versions: bool) -> Result<Vec<Object>, Error> {
+        let mut all = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut url = format!(
+                "{}b/{}/o?prefix={}",
+                self.api,
+                encode(&self.name),
+                encode(prefix)
+            );
+            url.push_str(if versions {
+                "&versions=true"
+            } else {
+                "&delimiter=%2F"
+            });
+            if let Some(t) = token.take() {
+                url.push_str(&format!("&pageToken={}", encode(&t)));
+            }
+            let answer = get_with(&url, &[])?;
+            if answer.status != 200 {
+                return Err(failed(&format!("listing {}", self.url(prefix)), &answer));
+            }
+            let page: Listing = answer.json()?;
+            all.extend(page.items);
+            match page.next_page_token {
+                Some(t) if !t.is_empty() => token = Some(t),
+                _ => return Ok(all),
+            }
+        }
+    }
+
+    /// Whether the bucket keeps noncurrent versions (object versioning on).
+    pub fn versioning_enabled(&self) -> Result<bool, Error> {
+        #[derive(Deserialize)]
+        struct Versioning {
+            #[serde(default)]
+            enabled: bool,
+        }
+        #[derive(Deserialize)]
+        struct BucketResource {
+            versioning: Option<Versioning>,
+        }
+        let url = format!("{}b/{}?fields=versioning", self.api, encode(&self.name));
+        let answer = get_with(&url, &[])?;
+        if answer.status != 200 {
+            return Err(failed(
+                &format!("reading the versioning of gs://{}", self.name),
+                &answer,
+            ));
+        }
+        let bucket: BucketResource = answer.json()?;
+        Ok(bucket.versioning.is_some_and(|v| v.enabled))
+    }
+}
+
+/// A multipart boundary that does not occur in `bytes`.
+fn boundary_for(bytes: &[u8]) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    loop {
+        let mut a = std::collections::hash_map::RandomState::new().build_hasher();
+        a.write_u8(1);
+        let mut b = std::collections::hash_map::RandomState::new().build_hasher();
+        b.write_u8(2);
+        let boundary = format!("wasmstate{:016x}{:016x}", a.finish(), b.finish());
+        if !bytes
+            .windows(boundary.len())
+            .any(|w| w == boundary.as_bytes())
+        {
+            return boundary;
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! The `gcs` guest against fake-gcs-server (the real Go emulator of Cloud
+//! Storage's JSON API), and side by side with Terraform's native
+//! `backend "gcs"` on the same bucket: each side honours the other's locks
+//! and reads the other's state, in the same layout.
+
+use crate::common::*;
+use crate::terraform::{
+    CONFIG, HTTP_BACKEND, apply_and_check, capture_terraform, init, ok, run, stored_output,
+};
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+const BUCKET: &str = "wasmstate-gcs";
+const PREFIX: &str = "team/app";
+
+fn start(versioned: bool) -> FakeGcs {
+    let gcs = FakeGcs::start();
+    gcs.create_bucket(BUCKET, versioned);
+    gcs
+}
+
+fn settings(gcs: &FakeGcs) -> Vec<(String, String)> {
+    [
+        ("bucket", BUCKET.to_string()),
+        ("prefix", PREFIX.to_string()),
+        ("storage_custom_endpoint", gcs.endpoint()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+fn server(data: &Path, gcs: &FakeGcs) -> Server {
+    let pairs: Vec<String> = settings(gcs)
+        .iter()
+        .map(|(k, v)| format!("{k:?} = {v:?}"))
+        .collect();
+    Server::with_config(
+        data,
+        &format!(
+            "[backends.gcs]\nguest = \"gcs\"\n[backends.gcs.config]\n{}\n",
+            pairs.join("\n")
+        ),
+    )
+}
+
+#[test]
+fn gcs_passes_the_kit_with_object_versions() {
+    let gcs = start(true);
+    let mut args = vec!["guest".to_string(), "test".into(), "gcs".into()];
+    for (k, v) in settings(&gcs) {
+        args.push("--config".into());
+        args.push(format!("{k}={v}"));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (ok, out) = wasmstate(&args);
+    assert!(ok, "{out}");
+    assert_eq!(summary(&out), "21 passed, 0 failed", "{out}");
+}
+
+#[test]
+fn terraform_through_gcs() {
+    let gcs = start(false);
+    let (data, work) = (tempdir(), tempdir());
+    let server = server(data.path(), &gcs);
+    apply_and_check(work.path(), &server.state_url("gcs", "default"), &server);
+    let stored = gcs
+        .object(BUCKET, &format!("{PREFIX}/default.tfstate"))
+        .expect("state at <prefix>/default.tfstate, as Terraform's gcs backend keeps it");
+    let served = send("GET", &server.state_url("gcs", "default"), None).body;
+    assert_eq!(stored, served);
+}
+
+/// Terraform's own `backend "gcs"` on the same bucket, under `prefix`.
+fn native_block(gcs: &FakeGcs, prefix: &str) -> String {
+    format!(
+        r#"terraform {{
+  backend "gcs" {{
+    bucket                  = "{BUCKET}"
+    prefix                  = "{prefix}"
+    storage_custom_endpoint = "{}"
+    access_token            = "fake"
+  }}
+}}
+"#,
+        gcs.endpoint()
+    )
+}
+
+/// Terraform's own `backend "gcs"` on the same bucket and prefix as the
+/// wasmstate backend, with the test configuration.
+fn native_backend(gcs: &FakeGcs) -> String {
+    format!("{}{CONFIG}", native_block(gcs, PREFIX))
+}
+
+#[test]
+fn gcs_interoperates_with_native_terraform() {
+    let gcs = start(false);
+    let (data, via_wasmstate, native) = (tempdir(), tempdir(), tempdir());
+    let server = server(data.path(), &gcs);
+    let url = server.state_url("gcs", "default");
+
+    // State written through wasmstate is what native Terraform reads.
+    apply_and_check(via_wasmstate.path(), &url, &server);
+    let native = native.path();
+    std::fs::write(native.join("main.tf"), native_backend(&gcs)).unwrap();
+    ok(native, &["init", "-input=false"]);
+    assert!(ok(native, &["state", "list"]).contains("terraform_data.example"));
+    let plan = run(
+        native,
+        &[
+            "plan",
+            "-detailed-exitcode",
+            "-input=false",
+            "-var",
+            "value=two",
+        ],
+    );
+    assert_eq!(
+        plan.status.code(),
+        Some(0),
+        "native Terraform sees wasmstate's state as current"
+    );
+
+    // A lock taken through wasmstate stops native Terraform...
+    let ours = lock_info("wasm-lock", "wasm@host");
+    assert_eq!(send("LOCK", &url, Some(&ours)).status, 200);
+    let blocked = run(native, &["plan", "-input=false", "-lock-timeout=0s"]);
+    assert!(
+        !blocked.status.success(),
+        "native Terraform ignored wasmstate's lock"
+    );
+    let said = String::from_utf8_lossy(&blocked.stderr);
+    assert!(said.contains("wasm@host"), "{said}");
+    assert_eq!(send("UNLOCK", &url, Some(&ours)).status, 200);
+
+    // ...and a lock held by native Terraform stops wasmstate.
+    let (mut holder, output) = capture_terraform(native, &["apply", "-var", "value=native"]);
+    wait_until(
+        "native apply's approval prompt",
+        Duration::from_secs(60),
+        || output.lock().unwrap().contains("Enter a value:"),
+    );
+    let refused = send("LOCK", &url, Some(&ours));
+    assert_eq!(refused.status, 423, "{}", refused.text());
+    assert_eq!(refused.json()["Operation"], "OperationTypeApply");
+    let mut next = send("GET", &url, None).json();
+    next["serial"] = serde_json::json!(next["serial"].as_u64().unwrap() + 1);
+    let written = send("POST", &url, Some(&serde_json::to_vec(&next).unwrap()));
+    assert_eq!(
+        written.status,
+        423,
+        "an unlocked write waits for native's lock: {}",
+        written.text()
+    );
+    holder.stdin.take().unwrap().write_all(b"no\n").unwrap();
+    holder.wait().unwrap();
+    assert!(
+        gcs.object(BUCKET, &format!("{PREFIX}/default.tflock"))
+            .is_none(),
+        "native Terraform released its lock object"
+    );
+
+    // State written by native Terraform is what wasmstate serves.
+    ok(
+        native,
+        &[
+            "apply",
+            "-auto-approve",
+            "-input=false",
+            "-var",
+            "value=native",
+        ],
+    );
+    assert_eq!(stored_output(&url), "native");
+
+    // Workspaces: the same layout on both sides.
+    ok(native, &["workspace", "new", "staging"]);
+    assert!(
+        gcs.object(BUCKET, &format!("{PREFIX}/staging.tfstate"))
+            .is_some()
+    );
+    assert_eq!(
+        send("POST", &server.state_url("gcs", "prod"), Some(&state(1))).status,
+        200
+    );
+    let listed = send("GET", &format!("{}/workspaces/gcs", server.url), None).json();
+    assert_eq!(listed, serde_json::json!(["default", "prod", "staging"]));
+    let native_list = ok(native, &["workspace", "list"]);
+    assert!(
+        native_list.contains("prod") && native_list.contains("staging"),
+        "{native_list}"
+    );
+}
+
+/// A team on Terraform's `backend "gcs"` moves onto wasmstate with
+/// `terraform init -migrate-state`, works there, and moves back, losing
+/// nothing either way.
+#[test]
+fn a_team_moves_from_native_gcs_to_wasmstate_and_back() {
+    let gcs = start(false);
+    let data = tempdir();
+    let server = server(data.path(), &gcs);
+    let url = server.state_url("gcs", "moved");
+    let work = tempdir();
+    let dir = work.path();
+    let plan_is_clean = |value: &str| {
+        let plan = run(
+            dir,
+            &[
+                "plan",
+                "-detailed-exitcode",
+                "-input=false",
+                "-var",
+                &format!("value={value}"),
+            ],
+        );
+        assert_eq!(
+            plan.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&plan.stdout)
+        );
+    };
+    std::fs::write(dir.join("main.tf"), CONFIG).unwrap();
+    std::fs::write(dir.join("backend.tf"), native_block(&gcs, "native")).unwrap();
+    ok(dir, &["init", "-input=false"]);
+    ok(
+        dir,
+        &[
+            "apply",
+            "-auto-approve",
+            "-input=false",
+            "-var",
+            "value=native",
+        ],
+    );
+
+    // Onto wasmstate (its gcs guest keeps the state under another prefix).
+    std::fs::write(dir.join("backend.tf"), HTTP_BACKEND).unwrap();
+    init(dir, &url, &["-migrate-state", "-force-copy"]);
+    assert_eq!(stored_output(&url), "native");
+    assert!(
+        gcs.object(BUCKET, &format!("{PREFIX}/moved.tfstate"))
+            .is_some()
+    );
+    plan_is_clean("native");
+    ok(
+        dir,
+        &[
+            "apply",
+            "-auto-approve",
+            "-input=false",
+            "-var",
+            "value=wasmstate",
+        ],
+    );
+
+    // And back onto Terraform's own backend.
+    std::fs::write(dir.join("backend.tf"), native_block(&gcs, "back")).unwrap();
+    ok(
+        dir,
+        &["init", "-input=false", "-migrate-state", "-force-copy"],
+    );
+    let back: serde_json::Value =
+        serde_json::from_slice(&gcs.object(BUCKET, "back/default.tfstate").unwrap()).unwrap();
+    assert_eq!(back["outputs"]["value"]["value"], "wasmstate");
+    plan_is_clean("wasmstate");
+}
