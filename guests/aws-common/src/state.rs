@@ -36,24 +36,28 @@ impl S3State {
     /// every chunk to `each` on its way and tagging the object with `tag`
     /// ([`crate::WRITE_TAG`]).
     ///
-    /// The write replaces only the object that was there when it began
-    /// (`If-Match` its ETag, `If-None-Match` when there was none; on a
-    /// store that answers 501 to conditional writes, without one): its
-    /// caller checked the lock against that one, and a request S3 applies
-    /// late (sent before a deadline stopped this guest, applied after a
-    /// newer write) must not bring an older state back.
+    /// The write replaces only the object that was there before `checked`
+    /// ran (`If-Match` its ETag, `If-None-Match` when there was none; on a
+    /// store that answers 501 to conditional writes, without one).
+    /// `checked` is the caller's lock check: run after the ETag is read, a
+    /// writer whose lock is taken over after its check finds the new
+    /// holder's state there and is refused; and a request S3 applies late
+    /// (sent before a deadline stopped this guest, applied after a newer
+    /// write) cannot bring an older state back.
     pub fn write_state_from(
         &self,
         workspace: &str,
         state: &mut StateReader<'_>,
         each: impl FnMut(&[u8]),
         tag: Option<&str>,
+        checked: impl FnOnce() -> Result<(), Error>,
     ) -> Result<(), Error> {
         let key = self.settings.state_key(workspace);
         let condition = Condition::Preferably(Box::new(match self.etag_of(&key)? {
             Some(etag) => Condition::IfMatch(etag),
             None => Condition::IfAbsent,
         }));
+        checked()?;
         if self.put_from(&key, state, each, &condition, tag)? {
             return Ok(());
         }

@@ -272,12 +272,18 @@ impl Backend for Dynamo {
         state: &mut StateReader<'_>,
         lock_id: Option<&str>,
     ) -> Result<(), Error> {
-        check_lock(self.holder(ws)?, lock_id)?;
         let tag = hex::encode(wasmstate_guest::random_bytes(16));
-        self.add_pending(ws, &tag)?;
         let mut md5 = Md5::new();
-        self.s3
-            .write_state_from(ws, state, |chunk| md5.update(chunk), Some(&tag))?;
+        self.s3.write_state_from(
+            ws,
+            state,
+            |chunk| md5.update(chunk),
+            Some(&tag),
+            || {
+                check_lock(self.holder(ws)?, lock_id)?;
+                self.add_pending(ws, &tag)
+            },
+        )?;
         self.put_digest(ws, &hex::encode(md5.finalize()));
         Ok(())
     }

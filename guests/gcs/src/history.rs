@@ -54,9 +54,13 @@ pub fn list(bucket: &Bucket, object: &str) -> Result<Option<Vec<Version>>, Error
     for generation in &generations {
         let ended = generation.time_deleted.as_deref().and_then(instant);
         let next_began = newer.and_then(|n| instant(&n.time_created));
-        // Ended before anything replaced it: a delete.
+        // Ended before anything replaced it: a delete. The two times are
+        // stamped apart (fake-gcs-server stamps an end to the second), so
+        // only a gap past a second counts: a delete missed makes the host's
+        // rollback check consult more versions, one made up would let it
+        // consult too few.
         let gap = match (ended, next_began) {
-            (Some(ended), Some(began)) => ended < began,
+            (Some(ended), Some(began)) => began - ended > time::Duration::seconds(1),
             (Some(_), None) => true,
             _ => false,
         };
@@ -68,7 +72,7 @@ pub fn list(bucket: &Bucket, object: &str) -> Result<Option<Vec<Version>>, Error
                 bytes: 0,
             });
         }
-        let size = generation.bytes();
+        let size = generation.bytes()?;
         let serial = match size {
             0 => None,
             _ => serial_of(bucket, object, generation)?,
@@ -96,7 +100,7 @@ fn serial_of(bucket: &Bucket, object: &str, generation: &Object) -> Result<Optio
     {
         return Ok(Some(serial));
     }
-    let size = generation.bytes();
+    let size = generation.bytes()?;
     let head = bucket.read_range(object, &generation.generation, 0, SERIAL_BYTES.min(size))?;
     if let Some((_, serial)) = version_in_prefix(&head) {
         return Ok(Some(serial));

@@ -75,6 +75,33 @@ impl Gcs {
     fn holder(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
         Ok(self.holder_with_generation(ws)?.map(|(holder, _)| holder))
     }
+
+    /// The condition that a write replaces exactly what is live at `name`
+    /// now.
+    fn live_condition(&self, name: &str) -> Result<Condition, Error> {
+        Ok(match self.bucket.get(name)? {
+            Some(live) => Condition::Generation(generation_number(&live.generation)?),
+            None => Condition::Absent,
+        })
+    }
+
+    /// Delete `name` only while it is `generation`; when it changed
+    /// meanwhile (someone wrote or locked after the check), nothing is
+    /// deleted and the caller is told to read again.
+    fn delete_generation(&self, name: &str, generation: &str) -> Result<(), Error> {
+        if self.bucket.delete(name, Some(generation))? {
+            return Ok(());
+        }
+        Err(Error::Unavailable(format!(
+            "{} changed while it was being deleted, so it was not; read it again",
+            self.bucket.url(name)
+        )))
+    }
+}
+
+fn generation_number(text: &str) -> Result<i64, Error> {
+    text.parse()
+        .map_err(|_| Error::Internal(format!("generation {text:?} is not a number")))
 }
 
 impl Backend for Gcs {
@@ -105,6 +132,22 @@ impl Backend for Gcs {
         }
         // As Terraform: no leading `/`, a trailing one when not empty.
         let prefix = config.get("prefix").unwrap_or("").trim_start_matches('/');
+        // Terraform cleans the prefix (`path.Join`); one it would write
+        // otherwise would put the two on different objects, each unlocked
+        // by the other's lock.
+        if prefix
+            .trim_end_matches('/')
+            .split('/')
+            .any(|segment| matches!(segment, "" | "." | ".."))
+            && !prefix.is_empty()
+        {
+            return Err(invalid(
+                "prefix",
+                format!(
+                    "{prefix:?} is not a clean path (no empty, `.` or `..` segments): write it as Terraform's gcs backend would clean it"
+                ),
+            ));
+        }
         let prefix = match prefix {
             "" => String::new(),
             p if p.ends_with('/') => p.to_string(),
@@ -122,26 +165,22 @@ impl Backend for Gcs {
         Ok(self
             .bucket
             .read_to(&self.state(ws), None, out)?
-            .is_some_and(|meta| meta.bytes() > 0))
+            .is_some_and(|meta| meta.bytes().is_ok_and(|b| b > 0)))
     }
 
-    /// The write replaces only the generation that was live when it began
-    /// (its caller checked the lock against that one), so a request the
-    /// store applies late cannot bring an older state back.
+    /// The write replaces only the generation that was live before the
+    /// lock was checked: a writer whose lock is taken over after the check
+    /// finds the new holder's state there and is refused, and a request
+    /// the store applies late cannot bring an older state back.
     fn write_from(
         &self,
         ws: &str,
         state: &mut StateReader<'_>,
         lock_id: Option<&str>,
     ) -> Result<(), Error> {
-        check_lock(self.holder(ws)?, lock_id)?;
         let name = self.state(ws);
-        let condition = match self.bucket.get(&name)? {
-            Some(live) => Condition::Generation(live.generation.parse().map_err(|_| {
-                Error::Internal(format!("generation {:?} is not a number", live.generation))
-            })?),
-            None => Condition::Absent,
-        };
+        let condition = self.live_condition(&name)?;
+        check_lock(self.holder(ws)?, lock_id)?;
         if self.bucket.upload_from(&name, state, condition)? {
             return Ok(());
         }
@@ -151,9 +190,14 @@ impl Backend for Gcs {
         )))
     }
 
+    /// As a write: only the generation live before the lock was checked.
     fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
+        let name = self.state(ws);
+        let Some(live) = self.bucket.get(&name)? else {
+            return check_lock(self.holder(ws)?, lock_id);
+        };
         check_lock(self.holder(ws)?, lock_id)?;
-        self.bucket.delete(&self.state(ws), None).map(|_| ())
+        self.delete_generation(&name, &live.generation)
     }
 
     fn lock(&self, ws: &str, info: &LockInfo) -> Result<(), Error> {
@@ -203,11 +247,25 @@ impl Backend for Gcs {
         self.holder(ws)
     }
 
+    /// Removes the generation whose holder is returned: a lock released
+    /// and taken by someone else since that read is left alone (and
+    /// reported as theirs on the next call).
     fn force_unlock(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
-        // A corrupt lock object is removed too: that is what force is for.
-        let holder = self.holder(ws).unwrap_or(None);
-        self.bucket.delete(&self.lock_object(ws), None)?;
-        Ok(holder)
+        let name = self.lock_object(ws);
+        match self.holder_with_generation(ws) {
+            Ok(None) => Ok(None),
+            Ok(Some((holder, generation))) => {
+                self.delete_generation(&name, &generation)?;
+                Ok(Some(holder))
+            }
+            // A corrupt lock object is removed too: that is what force is for.
+            Err(_) => match self.bucket.get(&name)? {
+                Some(live) => self
+                    .delete_generation(&name, &live.generation)
+                    .map(|()| None),
+                None => Ok(None),
+            },
+        }
     }
 
     /// As Terraform lists them: the `.tfstate` objects directly under the
@@ -234,13 +292,14 @@ impl Backend for Gcs {
     }
 
     fn delete_workspace(&self, ws: &str) -> Result<(), Error> {
-        if self.bucket.get(&self.state(ws))?.is_none() {
+        let name = self.state(ws);
+        let Some(live) = self.bucket.get(&name)? else {
             return Err(Error::NotFound);
-        }
+        };
         if let Some(holder) = self.holder(ws)? {
             return Err(Error::locked(holder));
         }
-        self.bucket.delete(&self.state(ws), None).map(|_| ())
+        self.delete_generation(&name, &live.generation)
     }
 
     /// The bucket's generations of the state object, when it has object
@@ -262,7 +321,7 @@ impl Backend for Gcs {
         Ok(self
             .bucket
             .read_to(&self.state(ws), Some(id), out)?
-            .is_some_and(|meta| meta.bytes() > 0))
+            .is_some_and(|meta| meta.bytes().is_ok_and(|b| b > 0)))
     }
 }
 

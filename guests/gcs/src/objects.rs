@@ -30,7 +30,6 @@ pub struct Object {
     /// Its generation (an int64, as a string).
     pub generation: String,
     /// Its size in bytes (as a string).
-    #[serde(default)]
     pub size: String,
     /// When this generation was written (RFC 3339).
     #[serde(default)]
@@ -45,9 +44,15 @@ pub struct Object {
 }
 
 impl Object {
-    /// Its size in bytes.
-    pub fn bytes(&self) -> u64 {
-        self.size.parse().unwrap_or(0)
+    /// Its size in bytes. A size that is not a number is an error: taken
+    /// as 0, a state would read as none, and be written over from scratch.
+    pub fn bytes(&self) -> Result<u64, Error> {
+        self.size.parse().map_err(|_| {
+            Error::Internal(format!(
+                "object {} has size {:?}, not a number",
+                self.name, self.size
+            ))
+        })
     }
 }
 
@@ -122,7 +127,11 @@ fn get_with(url: &str, headers: &[(&str, &str)]) -> Result<Response, Error> {
 fn failed(what: &str, answer: &Response) -> Error {
     let text = String::from_utf8_lossy(&answer.body);
     let text = text.trim();
-    let text = &text[..text.len().min(300)];
+    // At most 300 characters, cut on a character's boundary.
+    let text = text
+        .char_indices()
+        .nth(300)
+        .map_or(text, |(end, _)| &text[..end]);
     match answer.status {
         429 | 500..=599 => Error::Unavailable(format!("{what}: {} {text}", answer.status)),
         _ => Error::Internal(format!("{what}: {} {text}", answer.status)),
@@ -184,29 +193,34 @@ impl Bucket {
         let Some(meta) = meta else {
             return Ok(None);
         };
-        let size = meta.bytes();
+        let size = meta.bytes()?;
         let url = format!(
             "{}?alt=media&generation={}",
             self.object_url(object),
             encode(&meta.generation)
         );
+        let torn =
+            |why: &str| Error::Unavailable(format!("reading {}: {why}; retry", self.url(object)));
         let mut start = 0u64;
         while start < size {
             let end = (start + PART_BYTES as u64).min(size) - 1;
             let range = format!("bytes={start}-{end}");
             let answer = get_with(&url, &[("range", &range)])?;
-            match answer.status {
-                200 | 206 => {}
-                404 => {
-                    return Err(Error::Unavailable(format!(
-                        "{} was replaced while it was read; retry",
-                        self.url(object)
-                    )));
-                }
+            let whole = match answer.status {
+                206 => false,
+                // A store that ignores ranges sends all of it: only whole,
+                // and only as the first answer, is that one read.
+                200 if start == 0 && answer.body.len() as u64 == size => true,
+                200 => return Err(torn("the store ignored a range request")),
+                404 => return Err(torn("the object was replaced while it was read")),
                 _ => return Err(failed(&format!("reading {}", self.url(object)), &answer)),
-            }
-            if answer.body.is_empty() {
-                break;
+            };
+            let expected = if whole { size } else { end + 1 - start };
+            if answer.body.len() as u64 != expected {
+                return Err(torn(&format!(
+                    "asked for {expected} bytes at {start}, got {}",
+                    answer.body.len()
+                )));
             }
             out.write_all(&answer.body)
                 .map_err(|e| Error::io("handing the state to the host", e))?;
@@ -362,27 +376,51 @@ impl Bucket {
         let Some(session) = answer.header("location").map(str::to_string) else {
             return Err(Error::Internal(format!("{}: no upload session", what())));
         };
+        // The host lends the whole state, so every part is read in full; a
+        // part the store kept only in part is sent again from where its
+        // `Range` says it stopped.
+        let mut pending: Vec<u8> = Vec::new();
         let mut start = 0u64;
         loop {
-            let mut part = Vec::with_capacity(PART_BYTES);
-            while part.len() < PART_BYTES {
-                let chunk = state.next_chunk(PART_BYTES - part.len());
+            while pending.len() < PART_BYTES {
+                let chunk = state.next_chunk(PART_BYTES - pending.len());
                 if chunk.is_empty() {
                     break;
                 }
-                part.extend_from_slice(&chunk);
+                pending.extend_from_slice(&chunk);
             }
-            let end = start + part.len() as u64;
-            let range = if part.is_empty() {
-                format!("bytes */{total}")
-            } else {
-                format!("bytes {start}-{}/{total}", end - 1)
-            };
-            let answer = http::request("PUT", &session, &[("content-range", &range)], part)?;
+            if pending.is_empty() {
+                return Err(Error::Internal(format!(
+                    "{}: the state ended at {start} of its {total} bytes",
+                    what()
+                )));
+            }
+            let end = start + pending.len() as u64;
+            let range = format!("bytes {start}-{}/{total}", end - 1);
+            let answer = http::request(
+                "PUT",
+                &session,
+                &[("content-range", &range)],
+                pending.clone(),
+            )?;
             match answer.status {
-                200 | 201 => return Ok(true),
-                // More to send.
-                308 if end < total => start = end,
+                200 | 201 if end == total => return Ok(true),
+                308 => {
+                    // `Range: bytes=0-N`: what the store has kept so far.
+                    let kept = answer
+                        .header("range")
+                        .and_then(|r| r.rsplit('-').next())
+                        .and_then(|n| n.trim().parse::<u64>().ok())
+                        .map_or(0, |last| last + 1);
+                    if kept < start || kept > end || kept == total {
+                        return Err(Error::Internal(format!(
+                            "{}: the store kept {kept} bytes after {end} were sent",
+                            what()
+                        )));
+                    }
+                    pending.drain(..(kept - start) as usize);
+                    start = kept;
+                }
                 412 => return Ok(false),
                 _ => return Err(failed(&what(), &answer)),
             }

@@ -57,8 +57,13 @@ impl Backend for S3Lockfile {
         state: &mut StateReader<'_>,
         lock_id: Option<&str>,
     ) -> Result<(), Error> {
-        check_lock(self.holder(ws)?, lock_id)?;
-        self.s3.write_state_from(ws, state, |_| {}, None)
+        self.s3.write_state_from(
+            ws,
+            state,
+            |_| {},
+            None,
+            || check_lock(self.holder(ws)?, lock_id),
+        )
     }
 
     fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
