@@ -287,6 +287,36 @@ pub fn check_lock(holder: Option<LockInfo>, lock_id: Option<&str>) -> Result<(),
     }
 }
 
+/// Times [`lock_by_creating`] tries again when the lock vanished between
+/// a refused create and the read of its holder (the holder just unlocked).
+const LOCK_RACE_RETRIES: usize = 20;
+
+/// [`Backend::lock`] for storage that can create an object only where none
+/// exists (S3's `If-None-Match: *`, GCS's `ifGenerationMatch=0`, etcd's
+/// create revision 0): `create` makes the lock, `Ok(false)` when one is
+/// already there; `holder` reads it. Locking again with the holder's own
+/// id succeeds (a retried request); another holder is [`Error::Locked`].
+pub fn lock_by_creating(
+    workspace: &str,
+    id: &str,
+    mut create: impl FnMut() -> Result<bool, Error>,
+    mut holder: impl FnMut() -> Result<Option<LockInfo>, Error>,
+) -> Result<(), Error> {
+    for _ in 0..LOCK_RACE_RETRIES {
+        if create()? {
+            return Ok(());
+        }
+        match holder()? {
+            Some(holder) if holder.id == id => return Ok(()),
+            Some(holder) => return Err(Error::locked(holder)),
+            None => continue,
+        }
+    }
+    Err(Error::Unavailable(format!(
+        "the lock of {workspace:?} kept changing hands"
+    )))
+}
+
 /// Register the type that implements [`Backend`] as this component's
 /// storage driver. Call it exactly once, at the root of the guest crate.
 #[macro_export]

@@ -4,10 +4,8 @@
 //! and reads the other's state, in the same workspace layout.
 
 use crate::common::*;
-use crate::terraform::{CONFIG, apply_and_check, capture_terraform, ok, run, stored_output};
-use std::io::Write;
+use crate::terraform::apply_and_check;
 use std::path::Path;
-use std::time::Duration;
 
 pub(crate) const BUCKET: &str = "wasmstate-states";
 const TABLE: &str = "terraform-locks";
@@ -148,97 +146,40 @@ fn native_backend(moto_url: &str, locking: Locking) -> String {
 {lock}
   }}
 }}
-{CONFIG}"#
+"#
     )
 }
 
 fn interop(locking: Locking) {
     let moto = start_moto(locking);
-    let (data, via_wasmstate, native) = (tempdir(), tempdir(), tempdir());
+    let data = tempdir();
     let server = server(data.path(), &moto.url, locking);
-    let url = server.state_url("aws", "default");
-
-    // State written through wasmstate is what native Terraform reads.
-    apply_and_check(via_wasmstate.path(), &url, &server);
-    let native = native.path();
-    std::fs::write(native.join("main.tf"), native_backend(&moto.url, locking)).unwrap();
-    ok(native, &["init", "-input=false"]);
-    assert!(ok(native, &["state", "list"]).contains("terraform_data.example"));
-    let plan = run(
-        native,
-        &[
-            "plan",
-            "-detailed-exitcode",
-            "-input=false",
-            "-var",
-            "value=two",
-        ],
-    );
-    assert_eq!(
-        plan.status.code(),
-        Some(0),
-        "native Terraform sees wasmstate's state as current"
-    );
-
-    // A lock taken through wasmstate stops native Terraform...
-    assert_eq!(
-        send("LOCK", &url, Some(&lock_info("wasm-lock", "wasm@host"))).status,
-        200
-    );
-    let blocked = run(native, &["plan", "-input=false", "-lock-timeout=0s"]);
-    assert!(
-        !blocked.status.success(),
-        "native Terraform ignored wasmstate's lock"
-    );
-    assert!(String::from_utf8_lossy(&blocked.stderr).contains("wasm-lock"));
-    assert_eq!(
-        send("UNLOCK", &url, Some(&lock_info("wasm-lock", "wasm@host"))).status,
-        200
-    );
-
-    // ...and a lock held by native Terraform stops wasmstate.
-    let (mut holder, output) = capture_terraform(native, &["apply", "-var", "value=native"]);
-    wait_until(
-        "native apply's approval prompt",
-        Duration::from_secs(60),
-        || output.lock().unwrap().contains("Enter a value:"),
-    );
-    let refused = send("LOCK", &url, Some(&lock_info("wasm-lock", "wasm@host")));
-    assert_eq!(refused.status, 423, "{}", refused.text());
-    assert_eq!(refused.json()["Operation"], "OperationTypeApply");
-    assert_ne!(refused.json()["ID"], "wasm-lock");
-    holder.stdin.take().unwrap().write_all(b"no\n").unwrap();
-    holder.wait().unwrap();
-
-    // State written by native Terraform is what wasmstate serves.
-    ok(
-        native,
-        &[
-            "apply",
-            "-auto-approve",
-            "-input=false",
-            "-var",
-            "value=native",
-        ],
-    );
-    assert_eq!(stored_output(&url), "native");
-
-    // Workspaces: the same layout on both sides.
-    ok(native, &["workspace", "new", "staging"]);
-    assert!(
+    let lock_released = || match locking {
+        Locking::LockFile => moto.object(BUCKET, &format!("{KEY}.tflock")).is_none(),
+        Locking::DynamoDb => {
+            let item = moto.dynamodb(
+                "GetItem",
+                serde_json::json!({
+                    "TableName": TABLE,
+                    "Key": {"LockID": {"S": format!("{BUCKET}/{KEY}")}},
+                    "ConsistentRead": true
+                }),
+            );
+            item.get("Item").is_none()
+        }
+    };
+    let staging_stored = || {
         moto.object(BUCKET, &format!("env:/staging/{KEY}"))
             .is_some()
-    );
-    assert_eq!(
-        send("POST", &server.state_url("aws", "prod"), Some(&state(1))).status,
-        200
-    );
-    let listed = send("GET", &format!("{}/workspaces/aws", server.url), None).json();
-    assert_eq!(listed, serde_json::json!(["default", "prod", "staging"]));
-    let native_list = ok(native, &["workspace", "list"]);
-    assert!(
-        native_list.contains("prod") && native_list.contains("staging"),
-        "{native_list}"
+    };
+    crate::side_by_side::check(
+        &server,
+        "aws",
+        crate::side_by_side::Native {
+            backend_block: native_backend(&moto.url, locking),
+            lock_released: &lock_released,
+            staging_stored: &staging_stored,
+        },
     );
 }
 

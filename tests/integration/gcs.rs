@@ -4,12 +4,8 @@
 //! and reads the other's state, in the same layout.
 
 use crate::common::*;
-use crate::terraform::{
-    CONFIG, HTTP_BACKEND, apply_and_check, capture_terraform, init, ok, run, stored_output,
-};
-use std::io::Write;
+use crate::terraform::{CONFIG, HTTP_BACKEND, apply_and_check, init, ok, run, stored_output};
 use std::path::Path;
-use std::time::Duration;
 
 const BUCKET: &str = "wasmstate-gcs";
 const PREFIX: &str = "team/app";
@@ -88,109 +84,27 @@ fn native_block(gcs: &FakeGcs, prefix: &str) -> String {
     )
 }
 
-/// Terraform's own `backend "gcs"` on the same bucket and prefix as the
-/// wasmstate backend, with the test configuration.
-fn native_backend(gcs: &FakeGcs) -> String {
-    format!("{}{CONFIG}", native_block(gcs, PREFIX))
-}
-
 #[test]
 fn gcs_interoperates_with_native_terraform() {
     let gcs = start(false);
-    let (data, via_wasmstate, native) = (tempdir(), tempdir(), tempdir());
+    let data = tempdir();
     let server = server(data.path(), &gcs);
-    let url = server.state_url("gcs", "default");
-
-    // State written through wasmstate is what native Terraform reads.
-    apply_and_check(via_wasmstate.path(), &url, &server);
-    let native = native.path();
-    std::fs::write(native.join("main.tf"), native_backend(&gcs)).unwrap();
-    ok(native, &["init", "-input=false"]);
-    assert!(ok(native, &["state", "list"]).contains("terraform_data.example"));
-    let plan = run(
-        native,
-        &[
-            "plan",
-            "-detailed-exitcode",
-            "-input=false",
-            "-var",
-            "value=two",
-        ],
-    );
-    assert_eq!(
-        plan.status.code(),
-        Some(0),
-        "native Terraform sees wasmstate's state as current"
-    );
-
-    // A lock taken through wasmstate stops native Terraform...
-    let ours = lock_info("wasm-lock", "wasm@host");
-    assert_eq!(send("LOCK", &url, Some(&ours)).status, 200);
-    let blocked = run(native, &["plan", "-input=false", "-lock-timeout=0s"]);
-    assert!(
-        !blocked.status.success(),
-        "native Terraform ignored wasmstate's lock"
-    );
-    let said = String::from_utf8_lossy(&blocked.stderr);
-    assert!(said.contains("wasm@host"), "{said}");
-    assert_eq!(send("UNLOCK", &url, Some(&ours)).status, 200);
-
-    // ...and a lock held by native Terraform stops wasmstate.
-    let (mut holder, output) = capture_terraform(native, &["apply", "-var", "value=native"]);
-    wait_until(
-        "native apply's approval prompt",
-        Duration::from_secs(60),
-        || output.lock().unwrap().contains("Enter a value:"),
-    );
-    let refused = send("LOCK", &url, Some(&ours));
-    assert_eq!(refused.status, 423, "{}", refused.text());
-    assert_eq!(refused.json()["Operation"], "OperationTypeApply");
-    let mut next = send("GET", &url, None).json();
-    next["serial"] = serde_json::json!(next["serial"].as_u64().unwrap() + 1);
-    let written = send("POST", &url, Some(&serde_json::to_vec(&next).unwrap()));
-    assert_eq!(
-        written.status,
-        423,
-        "an unlocked write waits for native's lock: {}",
-        written.text()
-    );
-    holder.stdin.take().unwrap().write_all(b"no\n").unwrap();
-    holder.wait().unwrap();
-    assert!(
+    let lock_released = || {
         gcs.object(BUCKET, &format!("{PREFIX}/default.tflock"))
-            .is_none(),
-        "native Terraform released its lock object"
-    );
-
-    // State written by native Terraform is what wasmstate serves.
-    ok(
-        native,
-        &[
-            "apply",
-            "-auto-approve",
-            "-input=false",
-            "-var",
-            "value=native",
-        ],
-    );
-    assert_eq!(stored_output(&url), "native");
-
-    // Workspaces: the same layout on both sides.
-    ok(native, &["workspace", "new", "staging"]);
-    assert!(
+            .is_none()
+    };
+    let staging_stored = || {
         gcs.object(BUCKET, &format!("{PREFIX}/staging.tfstate"))
             .is_some()
-    );
-    assert_eq!(
-        send("POST", &server.state_url("gcs", "prod"), Some(&state(1))).status,
-        200
-    );
-    let listed = send("GET", &format!("{}/workspaces/gcs", server.url), None).json();
-    assert_eq!(listed, serde_json::json!(["default", "prod", "staging"]));
-    let native_list = ok(native, &["workspace", "list"]);
-    assert!(
-        native_list.contains("prod") && native_list.contains("staging"),
-        "{native_list}"
+    };
+    crate::side_by_side::check(
+        &server,
+        "gcs",
+        crate::side_by_side::Native {
+            backend_block: native_block(&gcs, PREFIX),
+            lock_released: &lock_released,
+            staging_stored: &staging_stored,
+        },
     );
 }
 

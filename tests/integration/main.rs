@@ -32,6 +32,7 @@ mod quota_races;
 mod safety;
 mod sandbox;
 mod shared_history;
+mod side_by_side;
 mod storage_faults;
 mod terraform;
 mod trust;

@@ -28,7 +28,7 @@ use md5::{Digest, Md5};
 use wasmstate_aws_common::{AwsSettings, S3State, block_on, sdk_error};
 use wasmstate_guest::{
     Backend, Config, Diagnostic, Error, LockInfo, StateReader, StateWriter, Version, check_lock,
-    log, register_backend,
+    lock_by_creating, log, register_backend,
 };
 
 struct Dynamo {
@@ -37,7 +37,6 @@ struct Dynamo {
     table: String,
 }
 
-const RACE_RETRIES: usize = 20;
 fn s(value: &str) -> AttributeValue {
     AttributeValue::S(value.to_string())
 }
@@ -298,7 +297,7 @@ impl Backend for Dynamo {
         let mut info = info.clone();
         info.path = self.lock_id(ws);
         let json = String::from_utf8(info.to_json()).expect("JSON is UTF-8");
-        for _ in 0..RACE_RETRIES {
+        let create = || {
             let result = block_on(async {
                 self.ddb
                     .put_item()
@@ -310,23 +309,17 @@ impl Backend for Dynamo {
                     .await
             });
             match result {
-                Ok(_) => return Ok(()),
+                Ok(_) => Ok(true),
                 Err(e)
                     if e.as_service_error()
                         .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
                 {
-                    match self.holder(ws)? {
-                        Some(holder) if holder.id == info.id => return Ok(()),
-                        Some(holder) => return Err(Error::locked(holder)),
-                        None => continue,
-                    }
+                    Ok(false)
                 }
-                Err(e) => return Err(sdk_error(&format!("locking in table {}", self.table), e)),
+                Err(e) => Err(sdk_error(&format!("locking in table {}", self.table), e)),
             }
-        }
-        Err(Error::Unavailable(format!(
-            "the lock of {ws:?} kept changing hands"
-        )))
+        };
+        lock_by_creating(ws, &info.id, create, || self.holder(ws))
     }
 
     /// Delete the lock item only while it still holds `id`'s lock (a

@@ -28,15 +28,11 @@ mod objects;
 use objects::{Bucket, Condition};
 use wasmstate_guest::{
     Backend, Config, Diagnostic, Error, LockInfo, StateReader, StateWriter, Version, check_lock,
-    register_backend,
+    lock_by_creating, register_backend,
 };
 
 /// Google's endpoint for the JSON API.
 const DEFAULT_ENDPOINT: &str = "https://storage.googleapis.com/storage/v1/";
-
-/// Retries when a lock vanishes between a refused create and the read of
-/// its holder (the holder just unlocked).
-const RACE_RETRIES: usize = 20;
 
 struct Gcs {
     bucket: Bucket,
@@ -204,22 +200,13 @@ impl Backend for Gcs {
         let name = self.lock_object(ws);
         let mut info = info.clone();
         info.path = self.bucket.url(&name);
-        for _ in 0..RACE_RETRIES {
-            if self
-                .bucket
-                .upload(&name, &info.to_json(), Condition::Absent, None)?
-            {
-                return Ok(());
-            }
-            match self.holder(ws)? {
-                Some(holder) if holder.id == info.id => return Ok(()),
-                Some(holder) => return Err(Error::locked(holder)),
-                None => continue,
-            }
-        }
-        Err(Error::Unavailable(format!(
-            "the lock of {ws:?} kept changing hands"
-        )))
+        let json = info.to_json();
+        lock_by_creating(
+            ws,
+            &info.id,
+            || self.bucket.upload(&name, &json, Condition::Absent, None),
+            || self.holder(ws),
+        )
     }
 
     /// Remove the lock object only while it is the generation read: a

@@ -11,16 +11,12 @@
 use wasmstate_aws_common::{AwsSettings, S3State};
 use wasmstate_guest::{
     Backend, Config, Error, LockInfo, StateReader, StateWriter, Version, check_lock,
-    register_backend,
+    lock_by_creating, register_backend,
 };
 
 struct S3Lockfile {
     s3: S3State,
 }
-
-/// Retries when a lock vanishes between a refused create and the read of
-/// its holder (the holder just unlocked).
-const RACE_RETRIES: usize = 20;
 
 impl S3Lockfile {
     fn lock_key(&self, ws: &str) -> String {
@@ -74,19 +70,13 @@ impl Backend for S3Lockfile {
     fn lock(&self, ws: &str, info: &LockInfo) -> Result<(), Error> {
         let mut info = info.clone();
         info.path = self.s3.settings.lock_path(ws);
-        for _ in 0..RACE_RETRIES {
-            if self.s3.put(&self.lock_key(ws), &info.to_json(), true)? {
-                return Ok(());
-            }
-            match self.holder(ws)? {
-                Some(holder) if holder.id == info.id => return Ok(()),
-                Some(holder) => return Err(Error::locked(holder)),
-                None => continue,
-            }
-        }
-        Err(Error::Unavailable(format!(
-            "the lock of {ws:?} kept changing hands"
-        )))
+        let json = info.to_json();
+        lock_by_creating(
+            ws,
+            &info.id,
+            || self.s3.put(&self.lock_key(ws), &json, true),
+            || self.holder(ws),
+        )
     }
 
     /// Delete the lock object only while it is still the one read
