@@ -317,6 +317,36 @@ pub fn lock_by_creating(
     )))
 }
 
+/// [`Backend::unlock`] for storage that can delete an object only while it
+/// is still the version read (S3's `If-Match`, GCS's `ifGenerationMatch`):
+/// `read` gives the lock's bytes and the version they were read at (`None`:
+/// not locked); `delete` removes that version, `Ok(false)` when it changed
+/// since; `holder` reads the lock again. A lock force-unlocked and taken by
+/// someone else after the read is left alone; an unreadable lock is only
+/// force-unlock's to remove.
+pub fn unlock_if_unchanged<V>(
+    id: &str,
+    read: impl FnOnce() -> Result<Option<(Vec<u8>, V)>, Error>,
+    delete: impl FnOnce(V) -> Result<bool, Error>,
+    holder: impl FnOnce() -> Result<Option<LockInfo>, Error>,
+) -> Result<(), Error> {
+    let Some((bytes, version)) = read()? else {
+        return Ok(());
+    };
+    match LockInfo::from_json(&bytes) {
+        Ok(holder) if holder.id == id => {}
+        Ok(holder) => return Err(Error::lock_mismatch(Some(holder))),
+        Err(_) => return Err(Error::lock_mismatch(None)),
+    }
+    if delete(version)? {
+        return Ok(());
+    }
+    match holder()? {
+        None => Ok(()),
+        holder => Err(Error::lock_mismatch(holder)),
+    }
+}
+
 /// Register the type that implements [`Backend`] as this component's
 /// storage driver. Call it exactly once, at the root of the guest crate.
 #[macro_export]

@@ -28,7 +28,7 @@ mod objects;
 use objects::{Bucket, Condition};
 use wasmstate_guest::{
     Backend, Config, Diagnostic, Error, LockInfo, StateReader, StateWriter, Version, check_lock,
-    lock_by_creating, register_backend,
+    lock_by_creating, register_backend, unlock_if_unchanged,
 };
 
 /// Google's endpoint for the JSON API.
@@ -52,11 +52,19 @@ impl Gcs {
         format!("{}{ws}.tflock", self.prefix)
     }
 
+    /// The lock object's bytes and the generation they are.
+    fn lock_bytes(&self, ws: &str) -> Result<Option<(Vec<u8>, String)>, Error> {
+        let mut bytes = Vec::new();
+        let meta = self
+            .bucket
+            .read_to(&self.lock_object(ws), None, &mut bytes)?;
+        Ok(meta.map(|meta| (bytes, meta.generation)))
+    }
+
     /// The lock's holder and the generation that holds it.
     fn holder_with_generation(&self, ws: &str) -> Result<Option<(LockInfo, String)>, Error> {
         let name = self.lock_object(ws);
-        let mut bytes = Vec::new();
-        let Some(meta) = self.bucket.read_to(&name, None, &mut bytes)? else {
+        let Some((bytes, generation)) = self.lock_bytes(ws)? else {
             return Ok(None);
         };
         let holder = LockInfo::from_json(&bytes).map_err(|e| {
@@ -65,7 +73,7 @@ impl Gcs {
                 self.bucket.url(&name)
             ))
         })?;
-        Ok(Some((holder, meta.generation)))
+        Ok(Some((holder, generation)))
     }
 
     fn holder(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
@@ -212,22 +220,13 @@ impl Backend for Gcs {
     /// Remove the lock object only while it is the generation read: a
     /// lock force-unlocked and taken by someone else since is left alone.
     fn unlock(&self, ws: &str, id: &str) -> Result<(), Error> {
-        let Some((holder, generation)) = self.holder_with_generation(ws)? else {
-            return Ok(());
-        };
-        if holder.id != id {
-            return Err(Error::lock_mismatch(Some(holder)));
-        }
-        if self
-            .bucket
-            .delete(&self.lock_object(ws), Some(&generation))?
-        {
-            return Ok(());
-        }
-        match self.holder(ws)? {
-            None => Ok(()),
-            holder => Err(Error::lock_mismatch(holder)),
-        }
+        let name = self.lock_object(ws);
+        unlock_if_unchanged(
+            id,
+            || self.lock_bytes(ws),
+            |generation| self.bucket.delete(&name, Some(&generation)),
+            || self.holder(ws),
+        )
     }
 
     fn current_lock(&self, ws: &str) -> Result<Option<LockInfo>, Error> {

@@ -11,7 +11,7 @@
 use wasmstate_aws_common::{AwsSettings, S3State};
 use wasmstate_guest::{
     Backend, Config, Error, LockInfo, StateReader, StateWriter, Version, check_lock,
-    lock_by_creating, register_backend,
+    lock_by_creating, register_backend, unlock_if_unchanged,
 };
 
 struct S3Lockfile {
@@ -83,21 +83,13 @@ impl Backend for S3Lockfile {
     /// (`If-Match` its ETag): a lock force-unlocked and taken by someone
     /// else after the read is left alone.
     fn unlock(&self, ws: &str, id: &str) -> Result<(), Error> {
-        let Some((bytes, etag)) = self.s3.get_with_etag(&self.lock_key(ws))? else {
-            return Ok(());
-        };
-        match LockInfo::from_json(&bytes) {
-            Ok(holder) if holder.id == id => {}
-            Ok(holder) => return Err(Error::lock_mismatch(Some(holder))),
-            Err(_) => return Err(Error::lock_mismatch(None)),
-        }
-        if self.s3.remove_if_match(&self.lock_key(ws), &etag)? {
-            return Ok(());
-        }
-        match self.holder(ws)? {
-            None => Ok(()),
-            holder => Err(Error::lock_mismatch(holder)),
-        }
+        let key = self.lock_key(ws);
+        unlock_if_unchanged(
+            id,
+            || self.s3.get_with_etag(&key),
+            |etag| self.s3.remove_if_match(&key, &etag),
+            || self.holder(ws),
+        )
     }
 
     fn current_lock(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
