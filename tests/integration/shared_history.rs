@@ -323,3 +323,70 @@ fn a_bucket_without_versioning_says_history_is_per_replica() {
     ]);
     assert!(ok && out.contains("kept by this replica"), "{out}");
 }
+
+/// The policy Terraform's S3 backend documents: states, and nothing of the
+/// bucket's history.
+const LEAST_PRIVILEGE: &str = r#"{"Version":"2012-10-17","Statement":[
+  {"Effect":"Allow","Action":"s3:ListBucket","Resource":"arn:aws:s3:::wasmstate-states"},
+  {"Effect":"Allow","Action":["s3:GetObject","s3:PutObject","s3:DeleteObject"],"Resource":"arn:aws:s3:::wasmstate-states/*"}]}"#;
+
+/// The text of the first `<tag>…</tag>` of an IAM answer.
+fn xml_field(xml: &str, tag: &str) -> String {
+    let start = xml.find(&format!("<{tag}>")).unwrap() + tag.len() + 2;
+    let end = start + xml[start..].find(&format!("</{tag}>")).unwrap();
+    xml[start..end].to_string()
+}
+
+/// Credentials with Terraform's least-privilege policy (no
+/// s3:GetBucketVersioning, s3:ListBucketVersions or s3:GetObjectVersion),
+/// checked by moto, on a versioned bucket: states are served, and the
+/// history is this replica's, with the log naming the permissions to grant.
+#[test]
+fn a_policy_without_the_history_permissions_keeps_history_per_replica() {
+    let moto = start_moto(Locking::LockFile);
+    moto.enable_versioning(BUCKET);
+    moto.query("iam", "CreateUser", &[("UserName", "narrow")]);
+    let key = moto.query("iam", "CreateAccessKey", &[("UserName", "narrow")]);
+    moto.query(
+        "iam",
+        "PutUserPolicy",
+        &[
+            ("UserName", "narrow"),
+            ("PolicyName", "states"),
+            ("PolicyDocument", LEAST_PRIVILEGE),
+        ],
+    );
+    moto.check_signatures();
+    let settings: Vec<String> = crate::aws::settings(&moto.url, Locking::LockFile)
+        .into_iter()
+        .map(|(k, v)| match k.as_str() {
+            "access_key" => (k, xml_field(&key, "AccessKeyId")),
+            "secret_key" => (k, xml_field(&key, "SecretAccessKey")),
+            _ => (k, v),
+        })
+        .map(|(k, v)| format!("{k:?} = {v:?}"))
+        .collect();
+    let config = format!(
+        "[backends.aws]\nguest = \"s3-lockfile\"\n[backends.aws.config]\n{}\n",
+        settings.join("\n")
+    );
+    let data = tempdir();
+    let server = Server::with_config(data.path(), &config);
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while !server.log_text().contains("version history") {
+        assert!(std::time::Instant::now() < until, "{}", server.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = server.log_text();
+    assert!(log.contains("s3:GetBucketVersioning"), "{log}");
+    assert!(log.contains("kept by this replica"), "{log}");
+    let url = server.state_url("aws", "default");
+    let sent = send("POST", &url, Some(&state_by(1, "L", "narrow")));
+    assert_eq!(sent.status, 200, "{}", sent.text());
+    assert_eq!(
+        send("GET", &url, None).json()["outputs"]["who"]["value"],
+        "narrow"
+    );
+    let (versions, source) = listed(&server);
+    assert_eq!((versions.len(), source.as_str()), (1, "replica"));
+}
