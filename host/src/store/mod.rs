@@ -224,13 +224,16 @@ impl<S: Storage> Store<S> {
         }
     }
 
+    /// This replica's own newest version; fresh where it keeps none (the
+    /// next state read becomes the mark, as it would without a seed, and
+    /// the guest is not asked again at every read of an absent workspace).
     async fn newest_in_replica(&self, workspace: &str) -> Seed {
         let Some(history) = &self.history else {
-            return Seed::Unknown;
+            return Seed::Fresh;
         };
         match history.newest_version(workspace).await {
             Some((lineage, serial)) => Seed::At(lineage, serial),
-            None => Seed::Unknown,
+            None => Seed::Fresh,
         }
     }
 
