@@ -43,7 +43,7 @@ struct Aws {
 }
 
 /// The text of the first `<tag>…</tag>` in `xml`.
-fn between(xml: &str, tag: &str) -> String {
+pub(crate) fn between(xml: &str, tag: &str) -> String {
     let open = format!("<{tag}>");
     let start = xml
         .find(&open)

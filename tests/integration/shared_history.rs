@@ -22,6 +22,13 @@ fn state_by(serial: u64, lineage: &str, who: &str) -> Vec<u8> {
 /// history (so its first write is not copied into its own data directory).
 fn host(data: &Path, moto: &Moto, locking: Locking, extra: &str) -> Server {
     let server = Server::with_config(data, &backend_config(&moto.url, locking, extra));
+    said_who_keeps_history(&server);
+    server
+}
+
+/// Wait until `server` has logged who keeps its history (the probe at
+/// start), failing with its log.
+fn said_who_keeps_history(server: &Server) {
     let until = std::time::Instant::now() + Duration::from_secs(60);
     while !server.log_text().contains("version history") {
         assert!(
@@ -31,7 +38,27 @@ fn host(data: &Path, moto: &Moto, locking: Locking, extra: &str) -> Server {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    server
+}
+
+/// The config lines that seal a backend's states with a new key in `dir`.
+fn sealed_with_key_in(dir: &Path) -> String {
+    let key = key_file(dir);
+    format!("encryption = {{ keys = [{{ id = \"k1\", file = {key:?} }}] }}\n")
+}
+
+/// `wasmstate state versions default -b aws` against `server`: its output.
+fn state_versions(server: &Server) -> String {
+    let (ok, out) = wasmstate(&[
+        "state",
+        "versions",
+        "default",
+        "-b",
+        "aws",
+        "--server",
+        &server.url,
+    ]);
+    assert!(ok, "{out}");
+    out
 }
 
 /// `(id, serial)` of each version a host lists, and its history header.
@@ -176,16 +203,7 @@ fn every_replica_sees_every_version(locking: Locking) {
         &first[..],
         "the same versions below the restore"
     );
-    let (ok, out) = wasmstate(&[
-        "state",
-        "versions",
-        "default",
-        "-b",
-        "aws",
-        "--server",
-        &restarted.url,
-    ]);
-    assert!(ok, "{out}");
+    let out = state_versions(&restarted);
     assert!(out.contains("kept by the storage itself"), "{out}");
     assert!(out.contains(oldest.as_str()), "{out}");
 }
@@ -209,8 +227,7 @@ fn every_replica_refuses_the_same_rollback() {
     let moto = start_moto(Locking::LockFile);
     moto.enable_versioning(BUCKET);
     let keys = tempdir();
-    let key = key_file(keys.path());
-    let sealed = format!("encryption = {{ keys = [{{ id = \"k1\", file = {key:?} }}] }}\n");
+    let sealed = sealed_with_key_in(keys.path());
     let (a_dir, b_dir) = (tempdir(), tempdir());
     let a = host(a_dir.path(), &moto, Locking::LockFile, &sealed);
     let b = host(b_dir.path(), &moto, Locking::LockFile, &sealed);
@@ -272,8 +289,7 @@ fn a_force_pushed_state_is_not_taken_for_a_rollback() {
     let moto = start_moto(Locking::LockFile);
     moto.enable_versioning(BUCKET);
     let keys = tempdir();
-    let key = key_file(keys.path());
-    let sealed = format!("encryption = {{ keys = [{{ id = \"k1\", file = {key:?} }}] }}\n");
+    let sealed = sealed_with_key_in(keys.path());
     let forcing_dir = tempdir();
     let forcing = host(
         forcing_dir.path(),
@@ -312,16 +328,8 @@ fn a_bucket_without_versioning_says_history_is_per_replica() {
     let (versions, source) = listed(&server);
     assert_eq!((versions.len(), source.as_str()), (1, "replica"));
     assert_eq!(files_under(&data.path().join("history")), 1);
-    let (ok, out) = wasmstate(&[
-        "state",
-        "versions",
-        "default",
-        "-b",
-        "aws",
-        "--server",
-        &server.url,
-    ]);
-    assert!(ok && out.contains("kept by this replica"), "{out}");
+    let out = state_versions(&server);
+    assert!(out.contains("kept by this replica"), "{out}");
 }
 
 /// The policy Terraform's S3 backend documents: states, and nothing of the
@@ -329,13 +337,6 @@ fn a_bucket_without_versioning_says_history_is_per_replica() {
 const LEAST_PRIVILEGE: &str = r#"{"Version":"2012-10-17","Statement":[
   {"Effect":"Allow","Action":"s3:ListBucket","Resource":"arn:aws:s3:::wasmstate-states"},
   {"Effect":"Allow","Action":["s3:GetObject","s3:PutObject","s3:DeleteObject"],"Resource":"arn:aws:s3:::wasmstate-states/*"}]}"#;
-
-/// The text of the first `<tag>…</tag>` of an IAM answer.
-fn xml_field(xml: &str, tag: &str) -> String {
-    let start = xml.find(&format!("<{tag}>")).unwrap() + tag.len() + 2;
-    let end = start + xml[start..].find(&format!("</{tag}>")).unwrap();
-    xml[start..end].to_string()
-}
 
 /// Credentials with Terraform's least-privilege policy (no
 /// s3:GetBucketVersioning, s3:ListBucketVersions or s3:GetObjectVersion),
@@ -360,8 +361,8 @@ fn a_policy_without_the_history_permissions_keeps_history_per_replica() {
     let settings: Vec<String> = crate::aws::settings(&moto.url, Locking::LockFile)
         .into_iter()
         .map(|(k, v)| match k.as_str() {
-            "access_key" => (k, xml_field(&key, "AccessKeyId")),
-            "secret_key" => (k, xml_field(&key, "SecretAccessKey")),
+            "access_key" => (k, crate::aws_credentials::between(&key, "AccessKeyId")),
+            "secret_key" => (k, crate::aws_credentials::between(&key, "SecretAccessKey")),
             _ => (k, v),
         })
         .map(|(k, v)| format!("{k:?} = {v:?}"))
@@ -372,11 +373,7 @@ fn a_policy_without_the_history_permissions_keeps_history_per_replica() {
     );
     let data = tempdir();
     let server = Server::with_config(data.path(), &config);
-    let until = std::time::Instant::now() + Duration::from_secs(60);
-    while !server.log_text().contains("version history") {
-        assert!(std::time::Instant::now() < until, "{}", server.log_text());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    said_who_keeps_history(&server);
     let log = server.log_text();
     assert!(log.contains("s3:GetBucketVersioning"), "{log}");
     assert!(log.contains("kept by this replica"), "{log}");
