@@ -112,24 +112,35 @@ fn a_wrong_password_flood_slows_no_token_client_and_is_throttled() {
     );
 
     // Refusing a known and an unknown name costs the same (the first few
-    // failures, before any backoff).
-    let refusal = |user: &str| {
+    // failures, before any backoff). Each refusal comes from its own
+    // loopback address, so the address backoff never starts; a name may
+    // fail FREE_FAILURES (5) times before its own does. Samples alternate
+    // and the fastest of each counts, so a busy machine's stalls (the rest
+    // of the suite runs beside) hit both sides alike. Without the dummy
+    // hash an unknown name is refused ~20x faster; 3x still catches it.
+    let refusal = |user: &str, from: u8| {
+        let client = reqwest::blocking::Client::builder()
+            .local_address(std::net::IpAddr::from([127, 0, 0, from]))
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
         let started = Instant::now();
-        let answer = send_with(
-            "GET",
-            &url,
-            None,
-            &[("Authorization", &basic(user, "wrong"))],
-        );
-        assert_eq!(answer.status, 401, "{}", answer.text());
+        let answer = client
+            .get(&url)
+            .header("Authorization", basic(user, "wrong"))
+            .send()
+            .unwrap();
+        assert_eq!(answer.status(), 401);
         started.elapsed()
     };
-    let (known, unknown) = (
-        refusal("alice").min(refusal("alice")),
-        refusal("nobody").min(refusal("nobody")),
-    );
+    let (mut known, mut unknown) = (Duration::MAX, Duration::MAX);
+    for i in 0..5u8 {
+        known = known.min(refusal("alice", 20 + 2 * i));
+        unknown = unknown.min(refusal("nobody", 21 + 2 * i));
+    }
+    eprintln!("refusing a known name: {known:?}, an unknown one: {unknown:?}");
     assert!(
-        unknown * 2 >= known && known * 2 >= unknown,
+        unknown * 3 >= known && known * 3 >= unknown,
         "refusing a known name took {known:?}, an unknown one {unknown:?}"
     );
 
