@@ -43,13 +43,26 @@ pub struct EmbeddedGuest {
     /// Outbound HTTP granted when the operator grants none explicitly,
     /// derived from the guest's configuration.
     pub default_http: fn(&[(String, String)]) -> Vec<Origin>,
-    /// Whether the host signs its requests with the backend's AWS
-    /// credentials (the AWS guests: every endpoint they are granted).
-    pub signs_aws: bool,
+    /// Whose credentials the host adds to its requests (to every endpoint
+    /// it is granted by default), if any.
+    pub cloud: Cloud,
     /// Git repositories granted when the operator grants none explicitly,
     /// and the refs and paths it may change there, derived from the
     /// guest's configuration.
     pub default_git: fn(&[(String, String)]) -> GitDefaults,
+}
+
+/// The cloud whose credentials the host holds for a first-party guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cloud {
+    /// None: the guest's requests leave as it sends them.
+    None,
+    /// AWS: SigV4 with the backend's AWS credentials.
+    Aws,
+    /// Azure Storage: Shared Key or a SAS token.
+    Azure,
+    /// Google Cloud: an OAuth2 access token.
+    Gcp,
 }
 
 /// What a first-party guest is granted in git by default.
@@ -102,7 +115,7 @@ pub const EMBEDDED: &[EmbeddedGuest] = &[
         summary: "state files in a directory on this machine (the default)",
         wasm: include_bytes!(env!("WASMSTATE_GUEST_LOCAL")),
         default_http: |_| Vec::new(),
-        signs_aws: false,
+        cloud: Cloud::None,
         default_git: |_| GitDefaults::default(),
     },
     EmbeddedGuest {
@@ -110,7 +123,7 @@ pub const EMBEDDED: &[EmbeddedGuest] = &[
         summary: "S3, locked with .tflock objects (Terraform's use_lockfile layout)",
         wasm: include_bytes!(env!("WASMSTATE_GUEST_S3_LOCKFILE")),
         default_http: aws_grants,
-        signs_aws: true,
+        cloud: Cloud::Aws,
         default_git: |_| GitDefaults::default(),
     },
     EmbeddedGuest {
@@ -118,7 +131,7 @@ pub const EMBEDDED: &[EmbeddedGuest] = &[
         summary: "S3, locked with a DynamoDB table (Terraform's dynamodb_table layout)",
         wasm: include_bytes!(env!("WASMSTATE_GUEST_DYNAMODB")),
         default_http: aws_grants,
-        signs_aws: true,
+        cloud: Cloud::Aws,
         default_git: |_| GitDefaults::default(),
     },
     EmbeddedGuest {
@@ -128,7 +141,7 @@ pub const EMBEDDED: &[EmbeddedGuest] = &[
         // No HTTP: it reaches its repository through the host's git
         // capability, granted from its `repository` setting.
         default_http: |_| Vec::new(),
-        signs_aws: false,
+        cloud: Cloud::None,
         default_git: git_guest_grants,
     },
     EmbeddedGuest {
@@ -136,7 +149,7 @@ pub const EMBEDDED: &[EmbeddedGuest] = &[
         summary: "Google Cloud Storage, locked with .tflock objects (Terraform's gcs layout)",
         wasm: include_bytes!(env!("WASMSTATE_GUEST_GCS")),
         default_http: gcs_grants,
-        signs_aws: false,
+        cloud: Cloud::Gcp,
         default_git: |_| GitDefaults::default(),
     },
 ];
@@ -198,9 +211,13 @@ pub fn default_grants(
     }
 }
 
-/// Whether `source` is an embedded guest whose AWS requests the host signs.
-pub fn signs_aws(source: &GuestSource) -> bool {
-    matches!(source, GuestSource::Embedded(name) if embedded(name).is_some_and(|g| g.signs_aws))
+/// The cloud whose credentials the host adds to an embedded guest's
+/// requests; [`Cloud::None`] for other guests.
+pub fn cloud(source: &GuestSource) -> Cloud {
+    match source {
+        GuestSource::Embedded(name) => embedded(name).map_or(Cloud::None, |g| g.cloud),
+        _ => Cloud::None,
+    }
 }
 
 /// The embedded guest called `name`, if there is one.

@@ -21,6 +21,9 @@ fn settings(gcs: &FakeGcs) -> Vec<(String, String)> {
         ("bucket", BUCKET.to_string()),
         ("prefix", PREFIX.to_string()),
         ("storage_custom_endpoint", gcs.endpoint()),
+        // As Terraform's gcs backend is given one; fake-gcs-server reads
+        // none (tests/integration/gcp_credentials.rs checks the tokens).
+        ("access_token", "fake".to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))

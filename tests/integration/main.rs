@@ -15,6 +15,7 @@ mod console;
 mod docs;
 mod escapes;
 mod etcd;
+mod gcp_credentials;
 mod gcs;
 mod git;
 mod hostile;

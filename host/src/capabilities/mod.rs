@@ -2,4 +2,6 @@
 //! by the operator. Plain Rust: the runtime adapts them to WIT.
 
 pub mod aws;
+pub mod azure;
+pub mod gcp;
 pub mod git;

@@ -1,6 +1,7 @@
 //! One `[backends.NAME]` table, raw → validated, with the secrets and keys
 //! it names resolved.
 
+use super::cloud::{CloudLists, take_cloud_grants};
 use super::raw::*;
 use super::values::{env_or_file, env_var, flatten_config, in_range, mib};
 use super::*;
@@ -82,18 +83,37 @@ pub(super) fn validate_backend(
     if allow_http.is_empty() {
         allow_http = default_http.clone();
     }
-    // Requests the host signs with the backend's AWS credentials: the
-    // operator's list, or the endpoints an AWS guest's own configuration
+    // Requests the host signs with the backend's cloud credentials: the
+    // operator's list, or the endpoints a cloud guest's own configuration
     // names (never other origins the operator lets it reach). Their
     // credential settings leave the guest's config here: a guest never
     // holds one.
-    let aws_origins: Vec<Origin> = match &raw.aws_sign {
-        Some(list) => origins(list, "aws_sign")?,
-        None if guests::signs_aws(&guest) => default_http,
-        None => Vec::new(),
+    let lists = CloudLists {
+        aws_sign: raw
+            .aws_sign
+            .as_deref()
+            .map(|l| origins(l, "aws_sign"))
+            .transpose()?,
+        azure_sign: raw
+            .azure_sign
+            .as_deref()
+            .map(|l| origins(l, "azure_sign"))
+            .transpose()?,
+        gcp_auth: raw
+            .gcp_auth
+            .as_deref()
+            .map(|l| origins(l, "gcp_auth"))
+            .transpose()?,
     };
-    let aws = AwsGrant::take(aws_origins, &mut guest_config, &mut allow_http, base)
-        .map_err(|e| ConfigError(format!("{file}: {}.{e}", key("config"))))?;
+    let clouds = take_cloud_grants(
+        &guest,
+        lists,
+        &default_http,
+        &mut guest_config,
+        &mut allow_http,
+        base,
+    )
+    .map_err(|e| ConfigError(format!("{file}: backends.{name}.{e}")))?;
     let allow_http_addresses = raw
         .allow_http_addresses
         .iter()
@@ -229,7 +249,9 @@ pub(super) fn validate_backend(
         encryption_accept_plain,
         allow_http,
         allow_http_addresses,
-        aws,
+        aws: clouds.aws,
+        azure: clouds.azure,
+        gcp: clouds.gcp,
         allow_force_push: raw.allow_force_push,
         dir: raw.dir.map(|d| base.join(d)),
         name,

@@ -56,6 +56,8 @@
 
 use crate::auth::{Grant, Token, User, check_hash};
 use crate::capabilities::aws::AwsGrant;
+use crate::capabilities::azure::AzureGrant;
+use crate::capabilities::gcp::GcpGrant;
 use crate::capabilities::git::{GitAuth, GitGrant};
 use crate::guests;
 pub use crate::guests::GuestSource;
@@ -265,6 +267,10 @@ pub struct BackendConfig {
     /// AWS requests the host signs for the guest, and where the
     /// credentials come from.
     pub aws: Option<AwsGrant>,
+    /// Azure Storage requests the host signs for the guest, and with what.
+    pub azure: Option<AzureGrant>,
+    /// Google Cloud requests the host adds a token to, and its source.
+    pub gcp: Option<GcpGrant>,
     /// Accept states older than, or unrelated to, the stored one.
     pub allow_force_push: bool,
     /// Versions the host keeps per workspace (0: none).
@@ -331,6 +337,7 @@ pub struct Overrides {
 pub struct ConfigError(String);
 
 mod backend;
+pub mod cloud;
 mod oidc;
 mod raw;
 #[cfg(test)]
@@ -408,6 +415,8 @@ impl Config {
                 allow_http: Vec::new(),
                 allow_http_addresses: Vec::new(),
                 aws: None,
+                azure: None,
+                gcp: None,
                 allow_force_push: false,
                 history: DEFAULT_HISTORY as usize,
                 encryption_keys: Vec::new(),

@@ -121,6 +121,8 @@ pub(super) struct RawBackend {
     #[serde(default)]
     pub(super) allow_http: Vec<String>,
     pub(super) aws_sign: Option<Vec<String>>,
+    pub(super) azure_sign: Option<Vec<String>>,
+    pub(super) gcp_auth: Option<Vec<String>>,
     #[serde(default)]
     pub(super) allow_http_addresses: Vec<String>,
     #[serde(default)]

@@ -178,6 +178,78 @@ fn an_aws_guest_is_signed_for_its_own_endpoints_only() {
     assert!(sts.is_err_and(|e| e.to_string().contains("STS or IAM")));
 }
 
+/// Google and Azure credentials leave the guest's configuration for the
+/// host; the token goes only over https or to loopback; one cloud per
+/// backend.
+#[test]
+fn cloud_credentials_are_taken_from_the_guest_and_held_by_the_host() {
+    let gcs = parse(
+        r#"
+        [backends.g]
+        guest = "gcs"
+        config = { bucket = "b", prefix = "/team/app", access_token = "ya29.x", storage_custom_endpoint = "http://127.0.0.1:4443/storage/v1/" }
+        "#,
+    )
+    .unwrap();
+    let backend = &gcs.backends[0];
+    assert!(
+        !backend
+            .guest_config
+            .iter()
+            .any(|(k, _)| k == "access_token")
+    );
+    let grant = backend
+        .gcp
+        .as_ref()
+        .expect("the gcs guest's token is the host's");
+    assert_eq!(grant.prefix, "team/app/");
+    assert_eq!(grant.upload_path, "/upload/storage/v1");
+    assert_eq!(grant.origins[0].to_string(), "http://127.0.0.1:4443");
+    let plain = parse(
+        r#"
+        [backends.g]
+        guest = "gcs"
+        config = { bucket = "b", access_token = "t", storage_custom_endpoint = "http://gcs.internal/storage/v1/" }
+        "#,
+    );
+    assert!(plain.is_err_and(|e| e.to_string().contains("only over https or to loopback")));
+    let azure = parse(
+        r#"
+        [backends.a]
+        guest = "azure"
+        config = { storage_account_name = "acct", container_name = "tfstate", key = "prod.tfstate", access_key = "c2VjcmV0", blob_endpoint = "http://127.0.0.1:10000/acct" }
+        "#,
+    )
+    .unwrap();
+    let backend = &azure.backends[0];
+    assert!(!backend.guest_config.iter().any(|(k, _)| k == "access_key"));
+    let grant = backend.azure.as_ref().unwrap();
+    assert_eq!(
+        (grant.base_path.as_str(), grant.key.as_str()),
+        ("/acct", "prod.tfstate")
+    );
+    let keyless = parse(
+        r#"
+        [backends.a]
+        guest = "azure"
+        config = { storage_account_name = "acct", container_name = "c", key = "k" }
+        "#,
+    );
+    if std::env::var_os("ARM_ACCESS_KEY").is_none() && std::env::var_os("ARM_SAS_TOKEN").is_none() {
+        assert!(keyless.is_err_and(|e| e.to_string().contains("access_key or sas_token")));
+    }
+    let two = parse(
+        r#"
+        [backends.g]
+        guest = "gcs"
+        aws_sign = ["http://127.0.0.1:1"]
+        gcp_auth = ["http://127.0.0.1:2"]
+        config = { bucket = "b", access_token = "t" }
+        "#,
+    );
+    assert!(two.is_err_and(|e| e.to_string().contains("one cloud")));
+}
+
 #[test]
 fn users_and_tokens_are_checked() {
     let hash = crate::auth::hash_password("pw");

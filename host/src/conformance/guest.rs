@@ -2,8 +2,8 @@
 //! `wasmstate guest test` does.
 
 use super::{Outcome, Report};
-use crate::capabilities::aws::AwsGrant;
 use crate::capabilities::git::{GitAuth, GitGrant};
+use crate::config::cloud::{CloudLists, take_cloud_grants};
 use crate::config::{BackendConfig, Config, GuestSource, Limits, Overrides};
 use crate::guests;
 use crate::loader::{self, Ungranted};
@@ -54,19 +54,24 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
     if allow_http.is_empty() {
         allow_http = default_http;
     }
-    // AWS requests are signed by the host, as under `serve`: the
+    // Cloud requests are signed by the host, as under `serve`: the
     // credential settings leave the guest's config.
     let mut guest_config = subject.config.clone();
-    let aws_origins = if !subject.aws_sign.is_empty() {
-        subject.aws_sign.clone()
-    } else if guests::signs_aws(&subject.guest) {
-        allow_http.clone()
-    } else {
-        Vec::new()
+    let lists = CloudLists {
+        aws_sign: (!subject.aws_sign.is_empty()).then(|| subject.aws_sign.clone()),
+        ..CloudLists::default()
     };
     let base = std::env::current_dir()?;
-    let aws = AwsGrant::take(aws_origins, &mut guest_config, &mut allow_http, &base)
-        .map_err(|e| anyhow::anyhow!("--config {e}"))?;
+    let default_http = allow_http.clone();
+    let clouds = take_cloud_grants(
+        &subject.guest,
+        lists,
+        &default_http,
+        &mut guest_config,
+        &mut allow_http,
+        &base,
+    )
+    .map_err(|e| anyhow::anyhow!("--{e}"))?;
     let mut git_urls = subject.allow_git.clone();
     if git_urls.is_empty() {
         git_urls = default_git.urls;
@@ -101,7 +106,9 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
         guest_config: config,
         allow_http: allow_http.clone(),
         allow_http_addresses: Vec::new(),
-        aws: aws.clone(),
+        aws: clouds.aws.clone(),
+        azure: clouds.azure.clone(),
+        gcp: clouds.gcp.clone(),
         allow_force_push: false,
         history: 0,
         encryption_keys: Vec::new(),

@@ -203,6 +203,10 @@ pub fn narrow(
     };
     narrowed.secrets = secrets;
     narrowed.aws = aws;
+    // A manifest cannot ask for Azure or Google credentials yet: a
+    // stranger's guest never gets them, whatever the backend lists.
+    narrowed.azure = None;
+    narrowed.gcp = None;
     Ok((narrowed, missing))
 }
 

@@ -64,6 +64,10 @@ pub(super) struct Shared {
     pub outbound: Arc<OutboundPolicy>,
     /// Signs the guest's AWS requests, if the backend is granted any.
     pub aws: Option<Arc<crate::capabilities::aws::AwsSigner>>,
+    /// Signs the guest's Azure Storage requests, if granted.
+    pub azure: Option<Arc<crate::capabilities::azure::AzureSigner>>,
+    /// Adds a token to the guest's Google Cloud requests, if granted.
+    pub gcp: Option<Arc<crate::capabilities::gcp::GcpAuth>>,
     pub git: Option<crate::capabilities::git::GitAccess>,
     pub secrets: Arc<[(String, String)]>,
     pub sha256: String,
@@ -263,6 +267,8 @@ impl Shared {
                 policy: self.outbound.clone(),
                 backend: self.name.clone(),
                 aws: self.aws.clone(),
+                azure: self.azure.clone(),
+                gcp: self.gcp.clone(),
                 max_body_bytes: self.max_lift_bytes,
                 in_flight: Arc::new(tokio::sync::Semaphore::new(
                     outbound::MAX_REQUESTS_IN_FLIGHT,

@@ -68,6 +68,8 @@ pub struct Runtime {
     git: Arc<crate::capabilities::git::GitHost>,
     /// The client of the host's own AWS calls (STS, ECS, instance metadata).
     aws_http: aws_smithy_runtime_api::client::http::SharedHttpClient,
+    /// The client of the host's own Google token calls.
+    gcp_http: reqwest::Client,
     tasks: tokio_util::task::TaskTracker,
     /// The longest `timeout_ms` of any backend: what draining waits for.
     longest_call: std::time::Duration,
@@ -124,6 +126,7 @@ impl Runtime {
                 .unwrap_or_default()
                 + OUTER_GRACE,
             aws_http: crate::capabilities::aws::http_client(),
+            gcp_http: crate::capabilities::gcp::http_client(),
             git: Arc::new(
                 crate::capabilities::git::GitHost::new(config.data_dir.join("git"))
                     .with_limits(config.git_clone_max_bytes, config.max_stored_bytes() as u64),
@@ -243,6 +246,17 @@ impl Runtime {
                     )),
                     None => None,
                 },
+                azure: backend
+                    .azure
+                    .as_ref()
+                    .map(|grant| Arc::new(crate::capabilities::azure::AzureSigner::new(grant))),
+                gcp: backend.gcp.as_ref().map(|grant| {
+                    Arc::new(crate::capabilities::gcp::GcpAuth::new(
+                        name,
+                        grant,
+                        self.gcp_http.clone(),
+                    ))
+                }),
                 outbound: Arc::new(OutboundPolicy::new(
                     backend.allow_http.clone(),
                     backend.allow_http_addresses.clone(),

@@ -5,6 +5,8 @@
 //! lookup for DNS to answer differently), with TLS verified for the name.
 
 use crate::capabilities::aws::AwsSigner;
+use crate::capabilities::azure::AzureSigner;
+use crate::capabilities::gcp::{self, GcpAuth};
 use crate::policy::OutboundPolicy;
 use std::future::Future;
 use std::sync::Arc;
@@ -20,6 +22,10 @@ pub struct Outbound {
     pub backend: Arc<str>,
     /// Signs requests to the backend's AWS endpoints with its credentials.
     pub aws: Option<Arc<AwsSigner>>,
+    /// Signs requests to the backend's Azure Storage account.
+    pub azure: Option<Arc<AzureSigner>>,
+    /// Adds the backend's Google token to requests to its bucket.
+    pub gcp: Option<Arc<GcpAuth>>,
     /// Largest body the host reads whole to sign.
     pub max_body_bytes: usize,
     /// Requests of this instance under way (at most
@@ -79,52 +85,104 @@ impl WasiHttpHooks for Outbound {
         }
         drop(fut);
         let (policy, backend) = (self.policy.clone(), self.backend.clone());
-        // Requests to the backend's AWS endpoints leave signed by the host.
+        // Requests to the backend's cloud endpoints leave signed (or with
+        // a token) by the host, and only those in the grant's scope.
         let aws = self.aws.clone().filter(|aws| aws.signs(request.uri()));
+        let azure = self.azure.clone().filter(|a| a.signs(request.uri()));
+        let gcp = self.gcp.clone().filter(|g| g.covers(request.uri()));
         let limit = self.max_body_bytes;
         let (in_flight, budgets) = (self.in_flight.clone(), self.budgets.clone());
         let work = self.work.clone();
         Box::new(async move {
-            use http_body_util::BodyExt;
             // The instance's semaphore is never closed.
             let _turn = in_flight.acquire_owned().await.ok();
             let mut charged = Vec::new();
-            let request = match aws {
-                Some(aws) => {
-                    let held = (&budgets, &mut charged);
-                    signed(&aws, request, limit, &backend, held, &work).await?
+            let held = (&budgets, &mut charged);
+            let request = if let Some(aws) = aws {
+                let (parts, body) = request.into_parts();
+                let body = read_whole(body, limit, &backend, held).await?;
+                let request = aws
+                    .sign(http::Request::from_parts(parts, body), &work)
+                    .await
+                    .map_err(|reason| {
+                        tracing::warn!(%backend, "cannot sign an AWS request: {reason}");
+                        Error::InternalError(Some(reason))
+                    })?;
+                request.map(full)
+            } else if let Some(azure) = azure {
+                use http_body::Body as _;
+                let (mut parts, body) = request.into_parts();
+                let length = body.size_hint().exact();
+                azure
+                    .authorize(&mut parts, length)
+                    .map_err(|reason| refused(&backend, "Azure", reason))?;
+                http::Request::from_parts(parts, body)
+            } else if let Some(gcp) = gcp {
+                let (mut parts, body) = request.into_parts();
+                if gcp.needs_body(&parts.method, &parts.uri) {
+                    let body = read_whole(body, limit, &backend, held).await?;
+                    authorize_gcp(&gcp, &mut parts, Some(&body), &backend).await?;
+                    http::Request::from_parts(parts, full(body))
+                } else {
+                    authorize_gcp(&gcp, &mut parts, None, &backend).await?;
+                    http::Request::from_parts(parts, body)
                 }
-                None => request,
+            } else {
+                request
             };
             let (response, io) = super::pinned::send(request, options, &policy, &backend).await?;
             // The body went out with the request: its charge goes back.
             drop(charged);
             Ok((
-                response.map(BodyExt::boxed_unsync),
+                response.map(http_body_util::BodyExt::boxed_unsync),
                 Box::new(io) as Box<dyn Future<Output = Result<(), Error>> + Send>,
             ))
         })
     }
 }
 
-/// `request` with its whole body read (SigV4 signs the payload's hash; at
-/// most `limit` bytes) and the host's signature on it. The guest's own
-/// signature headers, if any, are replaced.
-async fn signed(
-    aws: &AwsSigner,
-    request: http::Request<WasiBody>,
+/// A request outside its grant's scope: logged, and refused to the guest.
+fn refused(backend: &str, cloud: &str, reason: String) -> Error {
+    tracing::warn!(backend, "refused to authorize a {cloud} request: {reason}");
+    Error::HttpRequestDenied
+}
+
+/// Add the Google token to `parts`, or refuse it (out of scope) or fail it
+/// (no token to be had: the reason is logged and handed to the guest).
+async fn authorize_gcp(
+    gcp: &GcpAuth,
+    parts: &mut http::request::Parts,
+    body: Option<&[u8]>,
+    backend: &str,
+) -> Result<(), Error> {
+    match gcp.authorize(parts, body).await {
+        Ok(()) => Ok(()),
+        Err(gcp::Refusal::OutOfScope(reason)) => Err(refused(backend, "Google Cloud", reason)),
+        Err(gcp::Refusal::NoToken(reason)) => Err(Error::InternalError(Some(reason))),
+    }
+}
+
+fn full(bytes: bytes::Bytes) -> WasiBody {
+    use http_body_util::BodyExt;
+    http_body_util::Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// The whole of `body` (SigV4 signs the payload's hash; a GCS upload names
+/// its object in it), at most `limit` bytes, each frame charged to the
+/// memory budgets before it is kept: a guest cannot make the host hold
+/// more than they allow.
+async fn read_whole(
+    mut body: WasiBody,
     limit: usize,
     backend: &str,
     (budgets, charged): (
         &[super::limits::Budget; 2],
         &mut Vec<tokio::sync::OwnedSemaphorePermit>,
     ),
-    work: &crate::work::HostWork,
-) -> Result<http::Request<WasiBody>, Error> {
+) -> Result<bytes::Bytes, Error> {
     use http_body_util::BodyExt;
-    let (parts, mut body) = request.into_parts();
-    // Read frame by frame, each charged to the memory budgets before it
-    // is kept: a guest cannot make the host hold more than they allow.
     let mut whole = bytes::BytesMut::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|_| Error::HttpRequestBodySize(Some(limit as u64)))?;
@@ -149,17 +207,5 @@ async fn signed(
         }
         whole.extend_from_slice(&data);
     }
-    let body = whole.freeze();
-    let request = match aws.sign(http::Request::from_parts(parts, body), work).await {
-        Ok(request) => request,
-        Err(reason) => {
-            tracing::warn!(backend, "cannot sign an AWS request: {reason}");
-            return Err(Error::InternalError(Some(reason)));
-        }
-    };
-    Ok(request.map(|bytes| {
-        http_body_util::Full::new(bytes)
-            .map_err(|never| match never {})
-            .boxed_unsync()
-    }))
+    Ok(whole.freeze())
 }

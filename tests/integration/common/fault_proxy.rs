@@ -246,7 +246,7 @@ fn describe(request: &Request<Incoming>) -> String {
 }
 
 /// Send `request` upstream on a fresh connection; its answer, whole.
-async fn forward(
+pub(crate) async fn forward(
     request: Request<Full<Bytes>>,
     upstream: &str,
 ) -> Result<Response<Full<Bytes>>, Box<dyn std::error::Error + Send + Sync>> {

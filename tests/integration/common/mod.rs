@@ -6,6 +6,7 @@
 mod canary;
 mod fault_proxy;
 mod gcs;
+mod google;
 mod limits;
 mod peers;
 mod process;
@@ -15,6 +16,7 @@ pub mod tools;
 pub use canary::{CANARY, Canary};
 pub use fault_proxy::{Fault, FaultProxy};
 pub use gcs::FakeGcs;
+pub use google::{GoogleFront, service_account_key};
 pub use limits::{MemoryCgroup, peak_rss_kib, reset_peak_rss, rss_kib};
 pub use peers::{Etcd, FileServer, GitDaemon, GitHttp, Moto, Registry, bare_repo, git};
 pub use rng::Rng;

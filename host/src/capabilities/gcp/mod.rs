@@ -1,0 +1,207 @@
+//! Google Cloud credentials, held by the host and never by a guest.
+//!
+//! A `gcs` backend's `access_token` or `credentials` (a service-account
+//! key, or an authorized user's refresh token) leave its configuration
+//! before the guest sees it ([`GcpGrant::take`]); without either, the host
+//! reads them as Terraform's gcs backend does (`GOOGLE_OAUTH_ACCESS_TOKEN`,
+//! `GOOGLE_BACKEND_CREDENTIALS`, `GOOGLE_CREDENTIALS`,
+//! `GOOGLE_APPLICATION_CREDENTIALS`) and last asks the metadata server.
+//! The host mints and refreshes the access token ([`token`]) and adds it
+//! only to requests that stay on the backend's state objects ([`scope`]).
+
+mod scope;
+pub mod token;
+
+use crate::policy::Origin;
+pub use token::TokenSource;
+
+/// Keys of a backend's `config` table holding Google credentials.
+pub const CREDENTIAL_KEYS: &[&str] = &["access_token", "credentials"];
+
+/// Google's JSON API, where `storage_custom_endpoint` is not set.
+const DEFAULT_ENDPOINT: &str = "https://storage.googleapis.com/storage/v1/";
+
+/// What a backend is granted: requests to `origins`, on the state and lock
+/// objects under one prefix of one bucket, carry an access token from
+/// `source`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GcpGrant {
+    /// Origins whose requests carry the token.
+    pub origins: Vec<Origin>,
+    /// `bucket`.
+    pub bucket: String,
+    /// `prefix`, as Terraform cleans it (no leading `/`, a trailing one
+    /// unless empty).
+    pub prefix: String,
+    /// The JSON API's path (`/storage/v1`), from `storage_custom_endpoint`.
+    pub api_path: String,
+    /// The upload API's path (`/upload/storage/v1`).
+    pub upload_path: String,
+    /// Where the token comes from.
+    pub source: TokenSource,
+}
+
+impl GcpGrant {
+    /// The grant of a backend whose requests to `origins` carry a token:
+    /// the credential settings are taken out of `guest_config` (relative
+    /// paths from `base`), the bucket, prefix and endpoint are read and
+    /// left, and `origins` become reachable in `allow_http`. `None` (and
+    /// nothing taken) without origins.
+    pub fn take(
+        origins: Vec<Origin>,
+        guest_config: &mut Vec<(String, String)>,
+        allow_http: &mut Vec<Origin>,
+        base: &std::path::Path,
+    ) -> Result<Option<GcpGrant>, String> {
+        if origins.is_empty() {
+            return Ok(None);
+        }
+        // A bearer token is the credential itself: it goes only where
+        // nobody on the path can read it.
+        if let Some(origin) = origins
+            .iter()
+            .find(|o| o.scheme != "https" && !is_loopback(&o.host))
+        {
+            return Err(format!(
+                "storage_custom_endpoint: {}://{} is plain http; the host sends an access token only over https or to loopback",
+                origin.scheme, origin.host
+            ));
+        }
+        let mut taken = Vec::new();
+        guest_config.retain(|(key, value)| {
+            let ours = CREDENTIAL_KEYS.contains(&key.as_str());
+            if ours {
+                taken.push((key.clone(), value.clone()));
+            }
+            !ours
+        });
+        let given = |name: &str| {
+            taken
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        let source = TokenSource::resolve(given("access_token"), given("credentials"), base)?;
+        let setting = |name: &str| {
+            guest_config
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        let bucket = setting("bucket").ok_or("bucket: required")?;
+        let prefix = match setting("prefix")
+            .unwrap_or_default()
+            .trim_start_matches('/')
+        {
+            "" => String::new(),
+            p if p.ends_with('/') => p.to_string(),
+            p => format!("{p}/"),
+        };
+        let endpoint = setting("storage_custom_endpoint").unwrap_or(DEFAULT_ENDPOINT.into());
+        let uri: http::Uri = endpoint
+            .parse()
+            .map_err(|e| format!("storage_custom_endpoint: {endpoint:?} is not a URL: {e}"))?;
+        let api_path = uri.path().trim_end_matches('/').to_string();
+        // As the guest derives it: `…/storage/v1` → `…/upload/storage/v1`.
+        let upload_path = match api_path.strip_suffix("/storage/v1") {
+            Some(root) => format!("{root}/upload/storage/v1"),
+            None => format!("{api_path}/upload"),
+        };
+        for origin in &origins {
+            if !allow_http.contains(origin) {
+                allow_http.push(origin.clone());
+            }
+        }
+        Ok(Some(GcpGrant {
+            origins,
+            bucket,
+            prefix,
+            api_path,
+            upload_path,
+            source,
+        }))
+    }
+}
+
+fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Why a request was not given a token.
+#[derive(Debug)]
+pub enum Refusal {
+    /// It leaves the grant's scope: never sent.
+    OutOfScope(String),
+    /// No token could be had (the token endpoint failed or refused).
+    NoToken(String),
+}
+
+/// One backend's token: the grant, and the token last minted, shared by
+/// every request of the backend.
+pub struct GcpAuth {
+    grant: GcpGrant,
+    tokens: token::Cache,
+}
+
+impl GcpAuth {
+    /// The authorizer of `grant`, calling token endpoints with `http`;
+    /// nothing is fetched yet.
+    pub fn new(backend: &str, grant: &GcpGrant, http: reqwest::Client) -> GcpAuth {
+        GcpAuth {
+            grant: grant.clone(),
+            tokens: token::Cache::new(backend, grant.source.clone(), http),
+        }
+    }
+
+    /// Whether requests to `uri` go through this authorizer (and so must
+    /// stay in its scope).
+    pub fn covers(&self, uri: &http::Uri) -> bool {
+        self.grant.origins.iter().any(|o| o.matches(uri))
+    }
+
+    /// Whether the scope check of `method uri` needs the body (an upload
+    /// names its object there).
+    pub fn needs_body(&self, method: &http::Method, uri: &http::Uri) -> bool {
+        scope::needs_body(&self.grant, method, uri)
+    }
+
+    /// Authorize `parts` (with `body` when [`needs_body`](Self::needs_body)
+    /// said so): refused unless it stays on the grant's state and lock
+    /// objects; then given the bearer token, except a resumable upload's
+    /// session requests, which the session itself authorizes. The guest's
+    /// own `Authorization` is removed.
+    pub async fn authorize(
+        &self,
+        parts: &mut http::request::Parts,
+        body: Option<&[u8]>,
+    ) -> Result<(), Refusal> {
+        parts.headers.remove(http::header::AUTHORIZATION);
+        let access = scope::check(&self.grant, &parts.method, &parts.uri, &parts.headers, body)
+            .map_err(Refusal::OutOfScope)?;
+        match access {
+            scope::Access::Session => Ok(()),
+            scope::Access::Bearer => {
+                let token = self.tokens.get().await.map_err(Refusal::NoToken)?;
+                let value = format!("Bearer {token}").parse().map_err(|_| {
+                    Refusal::NoToken("the access token does not fit in a header".into())
+                })?;
+                parts.headers.insert(http::header::AUTHORIZATION, value);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The HTTP client of the host's own Google calls (token endpoints, the
+/// metadata server): rustls, no redirects, a deadline.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .use_rustls_tls()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(std::time::Duration::from_secs(20))
+        .build()
+        .expect("a client with rustls builds")
+}
