@@ -16,6 +16,7 @@ const GUESTS: &[(&str, &str)] = &[
     ("wasmstate-guest-dynamodb", "WASMSTATE_GUEST_DYNAMODB"),
     ("wasmstate-guest-git", "WASMSTATE_GUEST_GIT"),
     ("wasmstate-guest-gcs", "WASMSTATE_GUEST_GCS"),
+    ("wasmstate-guest-azure", "WASMSTATE_GUEST_AZURE"),
     // Built here only so the tests can find it; it is not embedded.
     ("wasmstate-guest-etcd", "WASMSTATE_EXAMPLE_ETCD"),
     ("wasmstate-fixture-misbehave", "WASMSTATE_FIXTURE_MISBEHAVE"),

@@ -6,6 +6,7 @@ mod audit;
 mod auth;
 mod aws;
 mod aws_credentials;
+mod azure;
 mod big_states;
 mod chaos;
 mod common;

@@ -3,6 +3,7 @@
 
 #![allow(dead_code, unused_imports)]
 
+pub mod azurite;
 mod canary;
 mod fault_proxy;
 mod gcs;
@@ -13,6 +14,7 @@ mod process;
 mod rng;
 pub mod tools;
 
+pub use azurite::Azurite;
 pub use canary::{CANARY, Canary};
 pub use fault_proxy::{Fault, FaultProxy};
 pub use gcs::FakeGcs;

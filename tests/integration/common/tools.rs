@@ -283,7 +283,7 @@ fn make_python_env() -> Result<PythonEnv, String> {
 /// that file and checked by `check` every time. Test binaries and
 /// benchmarks may start at once: one makes it under a lock, the others
 /// wait; a folder half-made by an interrupted run is made again.
-fn tool_dir(
+pub fn tool_dir(
     prefix: &str,
     pins: &str,
     make: impl FnOnce(&Path) -> Result<(), String>,

@@ -1,0 +1,508 @@
+//! Blobs in one Azure Storage container, through the Blob service's REST
+//! API over `wasi:http`.
+//!
+//! Requests leave unsigned: every one carries `x-ms-version` and no
+//! `Authorization` or `x-ms-date`; the host adds both (SharedKey) or the
+//! SAS token once the guest's headers are final, so no credential ever
+//! enters the guest.
+
+use wasmstate_guest::http::{self, Response};
+use wasmstate_guest::{Error, StateReader};
+
+/// The REST API version every request asks for: one Azurite serves and
+/// every Azure region has had for years.
+pub const API_VERSION: &str = "2021-12-02";
+
+/// Bytes of each ranged read and of each block of a large upload: what
+/// the guest holds of a state at once. States up to this size go up in one
+/// Put Blob.
+pub const PART_BYTES: usize = 4 << 20;
+
+/// Prefix of user metadata headers.
+const META: &str = "x-ms-meta-";
+
+/// What Get Blob Properties says about a blob.
+#[derive(Debug, Clone)]
+pub struct Props {
+    /// Its ETag, quotes included, as `If-Match` wants it.
+    pub etag: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Whether a lease is held on it (`x-ms-lease-status: locked`).
+    pub leased: bool,
+    /// Its user metadata, names lowercase, in the order received.
+    pub metadata: Vec<(String, String)>,
+}
+
+impl Props {
+    /// The value of metadata `name`.
+    pub fn meta(&self, name: &str) -> Option<&str> {
+        self.metadata
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// What an upload or metadata change may replace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Condition {
+    /// Only where no blob exists (`If-None-Match: *`).
+    Absent,
+    /// Only the blob with this ETag (`If-Match`).
+    Etag(String),
+    /// Anything.
+    Any,
+}
+
+/// Why the store refused a change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The condition did not hold: the blob changed, or exists.
+    Changed,
+    /// A lease is held and the request carried none, or another one.
+    Lease,
+    /// No such blob.
+    Missing,
+}
+
+/// One container.
+pub struct Container {
+    /// The blob service's base URL, without a trailing `/`.
+    endpoint: String,
+    /// The container's name.
+    pub name: String,
+}
+
+/// What [`encode`] escapes: everything but RFC 3986's unreserved
+/// characters, as Azure's own SDKs quote blob names and query values.
+const ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Percent-encode `text` for a URL path segment or query value.
+pub fn encode(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, ESCAPED).to_string()
+}
+
+/// Pauses before a GET or HEAD is sent again after its connection broke:
+/// each request opens a connection of its own, and one now and then is
+/// reset before its answer under parallel clients on loopback. A read
+/// changes nothing, so it is sent again.
+const READ_RETRY_PAUSES_MS: [u64; 3] = [10, 50, 250];
+
+/// Sleep `ms` milliseconds (a pause between tries, never a synchronisation).
+pub fn pause(ms: u64) {
+    let pause = wstd::time::Duration::from_millis(ms);
+    wstd::runtime::block_on(async { wstd::task::sleep(pause).await });
+}
+
+/// The error an unexpected answer is.
+pub fn failed(what: &str, answer: &Response) -> Error {
+    let code = answer.header("x-ms-error-code").unwrap_or("");
+    let text = String::from_utf8_lossy(&answer.body);
+    let text = text.trim();
+    // At most 300 characters, cut on a character's boundary.
+    let text = text
+        .char_indices()
+        .nth(300)
+        .map_or(text, |(end, _)| &text[..end]);
+    let message = format!("{what}: {} {code} {text}", answer.status);
+    match answer.status {
+        408 | 429 | 500..=599 => Error::Unavailable(message),
+        _ => Error::Internal(message),
+    }
+}
+
+/// Whether a 409/412 answer is about a lease rather than a condition
+/// (`LeaseIdMissing`, `LeaseIdMismatchWithBlobOperation`, …).
+fn about_lease(answer: &Response) -> bool {
+    answer
+        .header("x-ms-error-code")
+        .is_some_and(|code| code.starts_with("Lease"))
+}
+
+impl Container {
+    /// The container `name` of the blob service at `endpoint`
+    /// (`https://<account>.blob.core.windows.net`).
+    pub fn new(endpoint: &str, name: &str) -> Self {
+        Container {
+            endpoint: endpoint.trim_end_matches('/').to_string(),
+            name: name.to_string(),
+        }
+    }
+
+    /// The URL of blob `blob` (segments encoded, `/` kept).
+    pub fn url(&self, blob: &str) -> String {
+        let path: Vec<String> = blob.split('/').map(encode).collect();
+        format!(
+            "{}/{}/{}",
+            self.endpoint,
+            encode(&self.name),
+            path.join("/")
+        )
+    }
+
+    /// `<container>/<blob>`, as Terraform names a state in lock paths and
+    /// messages.
+    pub fn path(&self, blob: &str) -> String {
+        format!("{}/{blob}", self.name)
+    }
+
+    /// Send one request with the API version; reads (GET, HEAD) are sent
+    /// again when their connection breaks.
+    fn send(
+        &self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> Result<Response, Error> {
+        let mut all: Vec<(&str, &str)> = vec![("x-ms-version", API_VERSION)];
+        all.extend_from_slice(headers);
+        // Azure wants the length of every change up front (411 without
+        // it, and a chunked body is refused); reads carry none.
+        let length = body.len().to_string();
+        if !matches!(method, "GET" | "HEAD") {
+            all.push(("content-length", &length));
+        }
+        let mut pauses = READ_RETRY_PAUSES_MS.iter();
+        loop {
+            match http::request(method, url, &all, body.clone()) {
+                Err(Error::Unavailable(why)) if matches!(method, "GET" | "HEAD") => {
+                    match pauses.next() {
+                        Some(ms) => pause(*ms),
+                        None => return Err(Error::Unavailable(why)),
+                    }
+                }
+                answer => return answer,
+            }
+        }
+    }
+
+    /// Get Blob Properties; `None` when there is no such blob.
+    pub fn properties(&self, blob: &str) -> Result<Option<Props>, Error> {
+        let answer = self.send("HEAD", &self.url(blob), &[], Vec::new())?;
+        match answer.status {
+            200 => props_of(&answer).map(Some),
+            404 => Ok(None),
+            _ => Err(failed(
+                &format!("reading the properties of {}", self.path(blob)),
+                &answer,
+            )),
+        }
+    }
+
+    /// Bytes `start..=end` of `blob` (of its `snapshot` when given), only
+    /// while it is `etag` when one is given. `Ok(None)` when the blob is
+    /// gone or changed.
+    pub fn range(
+        &self,
+        blob: &str,
+        snapshot: Option<&str>,
+        etag: Option<&str>,
+        start: u64,
+        end: u64,
+    ) -> Result<Option<Response>, Error> {
+        let mut url = self.url(blob);
+        if let Some(snapshot) = snapshot {
+            url.push_str(&format!("?snapshot={}", encode(snapshot)));
+        }
+        let range = format!("bytes={start}-{end}");
+        let mut headers = vec![("x-ms-range", range.as_str())];
+        if let Some(etag) = etag {
+            headers.push(("if-match", etag));
+        }
+        let answer = self.send("GET", &url, &headers, Vec::new())?;
+        match answer.status {
+            200 | 206 => Ok(Some(answer)),
+            // Gone, replaced, or (for an id that is no snapshot) malformed.
+            400 | 404 | 412 | 416 => Ok(None),
+            _ => Err(failed(&format!("reading {}", self.path(blob)), &answer)),
+        }
+    }
+
+    /// Put Blob: `bytes` as the whole of `blob`, a JSON block blob with
+    /// `metadata`, if `condition` holds, under `lease` when one is held.
+    pub fn put(
+        &self,
+        blob: &str,
+        bytes: Vec<u8>,
+        metadata: &[(String, String)],
+        condition: &Condition,
+        lease: Option<&str>,
+    ) -> Result<Result<(), Refusal>, Error> {
+        let headers = [
+            ("x-ms-blob-type", "BlockBlob"),
+            ("content-type", "application/json"),
+            ("x-ms-blob-content-type", "application/json"),
+        ];
+        let answer = self.change(
+            "PUT",
+            &self.url(blob),
+            &headers,
+            metadata,
+            condition,
+            lease,
+            bytes,
+        )?;
+        self.refusal(answer, 201, &format!("writing {}", self.path(blob)))
+    }
+
+    /// Upload what `state` yields as `blob`: one Put Blob up to
+    /// [`PART_BYTES`], else Put Block per part and Put Block List, so the
+    /// guest holds one part at a time. The blob changes only at the last
+    /// request, and only if `condition` holds then.
+    pub fn upload(
+        &self,
+        blob: &str,
+        state: &mut StateReader<'_>,
+        metadata: &[(String, String)],
+        condition: &Condition,
+        lease: Option<&str>,
+    ) -> Result<Result<(), Refusal>, Error> {
+        if state.size() <= PART_BYTES as u64 {
+            return self.put(blob, state.read_all(), metadata, condition, lease);
+        }
+        let what = format!("writing {}", self.path(blob));
+        // Uncommitted blocks belong to the blob, not to the writer: ids
+        // unique to this upload keep two writers' parts apart.
+        let upload = hex(&wasmstate_guest::random_bytes(16));
+        let mut ids = Vec::new();
+        let mut sent = 0u64;
+        loop {
+            let part = read_part(state, PART_BYTES);
+            if part.is_empty() {
+                break;
+            }
+            sent += part.len() as u64;
+            let id = block_id(&upload, ids.len());
+            let url = format!("{}?comp=block&blockid={}", self.url(blob), encode(&id));
+            let mut headers = Vec::new();
+            if let Some(lease) = lease {
+                headers.push(("x-ms-lease-id", lease));
+            }
+            let answer = self.send("PUT", &url, &headers, part)?;
+            match answer.status {
+                201 => ids.push(id),
+                412 | 409 if about_lease(&answer) => return Ok(Err(Refusal::Lease)),
+                _ => return Err(failed(&what, &answer)),
+            }
+        }
+        if sent != state.size() {
+            return Err(Error::Internal(format!(
+                "{what}: the state ended at {sent} of its {} bytes",
+                state.size()
+            )));
+        }
+        let mut list = String::from(r#"<?xml version="1.0" encoding="utf-8"?><BlockList>"#);
+        for id in &ids {
+            // Block ids are base64: nothing in them needs escaping.
+            list.push_str(&format!("<Latest>{id}</Latest>"));
+        }
+        list.push_str("</BlockList>");
+        let headers = [
+            ("content-type", "application/xml"),
+            ("x-ms-blob-content-type", "application/json"),
+        ];
+        let url = format!("{}?comp=blocklist", self.url(blob));
+        let answer = self.change(
+            "PUT",
+            &url,
+            &headers,
+            metadata,
+            condition,
+            lease,
+            list.into_bytes(),
+        )?;
+        self.refusal(answer, 201, &what)
+    }
+
+    /// Set Blob Metadata: `metadata` replaces all of `blob`'s, if
+    /// `condition` holds, under `lease` when one is held.
+    pub fn set_metadata(
+        &self,
+        blob: &str,
+        metadata: &[(String, String)],
+        condition: &Condition,
+        lease: Option<&str>,
+    ) -> Result<Result<(), Refusal>, Error> {
+        let url = format!("{}?comp=metadata", self.url(blob));
+        let answer = self.change("PUT", &url, &[], metadata, condition, lease, Vec::new())?;
+        self.refusal(
+            answer,
+            200,
+            &format!("setting the metadata of {}", self.path(blob)),
+        )
+    }
+
+    /// Snapshot Blob, under `lease` when one is held (as Terraform's
+    /// `snapshot = true` does before each write).
+    pub fn snapshot(&self, blob: &str, lease: Option<&str>) -> Result<Result<(), Refusal>, Error> {
+        let url = format!("{}?comp=snapshot", self.url(blob));
+        let answer = self.change("PUT", &url, &[], &[], &Condition::Any, lease, Vec::new())?;
+        self.refusal(answer, 201, &format!("snapshotting {}", self.path(blob)))
+    }
+
+    /// Delete Blob with its snapshots, if `condition` holds (a leased blob
+    /// is refused: no lease is sent).
+    pub fn delete(&self, blob: &str, condition: &Condition) -> Result<Result<(), Refusal>, Error> {
+        let headers = [("x-ms-delete-snapshots", "include")];
+        let answer = self.change(
+            "DELETE",
+            &self.url(blob),
+            &headers,
+            &[],
+            condition,
+            None,
+            Vec::new(),
+        )?;
+        self.refusal(answer, 202, &format!("deleting {}", self.path(blob)))
+    }
+
+    /// One lease action (`acquire`, `release`, `break`) with `headers`;
+    /// the answer, for the caller to read.
+    pub fn lease(
+        &self,
+        blob: &str,
+        action: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<Response, Error> {
+        let url = format!("{}?comp=lease", self.url(blob));
+        let mut all = vec![("x-ms-lease-action", action)];
+        all.extend_from_slice(headers);
+        self.send("PUT", &url, &all, Vec::new())
+    }
+
+    /// A request that changes `blob`, with its metadata, condition and
+    /// lease headers.
+    #[allow(clippy::too_many_arguments)]
+    fn change(
+        &self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        metadata: &[(String, String)],
+        condition: &Condition,
+        lease: Option<&str>,
+        body: Vec<u8>,
+    ) -> Result<Response, Error> {
+        let mut all: Vec<(String, String)> = headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        all.extend(
+            metadata
+                .iter()
+                .map(|(n, v)| (format!("{META}{n}"), v.clone())),
+        );
+        match condition {
+            Condition::Absent => all.push(("if-none-match".into(), "*".into())),
+            Condition::Etag(etag) => all.push(("if-match".into(), etag.clone())),
+            Condition::Any => {}
+        }
+        if let Some(lease) = lease {
+            all.push(("x-ms-lease-id".into(), lease.to_string()));
+        }
+        let all: Vec<(&str, &str)> = all.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        self.send(method, url, &all, body)
+    }
+
+    /// The outcome of a change answered `answer`, which succeeded with
+    /// `ok`.
+    fn refusal(&self, answer: Response, ok: u16, what: &str) -> Result<Result<(), Refusal>, Error> {
+        match answer.status {
+            s if s == ok => Ok(Ok(())),
+            409 | 412 if about_lease(&answer) => Ok(Err(Refusal::Lease)),
+            409 | 412 => Ok(Err(Refusal::Changed)),
+            404 => Ok(Err(Refusal::Missing)),
+            _ => Err(failed(what, &answer)),
+        }
+    }
+
+    /// List Blobs: one page of the blobs whose names start with `prefix`
+    /// (with their snapshots when asked), from `marker`.
+    pub fn list_page(
+        &self,
+        prefix: &str,
+        snapshots: bool,
+        marker: Option<&str>,
+    ) -> Result<Response, Error> {
+        let mut url = format!(
+            "{}/{}?restype=container&comp=list&prefix={}",
+            self.endpoint,
+            encode(&self.name),
+            encode(prefix)
+        );
+        if snapshots {
+            url.push_str("&include=snapshots");
+        }
+        if let Some(marker) = marker {
+            url.push_str(&format!("&marker={}", encode(marker)));
+        }
+        let answer = self.send("GET", &url, &[], Vec::new())?;
+        if answer.status != 200 {
+            return Err(failed(&format!("listing {}", self.path(prefix)), &answer));
+        }
+        Ok(answer)
+    }
+}
+
+/// What Get Blob Properties answered.
+fn props_of(answer: &Response) -> Result<Props, Error> {
+    let etag = answer
+        .header("etag")
+        .ok_or_else(|| Error::Internal("a blob's properties came without an ETag".into()))?;
+    let size = answer
+        .header("content-length")
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| {
+            Error::Internal(
+                "a blob's properties came without a Content-Length that is a number".into(),
+            )
+        })?;
+    let metadata = answer
+        .headers
+        .iter()
+        .filter_map(|(n, v)| {
+            Some((
+                n.to_ascii_lowercase().strip_prefix(META)?.to_string(),
+                v.clone(),
+            ))
+        })
+        .collect();
+    Ok(Props {
+        etag: etag.to_string(),
+        size,
+        leased: answer
+            .header("x-ms-lease-status")
+            .is_some_and(|s| s.eq_ignore_ascii_case("locked")),
+        metadata,
+    })
+}
+
+/// Up to `max` bytes of `state`, read in full unless it ends.
+fn read_part(state: &mut StateReader<'_>, max: usize) -> Vec<u8> {
+    let mut part = Vec::new();
+    while part.len() < max {
+        let chunk = state.next_chunk(max - part.len());
+        if chunk.is_empty() {
+            break;
+        }
+        part.extend_from_slice(&chunk);
+    }
+    part
+}
+
+/// Block `index` of upload `upload`: base64 of a fixed-width text, as
+/// every block id of a blob must be the same length.
+fn block_id(upload: &str, index: usize) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(format!("{upload}-{index:08}"))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,375 @@
+//! wasmstate guest: Terraform state in Azure Blob Storage, the layout of
+//! Terraform's `backend "azurerm"` (`internal/backend/remote-state/azure`):
+//!
+//! - state: block blob `key` for `default`, `key + "env:" + <workspace>`
+//!   for the others (no separator), content type `application/json`; a
+//!   zero-length blob is a workspace without a state;
+//! - lock: an infinite lease on the state blob, and metadata
+//!   `terraformlockid` = base64 of Terraform's LockInfo JSON whose `ID` is
+//!   the lease ID ([`lockinfo`] says how a lock ID that is not a GUID gets
+//!   one); writes under the lock carry the lease and keep the metadata;
+//! - `snapshot = true`: a snapshot of the blob before every write, which
+//!   are then the state's history, seen by every replica.
+//!
+//! So native Terraform and wasmstate exclude each other on the same
+//! container, and either reads the state the other wrote.
+//!
+//! Settings, named as Terraform's: `storage_account_name`,
+//! `container_name`, `key` (required), `snapshot`; and `blob_endpoint`
+//! (Terraform has none: the blob service's base URL, by default
+//! `https://<account>.blob.core.windows.net`). Credentials (`access_key`,
+//! `sas_token`) stay with the host, which signs every request.
+
+mod blobs;
+mod history;
+mod lease;
+mod listing;
+mod lockinfo;
+
+use blobs::{Condition, Container, PART_BYTES, Refusal};
+use lease::Holder;
+use wasmstate_guest::{
+    Backend, Config, Diagnostic, Error, LockInfo, StateReader, StateWriter, Version, check_lock,
+    register_backend,
+};
+
+/// Times a read starts again when the blob was replaced before its first
+/// byte was handed on.
+const READ_TRIES: usize = 3;
+
+struct Azure {
+    container: Container,
+    key: String,
+    snapshot: bool,
+}
+
+fn invalid(key: &str, message: impl Into<String>) -> Error {
+    Error::InvalidConfig(vec![Diagnostic::key(key, message)])
+}
+
+/// The host's default workspace.
+const DEFAULT: &str = "default";
+
+impl Azure {
+    /// The blob of workspace `ws`, as Terraform names it.
+    fn blob(&self, ws: &str) -> String {
+        match ws {
+            DEFAULT => self.key.clone(),
+            _ => format!("{}env:{ws}", self.key),
+        }
+    }
+
+    /// Stream `blob` (its `snapshot` when given; the live blob only while
+    /// it is `etag` when given) into `out`; `false` when it is gone, or
+    /// changed, before its first byte.
+    fn stream(
+        &self,
+        blob: &str,
+        snapshot: Option<&str>,
+        etag: Option<&str>,
+        out: &mut StateWriter<'_>,
+    ) -> Result<bool, Error> {
+        let c = &self.container;
+        let torn =
+            |why: &str| Error::Unavailable(format!("reading {}: {why}; retry", c.path(blob)));
+        let mut start = 0u64;
+        loop {
+            let end = start + PART_BYTES as u64 - 1;
+            let Some(answer) = c.range(blob, snapshot, etag, start, end)? else {
+                if start == 0 {
+                    return Ok(false);
+                }
+                return Err(torn("the blob was replaced while it was read"));
+            };
+            // `Content-Range: bytes 0-4194303/10485760`; a store that
+            // ignores ranges sends all of it, which only a first read takes.
+            let total = match answer.status {
+                206 => answer
+                    .header("content-range")
+                    .and_then(|r| r.rsplit('/').next())
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+                    .ok_or_else(|| torn("a part came without its blob's size"))?,
+                _ if start == 0 => answer.body.len() as u64,
+                _ => return Err(torn("the store ignored a range request")),
+            };
+            let expected = end.min(total.saturating_sub(1)) + 1 - start;
+            if answer.body.len() as u64 != expected {
+                return Err(torn(&format!(
+                    "asked for {expected} bytes at {start}, got {}",
+                    answer.body.len()
+                )));
+            }
+            std::io::Write::write_all(out, &answer.body)
+                .map_err(|e| Error::io("handing the state to the host", e))?;
+            start += expected;
+            if start >= total {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Replace the state of `ws` with what `state` yields (empty: delete
+    /// it, keeping the workspace, its lock and its history), by the lock
+    /// rules of a write.
+    fn replace(
+        &self,
+        ws: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+    ) -> Result<(), Error> {
+        let c = &self.container;
+        let blob = self.blob(ws);
+        let path = c.path(&blob);
+        let props = c.properties(&blob)?;
+        let holder = props.as_ref().map_or(Holder::None, Holder::of);
+        check_lock(holder.reported(&path), lock_id)?;
+        let lease = match (&holder, lock_id) {
+            (Holder::Known(held), Some(_)) => Some(held.lease().to_string()),
+            _ => None,
+        };
+        // Only what was there before the lock check is replaced: a writer
+        // whose lock was broken and taken over meanwhile finds the new
+        // holder's lease, and a request applied late cannot bring an older
+        // state back. Metadata is resent (a Put replaces it), lock info
+        // included, as Terraform does.
+        let (condition, metadata) = match &props {
+            Some(p) => (Condition::Etag(p.etag.clone()), p.metadata.clone()),
+            None if state.size() == 0 => return Ok(()),
+            None => (Condition::Absent, Vec::new()),
+        };
+        if self.snapshot && props.is_some() {
+            match c.snapshot(&blob, lease.as_deref())? {
+                Ok(()) => {}
+                Err(Refusal::Lease) => return self.lock_lost(&blob, lock_id),
+                Err(_) => return Err(self.changed(&blob)),
+            }
+        }
+        match c.upload(&blob, state, &metadata, &condition, lease.as_deref())? {
+            Ok(()) => Ok(()),
+            Err(Refusal::Lease) => self.lock_lost(&blob, lock_id),
+            Err(Refusal::Changed | Refusal::Missing) => Err(self.changed(&blob)),
+        }
+    }
+
+    /// A write refused for its lease: the lock changed after the check.
+    fn lock_lost(&self, blob: &str, lock_id: Option<&str>) -> Result<(), Error> {
+        let c = &self.container;
+        let holder = c.properties(blob)?.map_or(Holder::None, |p| Holder::of(&p));
+        check_lock(holder.reported(&c.path(blob)), lock_id)?;
+        Err(self.changed(blob))
+    }
+
+    fn changed(&self, blob: &str) -> Error {
+        Error::Unavailable(format!(
+            "the state at {} changed while this write was under way, so it was not written; read it again",
+            self.container.path(blob)
+        ))
+    }
+}
+
+impl Backend for Azure {
+    fn new(config: &Config) -> Result<Self, Error> {
+        config.reject_unknown(&[
+            "storage_account_name",
+            "container_name",
+            "key",
+            "snapshot",
+            "blob_endpoint",
+        ])?;
+        let account = config.required("storage_account_name")?;
+        if !(3..=24).contains(&account.len())
+            || !account
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        {
+            return Err(invalid(
+                "storage_account_name",
+                format!(
+                    "{account:?} is not a storage account name (3 to 24 lowercase letters and digits)"
+                ),
+            ));
+        }
+        let container = config.required("container_name")?;
+        if !(3..=63).contains(&container.len())
+            || !container
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return Err(invalid(
+                "container_name",
+                format!(
+                    "{container:?} is not a container name (3 to 63 lowercase letters, digits and hyphens)"
+                ),
+            ));
+        }
+        let key = config.required("key")?;
+        if key.is_empty() || key.len() > 1000 {
+            return Err(invalid(
+                "key",
+                "must be a blob name such as \"prod.terraform.tfstate\"",
+            ));
+        }
+        let snapshot = config.parse_or("snapshot", false)?;
+        let default_endpoint = format!("https://{account}.blob.core.windows.net");
+        let endpoint = config.get("blob_endpoint").unwrap_or(&default_endpoint);
+        if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+            return Err(invalid(
+                "blob_endpoint",
+                format!(
+                    "{endpoint:?} must start with http:// or https:// (e.g. \"https://{account}.blob.core.windows.net\", or Azurite's \"http://127.0.0.1:10000/devstoreaccount1\")"
+                ),
+            ));
+        }
+        Ok(Azure {
+            container: Container::new(endpoint, container),
+            key: key.to_string(),
+            snapshot,
+        })
+    }
+
+    fn read_into(&self, ws: &str, out: &mut StateWriter<'_>) -> Result<bool, Error> {
+        let blob = self.blob(ws);
+        for _ in 0..READ_TRIES {
+            let Some(props) = self.container.properties(&blob)? else {
+                return Ok(false);
+            };
+            // A zero-length blob is a workspace without a state.
+            if props.size == 0 {
+                return Ok(false);
+            }
+            if self.stream(&blob, None, Some(&props.etag), out)? {
+                return Ok(true);
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "{} kept changing while it was read; retry",
+            self.container.path(&blob)
+        )))
+    }
+
+    fn write_from(
+        &self,
+        ws: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+    ) -> Result<(), Error> {
+        self.replace(ws, state, lock_id)
+    }
+
+    /// The blob is emptied, not deleted: a zero-length blob reads as no
+    /// state, and the workspace keeps its lease (the lock) and snapshots.
+    fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
+        self.replace(ws, &mut StateReader::from_slice(&[]), lock_id)
+    }
+
+    fn lock(&self, ws: &str, info: &LockInfo) -> Result<(), Error> {
+        lease::lock(&self.container, &self.blob(ws), info)
+    }
+
+    fn unlock(&self, ws: &str, id: &str) -> Result<(), Error> {
+        lease::unlock(&self.container, &self.blob(ws), id)
+    }
+
+    fn current_lock(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
+        lease::current(&self.container, &self.blob(ws))
+    }
+
+    fn force_unlock(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
+        lease::force(&self.container, &self.blob(ws))
+    }
+
+    /// As Terraform lists them (`default` first, then the blobs named
+    /// `key + "env:" + name`, nothing below a further `/`), but over every
+    /// page of the listing.
+    fn list_workspaces(&self) -> Result<Vec<String>, Error> {
+        let prefix = format!("{}env:", self.key);
+        let mut names: Vec<String> = listing::all(&self.container, &prefix, false)?
+            .into_iter()
+            .filter_map(|b| b.name.strip_prefix(&prefix).map(str::to_string))
+            .filter(|ws| {
+                !ws.contains('/')
+                    && ws != DEFAULT
+                    && wasmstate_guest::validate_workspace_name(ws).is_ok()
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        names.insert(0, DEFAULT.to_string());
+        Ok(names)
+    }
+
+    fn create_workspace(&self, ws: &str) -> Result<bool, Error> {
+        let blob = self.blob(ws);
+        match self
+            .container
+            .put(&blob, Vec::new(), &[], &Condition::Absent, None)?
+        {
+            Ok(()) => Ok(true),
+            Err(Refusal::Changed | Refusal::Lease) => Ok(false),
+            Err(Refusal::Missing) => Err(Error::Internal(format!(
+                "container {} does not exist",
+                self.container.name
+            ))),
+        }
+    }
+
+    /// Deletes the blob with its snapshots, only while unleased and
+    /// unchanged since it was read (as Terraform, which sends no lease).
+    fn delete_workspace(&self, ws: &str) -> Result<(), Error> {
+        if ws == DEFAULT {
+            return Err(Error::InvalidInput(
+                "the default workspace cannot be deleted".into(),
+            ));
+        }
+        let c = &self.container;
+        let blob = self.blob(ws);
+        let Some(props) = c.properties(&blob)? else {
+            return Err(Error::NotFound);
+        };
+        if let Some(holder) = Holder::of(&props).reported(&c.path(&blob)) {
+            return Err(Error::locked(holder));
+        }
+        match c.delete(&blob, &Condition::Etag(props.etag))? {
+            Ok(()) | Err(Refusal::Missing) => Ok(()),
+            Err(Refusal::Lease | Refusal::Changed) => {
+                match c
+                    .properties(&blob)?
+                    .map(|p| Holder::of(&p).reported(&c.path(&blob)))
+                {
+                    Some(Some(holder)) => Err(Error::locked(holder)),
+                    _ => Err(Error::Unavailable(format!(
+                        "{} changed while it was being deleted, so it was not; retry",
+                        c.path(&blob)
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// The blob's snapshots and the live blob, with `snapshot = true`;
+    /// otherwise none, and the host keeps versions.
+    fn list_versions(&self, ws: &str) -> Result<Option<Vec<Version>>, Error> {
+        if !self.snapshot {
+            return Ok(None);
+        }
+        history::list(&self.container, &self.blob(ws)).map(Some)
+    }
+
+    fn read_version_into(
+        &self,
+        ws: &str,
+        id: &str,
+        out: &mut StateWriter<'_>,
+    ) -> Result<bool, Error> {
+        if !self.snapshot {
+            return Ok(false);
+        }
+        let blob = self.blob(ws);
+        let Some(at) = history::locate(&self.container, &blob, id)? else {
+            return Ok(false);
+        };
+        self.stream(&blob, at.snapshot.as_deref(), at.etag.as_deref(), out)
+    }
+}
+
+register_backend!(Azure);

@@ -1,0 +1,151 @@
+//! The lock as Terraform's azurerm backend keeps it: an infinite lease on
+//! the state blob, whose ID is the lock ID, and metadata `terraformlockid`
+//! holding base64 (standard alphabet) of the LockInfo JSON, Go field names,
+//! with `ID` = the lease ID.
+//!
+//! A lease ID must be a GUID. wasmstate's clients pick their own lock IDs:
+//! Terraform's are UUIDs and are used as they are; any other ID is mapped
+//! to a name-based UUID (version 5, SHA-1, in [`NAMESPACE`]) of it, the
+//! same on every host, and the original is kept beside it in the JSON as
+//! `WasmstateID` (Terraform ignores fields it does not know). So the
+//! holder is reported with the ID it locked with, wasmstate's unlock by
+//! that ID works, and Terraform's own `force-unlock <lease ID>` works too.
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use wasmstate_guest::LockInfo;
+
+/// The metadata key, lowercase as Terraform writes it.
+pub const META_KEY: &str = "terraformlockid";
+
+/// Namespace of the name-based lease IDs of lock IDs that are not GUIDs
+/// (a fixed, random UUID: `wasmstate azure lease`).
+const NAMESPACE: uuid::Uuid = uuid::uuid!("6f1b3c9e-2d4a-4e8b-9a37-5c0d8e2f7b14");
+
+/// The lease ID for lock ID `id`: `id` itself when it is a GUID (in its
+/// 8-4-4-4-12 form), else a name-based UUID of it.
+pub fn lease_id(id: &str) -> String {
+    let hyphenated = id.len() == 36 && id.matches('-').count() == 4;
+    match uuid::Uuid::try_parse(id) {
+        Ok(_) if hyphenated => id.to_string(),
+        _ => uuid::Uuid::new_v5(&NAMESPACE, id.as_bytes()).to_string(),
+    }
+}
+
+/// The LockInfo JSON in the metadata.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Stored {
+    /// Terraform's fields; `ID` is the lease ID.
+    #[serde(flatten)]
+    pub info: LockInfo,
+    /// The lock ID the holder gave, when it is not the lease ID.
+    #[serde(
+        rename = "WasmstateID",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub wasmstate_id: Option<String>,
+}
+
+impl Stored {
+    /// What `info` is stored as, for the blob at `path`.
+    pub fn new(info: &LockInfo, path: String) -> Stored {
+        let lease = lease_id(&info.id);
+        let wasmstate_id = (lease != info.id).then(|| info.id.clone());
+        let mut info = info.clone();
+        info.id = lease;
+        info.path = path;
+        Stored { info, wasmstate_id }
+    }
+
+    /// The lease ID it holds.
+    pub fn lease(&self) -> &str {
+        &self.info.id
+    }
+
+    /// Whether `id` names this lock (its lease ID or the ID it was taken
+    /// with).
+    pub fn is(&self, id: &str) -> bool {
+        self.info.id == id || self.wasmstate_id.as_deref() == Some(id)
+    }
+
+    /// The holder as reported to clients: with the ID it was taken with.
+    pub fn reported(&self) -> LockInfo {
+        let mut info = self.info.clone();
+        if let Some(id) = &self.wasmstate_id {
+            info.id = id.clone();
+        }
+        info
+    }
+
+    /// The metadata value.
+    pub fn encode(&self) -> String {
+        let json = serde_json::to_vec(self).expect("LockInfo serialises");
+        base64::engine::general_purpose::STANDARD.encode(json)
+    }
+
+    /// Read a metadata value; why not, when it is not base64 LockInfo JSON.
+    pub fn decode(value: &str) -> Result<Stored, String> {
+        let json = base64::engine::general_purpose::STANDARD
+            .decode(value.trim())
+            .map_err(|e| format!("not base64: {e}"))?;
+        serde_json::from_slice(&json).map_err(|e| format!("not LockInfo JSON: {e}"))
+    }
+}
+
+/// The holder reported for a lease that carries no readable lock info (a
+/// lease taken by another tool, or a locker between its two steps).
+pub fn unknown_holder(path: String, why: &str) -> LockInfo {
+    LockInfo {
+        id: String::new(),
+        operation: String::new(),
+        info: format!(
+            "the blob is leased, but its {META_KEY} metadata {why}; force-unlock breaks the lease"
+        ),
+        who: "unknown (an Azure lease)".into(),
+        version: String::new(),
+        created: String::new(),
+        path,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guids_are_kept_and_other_ids_mapped_stably() {
+        let guid = "0b6a7d0e-5c7e-4b52-9c1f-3f2b8a1d9e44";
+        assert_eq!(lease_id(guid), guid);
+        assert_eq!(lease_id("first"), lease_id("first"));
+        assert_ne!(lease_id("first"), lease_id("second"));
+        assert!(uuid::Uuid::try_parse(&lease_id("first")).is_ok());
+        // Braced or bare forms are not what Azure takes as a lease ID.
+        assert_ne!(
+            lease_id("0b6a7d0e5c7e4b529c1f3f2b8a1d9e44"),
+            "0b6a7d0e5c7e4b529c1f3f2b8a1d9e44"
+        );
+    }
+
+    #[test]
+    fn stored_info_round_trips_with_go_names() {
+        let info = LockInfo {
+            id: "r0-l3".into(),
+            who: "me@host".into(),
+            ..LockInfo::default()
+        };
+        let stored = Stored::new(&info, "tfstate/prod.tfstate".into());
+        let text = String::from_utf8(
+            base64::engine::general_purpose::STANDARD
+                .decode(stored.encode())
+                .unwrap(),
+        )
+        .unwrap();
+        assert!(text.starts_with(r#"{"ID":""#), "{text}");
+        assert!(text.contains(r#""WasmstateID":"r0-l3""#), "{text}");
+        let back = Stored::decode(&stored.encode()).unwrap();
+        assert!(back.is("r0-l3") && back.is(&lease_id("r0-l3")));
+        assert_eq!(back.reported().id, "r0-l3");
+        assert_eq!(back.info.path, "tfstate/prod.tfstate");
+    }
+}
