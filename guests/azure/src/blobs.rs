@@ -164,19 +164,20 @@ impl Container {
         all.extend_from_slice(headers);
         // Azure wants the length of every change up front (411 without
         // it, and a chunked body is refused); reads carry none.
-        let length = body.len().to_string();
+        // A change is sent once (its body moved, not copied: a block is
+        // 4 MiB).
         if !matches!(method, "GET" | "HEAD") {
+            let length = body.len().to_string();
             all.push(("content-length", &length));
+            return http::request(method, url, &all, body);
         }
         let mut pauses = READ_RETRY_PAUSES_MS.iter();
         loop {
-            match http::request(method, url, &all, body.clone()) {
-                Err(Error::Unavailable(why)) if matches!(method, "GET" | "HEAD") => {
-                    match pauses.next() {
-                        Some(ms) => pause(*ms),
-                        None => return Err(Error::Unavailable(why)),
-                    }
-                }
+            match http::request(method, url, &all, Vec::new()) {
+                Err(Error::Unavailable(why)) => match pauses.next() {
+                    Some(ms) => pause(*ms),
+                    None => return Err(Error::Unavailable(why)),
+                },
                 answer => return answer,
             }
         }
