@@ -152,7 +152,29 @@ pub const EMBEDDED: &[EmbeddedGuest] = &[
         cloud: Cloud::Gcp,
         default_git: |_| GitDefaults::default(),
     },
+    EmbeddedGuest {
+        name: "azure",
+        summary: "Azure Blob Storage, locked with blob leases (Terraform's azurerm layout)",
+        wasm: include_bytes!(env!("WASMSTATE_GUEST_AZURE")),
+        default_http: azure_grants,
+        cloud: Cloud::Azure,
+        default_git: |_| GitDefaults::default(),
+    },
 ];
+
+/// The blob endpoint an Azure guest's configuration points at: its
+/// `blob_endpoint`, else the account's on Azure's public cloud.
+fn azure_grants(config: &[(String, String)]) -> Vec<Origin> {
+    match setting(config, "blob_endpoint") {
+        Some(url) => origin_of(url).into_iter().collect(),
+        None => origin_of(&format!(
+            "https://{}.blob.core.windows.net",
+            setting(config, "storage_account_name").unwrap_or("account")
+        ))
+        .into_iter()
+        .collect(),
+    }
+}
 
 /// The endpoint a GCS guest's configuration points at: its
 /// `storage_custom_endpoint`, else Google's.

@@ -5,3 +5,53 @@ pub mod aws;
 pub mod azure;
 pub mod gcp;
 pub mod git;
+pub mod postgres;
+
+use std::sync::{Arc, LazyLock};
+use tokio_rustls::rustls;
+
+/// One client configuration for every TLS connection the host makes for
+/// a guest (its HTTP requests, its database): Mozilla's roots, ring, like
+/// the rest of the host.
+static TLS: LazyLock<Arc<rustls::ClientConfig>> = LazyLock::new(|| {
+    let roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.into(),
+    };
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    )
+});
+
+/// The shared TLS client configuration.
+pub fn tls_client() -> Arc<rustls::ClientConfig> {
+    TLS.clone()
+}
+
+/// Whether `host` (an origin's) is this machine: the only place a
+/// credential may go over plain http.
+pub fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// `Err` naming the first origin that is neither https nor loopback.
+pub fn confidential(origins: &[crate::policy::Origin], key: &str) -> Result<(), String> {
+    match origins
+        .iter()
+        .find(|o| o.scheme != "https" && !is_loopback(&o.host))
+    {
+        Some(origin) => Err(format!(
+            "{key}: {}://{} is plain http; the host sends credentials only over https or to loopback",
+            origin.scheme, origin.host
+        )),
+        None => Ok(()),
+    }
+}

@@ -5,6 +5,7 @@ use super::cloud::{CloudLists, take_cloud_grants};
 use super::raw::*;
 use super::values::{env_or_file, env_var, flatten_config, in_range, mib};
 use super::*;
+use crate::capabilities::postgres::PgGrant;
 
 pub(super) fn validate_backend(
     name: String,
@@ -114,6 +115,12 @@ pub(super) fn validate_backend(
         base,
     )
     .map_err(|e| ConfigError(format!("{file}: backends.{name}.{e}")))?;
+    // The postgres guest's connection string (its password) is the host's.
+    let postgres = PgGrant::take(
+        guest == GuestSource::Embedded("postgres"),
+        &mut guest_config,
+    )
+    .map_err(|e| ConfigError(format!("{file}: {}.{e}", key("config"))))?;
     let allow_http_addresses = raw
         .allow_http_addresses
         .iter()
@@ -252,6 +259,7 @@ pub(super) fn validate_backend(
         aws: clouds.aws,
         azure: clouds.azure,
         gcp: clouds.gcp,
+        postgres,
         allow_force_push: raw.allow_force_push,
         dir: raw.dir.map(|d| base.join(d)),
         name,

@@ -55,6 +55,27 @@ pub fn take_cloud_grants(
         );
     }
     let embedded = guests::cloud(guest);
+    // A first-party cloud guest's credential settings always leave its
+    // config: with no origins to sign for they would stay there, in the
+    // guest's hands.
+    let own = match embedded {
+        Cloud::Aws => Some(("aws_sign", &lists.aws_sign)),
+        Cloud::Azure => Some(("azure_sign", &lists.azure_sign)),
+        Cloud::Gcp => Some(("gcp_auth", &lists.gcp_auth)),
+        Cloud::None => None,
+    };
+    if let Some((key, list)) = own {
+        if list.as_ref().is_some_and(|l| l.is_empty()) {
+            return Err(format!(
+                "{key}: empty; this guest reaches its storage only through the endpoints listed there (remove the key to sign for its configured endpoint)"
+            ));
+        }
+        if list.is_none() && listed > 0 {
+            return Err(format!(
+                "aws_sign, azure_sign, gcp_auth: this guest's requests carry {key}'s credentials; list its endpoints there"
+            ));
+        }
+    }
     let origins = |list: Option<Vec<Origin>>, cloud: Cloud| match list {
         Some(list) => list,
         None if embedded == cloud && listed == 0 => default_http.to_vec(),

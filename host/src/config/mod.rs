@@ -271,6 +271,8 @@ pub struct BackendConfig {
     pub azure: Option<AzureGrant>,
     /// Google Cloud requests the host adds a token to, and its source.
     pub gcp: Option<GcpGrant>,
+    /// The database the host reaches for the guest (the postgres guest).
+    pub postgres: Option<crate::capabilities::postgres::PgGrant>,
     /// Accept states older than, or unrelated to, the stored one.
     pub allow_force_push: bool,
     /// Versions the host keeps per workspace (0: none).
@@ -417,6 +419,7 @@ impl Config {
                 aws: None,
                 azure: None,
                 gcp: None,
+                postgres: None,
                 allow_force_push: false,
                 history: DEFAULT_HISTORY as usize,
                 encryption_keys: Vec::new(),

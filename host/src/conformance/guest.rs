@@ -52,7 +52,7 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
     let (default_http, default_git) = guests::default_grants(&subject.guest, &subject.config);
     let mut allow_http = subject.allow_http.clone();
     if allow_http.is_empty() {
-        allow_http = default_http;
+        allow_http = default_http.clone();
     }
     // Cloud requests are signed by the host, as under `serve`: the
     // credential settings leave the guest's config.
@@ -62,7 +62,6 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
         ..CloudLists::default()
     };
     let base = std::env::current_dir()?;
-    let default_http = allow_http.clone();
     let clouds = take_cloud_grants(
         &subject.guest,
         lists,
@@ -72,6 +71,11 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
         &base,
     )
     .map_err(|e| anyhow::anyhow!("--{e}"))?;
+    let postgres = crate::capabilities::postgres::PgGrant::take(
+        subject.guest == GuestSource::Embedded("postgres"),
+        &mut guest_config,
+    )
+    .map_err(|e| anyhow::anyhow!("--config {e}"))?;
     let mut git_urls = subject.allow_git.clone();
     if git_urls.is_empty() {
         git_urls = default_git.urls;
@@ -109,6 +113,7 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
         aws: clouds.aws.clone(),
         azure: clouds.azure.clone(),
         gcp: clouds.gcp.clone(),
+        postgres: postgres.clone(),
         allow_force_push: false,
         history: 0,
         encryption_keys: Vec::new(),

@@ -207,6 +207,7 @@ pub fn narrow(
     // stranger's guest never gets them, whatever the backend lists.
     narrowed.azure = None;
     narrowed.gcp = None;
+    narrowed.postgres = None;
     Ok((narrowed, missing))
 }
 

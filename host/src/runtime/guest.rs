@@ -68,6 +68,8 @@ pub(super) struct Shared {
     pub azure: Option<Arc<crate::capabilities::azure::AzureSigner>>,
     /// Adds a token to the guest's Google Cloud requests, if granted.
     pub gcp: Option<Arc<crate::capabilities::gcp::GcpAuth>>,
+    /// The backend's database, if it has one.
+    pub postgres: Option<Arc<crate::capabilities::postgres::PgStore>>,
     pub git: Option<crate::capabilities::git::GitAccess>,
     pub secrets: Arc<[(String, String)]>,
     pub sha256: String,
@@ -289,6 +291,7 @@ impl Shared {
             config: self.config.clone(),
             log_lines: 0,
             git: self.git.clone(),
+            postgres: self.postgres.clone(),
             secrets: self.secrets.clone(),
             deadline,
             core: core.clone(),

@@ -20,6 +20,7 @@ mod guest;
 pub mod limits;
 mod outbound;
 mod pinned;
+mod postgres;
 pub mod quota;
 mod sandbox;
 pub mod system;
@@ -257,6 +258,10 @@ impl Runtime {
                         self.gcp_http.clone(),
                     ))
                 }),
+                postgres: backend
+                    .postgres
+                    .as_ref()
+                    .map(|grant| crate::capabilities::postgres::PgStore::new(name, grant)),
                 outbound: Arc::new(OutboundPolicy::new(
                     backend.allow_http.clone(),
                     backend.allow_http_addresses.clone(),

@@ -98,6 +98,7 @@ impl WasiHttpHooks for Outbound {
             let _turn = in_flight.acquire_owned().await.ok();
             let mut charged = Vec::new();
             let held = (&budgets, &mut charged);
+            let mut starts = gcp::Authorized::Plain;
             let request = if let Some(aws) = aws {
                 let (parts, body) = request.into_parts();
                 let body = read_whole(body, limit, &backend, held).await?;
@@ -117,20 +118,25 @@ impl WasiHttpHooks for Outbound {
                     .authorize(&mut parts, length)
                     .map_err(|reason| refused(&backend, "Azure", reason))?;
                 http::Request::from_parts(parts, body)
-            } else if let Some(gcp) = gcp {
+            } else if let Some(gcp) = &gcp {
                 let (mut parts, body) = request.into_parts();
                 if gcp.needs_body(&parts.method, &parts.uri) {
                     let body = read_whole(body, limit, &backend, held).await?;
-                    authorize_gcp(&gcp, &mut parts, Some(&body), &backend).await?;
+                    starts = authorize_gcp(gcp, &mut parts, Some(&body), &backend).await?;
                     http::Request::from_parts(parts, full(body))
                 } else {
-                    authorize_gcp(&gcp, &mut parts, None, &backend).await?;
+                    starts = authorize_gcp(gcp, &mut parts, None, &backend).await?;
                     http::Request::from_parts(parts, body)
                 }
             } else {
                 request
             };
             let (response, io) = super::pinned::send(request, options, &policy, &backend).await?;
+            if starts == gcp::Authorized::StartsSession
+                && let (Some(gcp), Some(location)) = (&gcp, response.headers().get("location"))
+            {
+                gcp.session_started(location.to_str().unwrap_or_default());
+            }
             // The body went out with the request: its charge goes back.
             drop(charged);
             Ok((
@@ -154,9 +160,9 @@ async fn authorize_gcp(
     parts: &mut http::request::Parts,
     body: Option<&[u8]>,
     backend: &str,
-) -> Result<(), Error> {
+) -> Result<gcp::Authorized, Error> {
     match gcp.authorize(parts, body).await {
-        Ok(()) => Ok(()),
+        Ok(authorized) => Ok(authorized),
         Err(gcp::Refusal::OutOfScope(reason)) => Err(refused(backend, "Google Cloud", reason)),
         Err(gcp::Refusal::NoToken(reason)) => Err(Error::InternalError(Some(reason))),
     }

@@ -9,34 +9,16 @@ use bytes::Bytes;
 use http::uri::Scheme;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::{Pin, pin};
-use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio_rustls::rustls::{self, pki_types::ServerName};
+use tokio_rustls::rustls::pki_types::ServerName;
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error, RequestOptions};
 
 /// wasmtime-wasi-http's defaults when a guest sets no timeouts.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// One client configuration for every TLS connection: Mozilla's roots,
-/// ring, like the rest of the host.
-static TLS: LazyLock<Arc<rustls::ClientConfig>> = LazyLock::new(|| {
-    let roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.into(),
-    };
-    Arc::new(
-        rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default TLS versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth(),
-    )
-});
 
 trait Stream: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static {}
 impl<T: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static> Stream for T {}
@@ -123,7 +105,7 @@ where
             Ok(ip) => ServerName::from(ip),
             Err(_) => ServerName::try_from(host.clone())?,
         };
-        let connector = tokio_rustls::TlsConnector::from(TLS.clone());
+        let connector = tokio_rustls::TlsConnector::from(crate::capabilities::tls_client());
         Box::new(connector.connect(name, tcp).await.map_err(Error::Tls)?)
     } else {
         Box::new(tcp)

@@ -57,6 +57,8 @@ pub struct Sandbox {
     pub log_lines: usize,
     /// Git repositories this backend may use, if any.
     pub git: Option<GitAccess>,
+    /// The backend's database, if it has one.
+    pub postgres: Option<Arc<crate::capabilities::postgres::PgStore>>,
     /// Secrets granted to this backend, by name.
     pub secrets: Arc<[(String, String)]>,
 }

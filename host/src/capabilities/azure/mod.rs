@@ -70,6 +70,9 @@ impl AzureGrant {
         if origins.is_empty() {
             return Ok(None);
         }
+        // A SAS in a query, or a signed request, can be replayed by whoever
+        // reads it on the way.
+        super::confidential(&origins, "blob_endpoint")?;
         let mut taken = Vec::new();
         guest_config.retain(|(key, value)| {
             let ours = CREDENTIAL_KEYS.contains(&key.as_str());
@@ -85,6 +88,27 @@ impl AzureGrant {
                 .map(|(_, v)| v.clone())
                 .or_else(|| std::env::var(env).ok().filter(|v| !v.is_empty()))
         };
+        // The host's own environment goes only to Azure, or to this
+        // machine; another endpoint must be given credentials of its own.
+        let ambient = taken.is_empty();
+        if ambient
+            && let Some(origin) = origins.iter().find(|o| {
+                !(o.scheme == "https"
+                    && [
+                        ".core.windows.net",
+                        ".core.chinacloudapi.cn",
+                        ".core.usgovcloudapi.net",
+                    ]
+                    .iter()
+                    .any(|suffix| o.host.ends_with(suffix)))
+                    && !super::is_loopback(&o.host)
+            })
+        {
+            return Err(format!(
+                "access_key: {}://{} is not Azure's; give this backend its own access_key or sas_token instead of ARM_ACCESS_KEY / ARM_SAS_TOKEN",
+                origin.scheme, origin.host
+            ));
+        }
         // Terraform's precedence: the access key, then the SAS token.
         let credential = match (
             from("access_key", "ARM_ACCESS_KEY"),

@@ -27,13 +27,23 @@ const ALLOWED_QUERY: &[&str] = &[
 /// blocks of a big state, snapshots (Terraform's `snapshot` history).
 const BLOB_COMPS: &[&str] = &["lease", "metadata", "block", "blocklist", "snapshot"];
 
-/// Headers that would make Azure read another blob on the host's
-/// authority (Copy Blob, Put Block From URL) or reach beyond this request.
-const REFUSED_HEADERS: &[&str] = &[
-    "x-ms-copy-source",
-    "x-ms-copy-source-authorization",
-    "x-ms-source-if-match",
-    "x-ms-encryption-scope",
+/// The `x-ms-*` headers a state store sends (`x-ms-meta-*` besides). Any
+/// other is refused: copies from elsewhere (`x-ms-copy-source`), legal
+/// holds and immutability policies that would pin a state forever, tags,
+/// tiers, customer-provided keys.
+const ALLOWED_MS_HEADERS: &[&str] = &[
+    "x-ms-version",
+    "x-ms-date",
+    "x-ms-client-request-id",
+    "x-ms-blob-type",
+    "x-ms-blob-content-type",
+    "x-ms-lease-id",
+    "x-ms-lease-action",
+    "x-ms-lease-duration",
+    "x-ms-lease-break-period",
+    "x-ms-proposed-lease-id",
+    "x-ms-range",
+    "x-ms-delete-snapshots",
 ];
 
 /// `Ok` when `method uri` stays on the grant's state blobs.
@@ -44,8 +54,22 @@ pub fn check(
     headers: &HeaderMap,
 ) -> Result<(), String> {
     let refuse = |why: &str| Err(format!("{method} {}: {why}", uri.path()));
-    if let Some(name) = REFUSED_HEADERS.iter().find(|h| headers.contains_key(**h)) {
+    if let Some(name) = headers.keys().map(|h| h.as_str()).find(|h| {
+        h.starts_with("x-ms-") && !h.starts_with("x-ms-meta-") && !ALLOWED_MS_HEADERS.contains(h)
+    }) {
         return refuse(&format!("the host does not sign requests with {name}"));
+    }
+    // Only the deletion of a whole workspace takes its snapshots along;
+    // snapshots alone are never erased.
+    if let Some(value) = headers.get("x-ms-delete-snapshots")
+        && value != "include"
+    {
+        return refuse("x-ms-delete-snapshots other than `include`");
+    }
+    // Azure reads `\` as `/`: a name checked here would not be the one
+    // reached.
+    if uri.path().contains('\\') || uri.path().to_ascii_lowercase().contains("%5c") {
+        return refuse("a backslash in the path");
     }
     let query: Vec<(String, String)> = form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
         .map(|(k, v)| (k.to_ascii_lowercase(), v.into_owned()))
@@ -78,10 +102,12 @@ pub fn check(
     };
     if rest.is_empty() || rest == "/" {
         // The container itself: only listing the state blobs.
+        let env = format!("{}env:", grant.key);
         let listing = *method == Method::GET
             && param("restype") == Some("container")
             && param("comp") == Some("list")
-            && param("prefix").is_some_and(|p| p.starts_with(grant.key.as_str()));
+            && param("prefix").is_some_and(|p| p == grant.key || p.starts_with(&env))
+            && param("include").is_none_or(|i| i == "snapshots");
         return if listing {
             Ok(())
         } else {
@@ -105,15 +131,23 @@ pub fn check(
     let state_blob = blob == grant.key
         || blob
             .strip_prefix(grant.key.as_str())
-            .is_some_and(|ws| ws.starts_with("env:"));
+            .and_then(|rest| rest.strip_prefix("env:"))
+            .is_some_and(|ws| {
+                crate::names::check_name("workspace", ws).is_ok() && !ws.ends_with('.')
+            });
     if !state_blob {
         return refuse(&format!(
             "the host signs only the state blobs {:?} and {:?}+\"env:NAME\"",
             grant.key, grant.key
         ));
     }
-    if param("restype").is_some() {
-        return refuse("restype on a blob");
+    if param("restype").is_some() || param("include").is_some() || param("prefix").is_some() {
+        return refuse("a listing parameter on a blob");
+    }
+    if headers.contains_key("x-ms-delete-snapshots")
+        && (blob == grant.key || *method != Method::DELETE)
+    {
+        return refuse("only a named workspace's deletion takes its snapshots along");
     }
     let comp = param("comp");
     if let Some(comp) = comp

@@ -37,6 +37,8 @@ pub struct GcpGrant {
     pub api_path: String,
     /// The upload API's path (`/upload/storage/v1`).
     pub upload_path: String,
+    /// `kms_encryption_key`: the only KMS key an upload may name.
+    pub kms_key: Option<String>,
     /// Where the token comes from.
     pub source: TokenSource,
 }
@@ -58,15 +60,7 @@ impl GcpGrant {
         }
         // A bearer token is the credential itself: it goes only where
         // nobody on the path can read it.
-        if let Some(origin) = origins
-            .iter()
-            .find(|o| o.scheme != "https" && !is_loopback(&o.host))
-        {
-            return Err(format!(
-                "storage_custom_endpoint: {}://{} is plain http; the host sends an access token only over https or to loopback",
-                origin.scheme, origin.host
-            ));
-        }
+        super::confidential(&origins, "storage_custom_endpoint")?;
         let mut taken = Vec::new();
         guest_config.retain(|(key, value)| {
             let ours = CREDENTIAL_KEYS.contains(&key.as_str());
@@ -81,7 +75,22 @@ impl GcpGrant {
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.clone())
         };
-        let source = TokenSource::resolve(given("access_token"), given("credentials"), base)?;
+        let (source, ambient) =
+            TokenSource::resolve(given("access_token"), given("credentials"), base)?;
+        // The host's own identity (its environment, the metadata server)
+        // goes only to Google, or to this machine; another endpoint must
+        // be given credentials of its own.
+        if ambient
+            && let Some(origin) = origins.iter().find(|o| {
+                !(o.scheme == "https" && o.host.ends_with(".googleapis.com"))
+                    && !super::is_loopback(&o.host)
+            })
+        {
+            return Err(format!(
+                "credentials: {}://{} is not Google's; give this backend its own access_token or credentials instead of the host's environment or metadata server",
+                origin.scheme, origin.host
+            ));
+        }
         let setting = |name: &str| {
             guest_config
                 .iter()
@@ -118,16 +127,20 @@ impl GcpGrant {
             prefix,
             api_path,
             upload_path,
+            kms_key: setting("kms_encryption_key"),
             source,
         }))
     }
 }
 
-fn is_loopback(host: &str) -> bool {
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+/// A request the host let through.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Authorized {
+    /// Send it.
+    Plain,
+    /// Send it, then remember the session its answer's `Location` names
+    /// ([`GcpAuth::session_started`]).
+    StartsSession,
 }
 
 /// Why a request was not given a token.
@@ -144,7 +157,16 @@ pub enum Refusal {
 pub struct GcpAuth {
     grant: GcpGrant,
     tokens: token::Cache,
+    /// Resumable uploads the host started (their `upload_id`), and when:
+    /// the only sessions a guest may send to.
+    sessions: std::sync::Mutex<Vec<(String, std::time::Instant)>>,
 }
+
+/// How long a resumable upload's session stays usable here (Google keeps
+/// one a week; a state's upload takes minutes).
+const SESSION_LIFE: std::time::Duration = std::time::Duration::from_secs(3600);
+/// Most sessions remembered per backend.
+const MAX_SESSIONS: usize = 256;
 
 impl GcpAuth {
     /// The authorizer of `grant`, calling token endpoints with `http`;
@@ -153,6 +175,7 @@ impl GcpAuth {
         GcpAuth {
             grant: grant.clone(),
             tokens: token::Cache::new(backend, grant.source.clone(), http),
+            sessions: std::sync::Mutex::default(),
         }
     }
 
@@ -177,21 +200,56 @@ impl GcpAuth {
         &self,
         parts: &mut http::request::Parts,
         body: Option<&[u8]>,
-    ) -> Result<(), Refusal> {
+    ) -> Result<Authorized, Refusal> {
         parts.headers.remove(http::header::AUTHORIZATION);
-        let access = scope::check(&self.grant, &parts.method, &parts.uri, &parts.headers, body)
-            .map_err(Refusal::OutOfScope)?;
+        let known = |id: &str| self.known_session(id);
+        let request = (&parts.method, &parts.uri, &parts.headers);
+        let access =
+            scope::check(&self.grant, request, body, &known).map_err(Refusal::OutOfScope)?;
         match access {
-            scope::Access::Session => Ok(()),
-            scope::Access::Bearer => {
+            scope::Access::Session => Ok(Authorized::Plain),
+            scope::Access::Bearer | scope::Access::Initiation => {
                 let token = self.tokens.get().await.map_err(Refusal::NoToken)?;
                 let value = format!("Bearer {token}").parse().map_err(|_| {
                     Refusal::NoToken("the access token does not fit in a header".into())
                 })?;
                 parts.headers.insert(http::header::AUTHORIZATION, value);
-                Ok(())
+                Ok(if access == scope::Access::Initiation {
+                    Authorized::StartsSession
+                } else {
+                    Authorized::Plain
+                })
             }
         }
+    }
+
+    /// Remember the session a resumable upload's initiation answered with
+    /// (its `Location`'s `upload_id`).
+    pub fn session_started(&self, location: &str) {
+        let Ok(uri) = location.parse::<http::Uri>() else {
+            return;
+        };
+        let id = form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
+            .find(|(k, _)| k == "upload_id")
+            .map(|(_, v)| v.into_owned());
+        if let Some(id) = id {
+            let now = std::time::Instant::now();
+            let mut sessions = self.sessions.lock().expect("not poisoned");
+            sessions.retain(|(_, at)| now.duration_since(*at) < SESSION_LIFE);
+            if sessions.len() >= MAX_SESSIONS {
+                sessions.remove(0);
+            }
+            sessions.push((id, now));
+        }
+    }
+
+    fn known_session(&self, id: &str) -> bool {
+        let now = std::time::Instant::now();
+        self.sessions
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .any(|(known, at)| known == id && now.duration_since(*at) < SESSION_LIFE)
     }
 }
 

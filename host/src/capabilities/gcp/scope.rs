@@ -14,11 +14,13 @@ use serde::Deserialize;
 pub enum Access {
     /// With the bearer token.
     Bearer,
+    /// With the bearer token; it starts a resumable upload, whose session
+    /// (its `upload_id`) the host then lets through.
+    Initiation,
     /// By its resumable upload's session (the URL is the credential).
     Session,
 }
 
-const BUCKET_QUERY: &[&str] = &["fields", "alt", "prettyPrint"];
 const LIST_QUERY: &[&str] = &[
     "prefix",
     "delimiter",
@@ -60,31 +62,42 @@ struct Resource {
     #[serde(default, rename = "metadata")]
     _metadata: Option<std::collections::BTreeMap<String, String>>,
     #[serde(default, rename = "kmsKeyName")]
-    _kms_key_name: Option<String>,
+    kms_key_name: Option<String>,
 }
 
 /// Whether `method uri` is an upload whose object is named in its body.
 pub fn needs_body(grant: &GcpGrant, method: &Method, uri: &Uri) -> bool {
     *method == Method::POST
         && uri.path().starts_with(&grant.upload_path)
-        && !query(uri).iter().any(|(k, _)| k == "upload_id")
+        && !query(uri).is_some_and(|q| q.iter().any(|(k, _)| k == "upload_id"))
 }
 
 /// How `method uri` (with `headers` and, for uploads, `body`) is
 /// authorized, or why it is refused.
 pub fn check(
     grant: &GcpGrant,
-    method: &Method,
-    uri: &Uri,
-    headers: &http::HeaderMap,
+    request: (&Method, &Uri, &http::HeaderMap),
     body: Option<&[u8]>,
+    known_session: &dyn Fn(&str) -> bool,
 ) -> Result<Access, String> {
+    let (method, uri, headers) = request;
     let refuse = |why: String| Err(format!("{method} {}: {why}", uri.path()));
     let path = uri.path();
-    if path.split('/').any(|s| s == "." || s == "..") {
-        return refuse("a `.` or `..` segment".into());
+    if path.split('/').any(|s| s == "." || s == "..") || path.contains('\\') {
+        return refuse("a `.`, `..` or backslash segment".into());
     }
-    let query = query(uri);
+    // Headers that would change the method, the billed project or the
+    // key a state is encrypted with.
+    if let Some(name) = headers.keys().map(|h| h.as_str()).find(|h| {
+        *h == "x-http-method-override"
+            || *h == "x-goog-user-project"
+            || h.starts_with("x-goog-encryption")
+    }) {
+        return refuse(format!("the host does not authorize requests with {name}"));
+    }
+    let Some(query) = query(uri) else {
+        return refuse("the query is not UTF-8".into());
+    };
     let param = |name: &str| {
         query
             .iter()
@@ -104,9 +117,14 @@ pub fn check(
         }
         Ok(())
     };
-    // A resumable upload's session: its URL authorizes it.
-    if param("upload_id").is_some() && matches!(*method, Method::PUT | Method::DELETE) {
-        return Ok(Access::Session);
+    // A resumable upload's session, one the host started: its URL
+    // authorizes it.
+    if let Some(id) = param("upload_id") {
+        return if matches!(*method, Method::PUT | Method::DELETE) && known_session(id) {
+            Ok(Access::Session)
+        } else {
+            refuse("not a resumable upload the host started".into())
+        };
     }
     // Segments decoded: `/b/{bucket}/o/{object}` under the API's path.
     let segments = |root: &str| -> Option<Vec<String>> {
@@ -116,8 +134,8 @@ pub fn check(
     let ours = |segments: &[String]| segments.first() == Some(&grant.bucket);
     if let Some(segments) = segments(&grant.api_path).filter(|s| ours(s)) {
         match (method, &segments[1..]) {
-            (&Method::GET, []) => {
-                only(BUCKET_QUERY)?;
+            // The versioning setting only: nothing else of the bucket.
+            (&Method::GET, []) if query.len() == 1 && param("fields") == Some("versioning") => {
                 Ok(Access::Bearer)
             }
             (&Method::GET, [o]) if o == "o" => {
@@ -147,12 +165,20 @@ pub fn check(
         && segments[1..] == ["o".to_string()]
     {
         only(UPLOAD_QUERY)?;
+        if param("kmsKeyName").is_some_and(|k| Some(k) != grant.kms_key.as_deref()) {
+            return refuse("kmsKeyName is not the backend's kms_encryption_key".into());
+        }
         let named = match (param("uploadType"), body) {
             (Some("media"), _) => None,
-            (Some("multipart"), Some(body)) => Some(multipart_name(headers, body)?),
+            (Some("multipart"), Some(body)) => Some(multipart_name(grant, headers, body)?),
             (Some("resumable"), Some([])) => None,
-            (Some("resumable"), Some(body)) => Some(resource_name(body)?),
+            (Some("resumable"), Some(body)) => Some(resource_name(grant, body)?),
             _ => return refuse("uploads are media, multipart or resumable".into()),
+        };
+        let access = if param("uploadType") == Some("resumable") {
+            Access::Initiation
+        } else {
+            Access::Bearer
         };
         let name = match (named, param("name")) {
             (Some(named), Some(q)) if named != q => {
@@ -163,7 +189,7 @@ pub fn check(
             (None, None) => return refuse("an upload without an object name".into()),
         };
         in_scope(grant, &name).map_err(|why| format!("{method} {path}: {why}"))?;
-        Ok(Access::Bearer)
+        Ok(access)
     } else {
         refuse(format!(
             "the host authorizes only the state objects of gs://{}/{}",
@@ -179,7 +205,7 @@ fn in_scope(grant: &GcpGrant, object: &str) -> Result<(), String> {
             .or(rest.strip_suffix(".tflock"))
     });
     match workspace {
-        Some(ws) if !ws.is_empty() && !ws.contains('/') => Ok(()),
+        Some(ws) if crate::names::check_name("workspace", ws).is_ok() => Ok(()),
         _ => Err(format!(
             "{object:?} is not a state or lock object under gs://{}/{}",
             grant.bucket, grant.prefix
@@ -190,47 +216,76 @@ fn in_scope(grant: &GcpGrant, object: &str) -> Result<(), String> {
 /// The object a multipart upload names: its first part, which must be
 /// the JSON resource and nothing else. Strict, so that no other reading
 /// of the body (by the store) can find another name in it.
-fn multipart_name(headers: &http::HeaderMap, body: &[u8]) -> Result<String, String> {
-    let kind = headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
+fn multipart_name(
+    grant: &GcpGrant,
+    headers: &http::HeaderMap,
+    body: &[u8],
+) -> Result<String, String> {
+    let mut kinds = headers.get_all(http::header::CONTENT_TYPE).iter();
+    let kind = match (kinds.next(), kinds.next()) {
+        (Some(kind), None) => kind.to_str().unwrap_or(""),
+        _ => return Err("a multipart upload must have one Content-Type".into()),
+    };
+    // A plain token: no quotes, comments or characters another parser
+    // could read differently.
     let boundary = kind
         .strip_prefix("multipart/related; boundary=")
         .filter(|b| {
             !b.is_empty()
                 && b.len() <= 70
                 && b.bytes()
-                    .all(|c| c.is_ascii_alphanumeric() || b"'()+_,-./:=?".contains(&c))
+                    .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
         })
-        .ok_or("a multipart upload must say `multipart/related; boundary=…`")?;
+        .ok_or("a multipart upload must say `multipart/related; boundary=TOKEN`")?;
     let delimiter = format!("--{boundary}");
     let head = format!("{delimiter}\r\ncontent-type: application/json; charset=UTF-8\r\n\r\n");
     let rest = body
         .strip_prefix(head.as_bytes())
         .ok_or("a multipart upload must begin with its JSON resource")?;
-    let end = find(rest, format!("\r\n{delimiter}\r\n").as_bytes())
-        .ok_or("a multipart upload without a second part")?;
+    let second = format!("\r\n{delimiter}\r\ncontent-type: application/octet-stream\r\n\r\n");
+    let end = find(rest, second.as_bytes()).ok_or("a multipart upload without its media part")?;
     let json = &rest[..end];
-    if find(json, delimiter.as_bytes()).is_some() {
-        return Err("the resource holds the boundary".into());
+    // Exactly two parts: the media runs to the closing delimiter at the
+    // very end, and holds no delimiter of its own.
+    let media = rest[end + second.len()..]
+        .strip_suffix(format!("\r\n{delimiter}--\r\n").as_bytes())
+        .ok_or("a multipart upload must end with its closing delimiter")?;
+    if find(json, delimiter.as_bytes()).is_some() || find(media, delimiter.as_bytes()).is_some() {
+        return Err("a part holds the boundary".into());
     }
-    resource_name(json)
+    resource_name(grant, json)
 }
 
-fn resource_name(json: &[u8]) -> Result<String, String> {
-    serde_json::from_slice::<Resource>(json)
-        .map(|r| r.name)
-        .map_err(|e| format!("the upload's resource is not one the host authorizes: {e}"))
+fn resource_name(grant: &GcpGrant, json: &[u8]) -> Result<String, String> {
+    let resource = serde_json::from_slice::<Resource>(json)
+        .map_err(|e| format!("the upload's resource is not one the host authorizes: {e}"))?;
+    if resource.kms_key_name.is_some() && resource.kms_key_name != grant.kms_key {
+        return Err("the upload's kmsKeyName is not the backend's kms_encryption_key".into());
+    }
+    Ok(resource.name)
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-fn query(uri: &Uri) -> Vec<(String, String)> {
-    form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+/// The query's pairs, decoded; `None` when one is not UTF-8 (decoding it
+/// lossily would check another name than the store reads).
+fn query(uri: &Uri) -> Option<Vec<(String, String)>> {
+    let decode = |text: &str| {
+        percent_encoding::percent_decode_str(&text.replace('+', " "))
+            .decode_utf8()
+            .ok()
+            .map(|s| s.into_owned())
+    };
+    uri.query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            Some((decode(k)?, decode(v)?))
+        })
         .collect()
 }
 
@@ -253,6 +308,7 @@ mod tests {
             prefix: "team/app/".into(),
             api_path: "/storage/v1".into(),
             upload_path: "/upload/storage/v1".into(),
+            kms_key: None,
             source: TokenSource::Static("t".into()),
         }
     }
@@ -270,7 +326,7 @@ mod tests {
         if let Some(kind) = kind {
             headers.insert(http::header::CONTENT_TYPE, kind.parse().unwrap());
         }
-        check(&grant(), &method, &uri, &headers, body)
+        check(&grant(), (&method, &uri, &headers), body, &|id| id == "abc")
     }
 
     fn multipart(name: &str) -> Vec<u8> {
@@ -319,12 +375,54 @@ mod tests {
         let resource = br#"{"name":"team/app/dev.tfstate","metadata":{"wasmstate-serial":"3"}}"#;
         assert_eq!(
             check_of(Method::POST, resumable, None, Some(resource)),
-            Ok(Access::Bearer)
+            Ok(Access::Initiation)
         );
         let session = "/upload/storage/v1/b/tf-state/o?uploadType=resumable&upload_id=abc";
         assert_eq!(
             check_of(Method::PUT, session, None, None),
             Ok(Access::Session)
+        );
+    }
+
+    #[test]
+    fn parser_differentials_and_foreign_sessions_are_refused() {
+        let foreign = "/upload/storage/v1/b/attacker/o?uploadType=resumable&upload_id=XYZ";
+        assert!(check_of(Method::PUT, foreign, None, None).is_err());
+        for path in [
+            "/storage/v1/b/tf-state",
+            "/storage/v1/b/tf-state?fields=acl",
+            "/storage/v1/b/tf-state?fields=versioning&projection=full",
+            "/storage/v1/b/tf-state/o/team%2Fapp%2Fdefault.tfstate?alt=media&x=%FF",
+        ] {
+            assert!(check_of(Method::GET, path, None, None).is_err(), "{path}");
+        }
+        let upload = "/upload/storage/v1/b/tf-state/o?uploadType=multipart";
+        let smuggled = format!(
+            "{}\r\n--b1\r\ncontent-type: application/json; charset=UTF-8\r\n\r\n{{\"name\":\"secrets.json\"}}\r\n--b1--\r\n",
+            String::from_utf8(multipart("team/app/x.tfstate"))
+                .unwrap()
+                .trim_end_matches("\r\n--b1--\r\n")
+        );
+        assert!(check_of(Method::POST, upload, KIND, Some(smuggled.as_bytes())).is_err());
+        let odd = "multipart/related; boundary=(c)b1";
+        assert!(
+            check_of(
+                Method::POST,
+                upload,
+                Some(odd),
+                Some(&multipart("team/app/x.tfstate"))
+            )
+            .is_err()
+        );
+        let kms = "/upload/storage/v1/b/tf-state/o?uploadType=multipart&kmsKeyName=attacker";
+        assert!(
+            check_of(
+                Method::POST,
+                kms,
+                KIND,
+                Some(&multipart("team/app/x.tfstate"))
+            )
+            .is_err()
         );
     }
 

@@ -86,8 +86,22 @@ struct CredentialsFile {
 impl TokenSource {
     /// The source a backend's settings name (`access_token`, then
     /// `credentials`: a path or the JSON itself), else the environment's,
-    /// else the metadata server. `Err` says what to fix.
+    /// else the metadata server; and whether it is the host's own identity
+    /// (the environment's or the metadata server's) rather than one the
+    /// backend's config names. `Err` says what to fix.
     pub fn resolve(
+        access_token: Option<String>,
+        credentials: Option<String>,
+        base: &std::path::Path,
+    ) -> Result<(TokenSource, bool), String> {
+        let ambient = access_token.is_none() && credentials.is_none();
+        Ok((
+            Self::resolve_from(access_token, credentials, base)?,
+            ambient,
+        ))
+    }
+
+    fn resolve_from(
         access_token: Option<String>,
         credentials: Option<String>,
         base: &std::path::Path,
@@ -197,9 +211,11 @@ impl Cache {
         {
             return Ok(token.clone());
         }
+        // The cause goes to the log only: a token endpoint's answer may
+        // echo what was sent to it.
         let (token, life) = self.mint().await.map_err(|e| {
             tracing::warn!(backend = %self.backend, "cannot get a Google access token: {e}");
-            format!("cannot get a Google access token: {e}")
+            "cannot get a Google access token (the server's log says why)".to_string()
         })?;
         // Minted again five minutes before it expires, or halfway through
         // a shorter life.

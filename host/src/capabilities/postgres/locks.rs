@@ -1,0 +1,494 @@
+//! Locks that Terraform's pg backend and wasmstate's replicas all honour.
+//!
+//! Terraform locks a workspace with a session-level advisory lock on its
+//! row's id (on `-1` while the workspace has no row, which also blocks
+//! every other lock taker: "locked for workspace creation"), and stores
+//! nothing else. A wasmstate lock is the same advisory lock, held by one
+//! long-lived session per backend and replica (application name
+//! `wasmstate-lock`), plus a row in `wasmstate_locks` (name, key, lock
+//! info, holding session). The row is the lock for wasmstate: any replica
+//! reads it to report the holder and deletes it to unlock. The advisory
+//! lock is what native clients see; each replica keeps it exactly while a
+//! row says its session holds it:
+//!
+//! - unlocking through another replica deletes the row; the holding
+//!   replica's sweep (every second) sees it gone and releases the key;
+//! - a replica that died lost its session and so its advisory locks; the
+//!   next replica to touch the row (or its sweep) takes the key over and
+//!   records its own session as the holder.
+
+use super::{Holder, PgError, PgStore};
+use std::collections::HashSet;
+use std::time::Duration;
+use tokio_postgres::{Client, GenericClient};
+
+/// The key Terraform's pg backend locks while a workspace has no row.
+const CREATION_KEY: i64 = -1;
+/// The application name of the sessions that hold wasmstate's locks.
+const APPLICATION: &str = "wasmstate-lock";
+/// How often a replica releases keys whose rows are gone.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// How long a lock taker waits for a key another replica is releasing.
+const RELEASE_WAIT: &str = "3s";
+
+/// One backend's lock-holding session on this replica.
+#[derive(Default)]
+pub struct LockSession {
+    inner: tokio::sync::Mutex<Option<Session>>,
+    sweeping: std::sync::atomic::AtomicBool,
+}
+
+struct Session {
+    client: Client,
+    /// `pid@backend_start`: this session, as rows name their holder.
+    me: String,
+    /// Advisory keys this session holds (each once).
+    mine: HashSet<i64>,
+}
+
+/// A row of `wasmstate_locks`.
+struct LockRow {
+    key: i64,
+    info: serde_json::Value,
+    holder: String,
+}
+
+fn lock_id(info: &serde_json::Value) -> &str {
+    info.get("ID").and_then(|v| v.as_str()).unwrap_or_default()
+}
+
+impl LockSession {
+    /// The session, connected (again, if it was lost: its locks went with
+    /// it, and rows naming it are taken over like a dead replica's).
+    async fn session(
+        &self,
+        store: &PgStore,
+    ) -> Result<tokio::sync::MutexGuard<'_, Option<Session>>, PgError> {
+        let mut guard = self.inner.lock().await;
+        if guard.as_ref().is_none_or(|s| s.client.is_closed()) {
+            let client = super::connect(&store.grant, APPLICATION).await?;
+            let me: String = client
+                .query_one(
+                    "SELECT pg_backend_pid()::text || '@' || backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+                    &[],
+                )
+                .await?
+                .get(0);
+            *guard = Some(Session {
+                client,
+                me,
+                mine: HashSet::new(),
+            });
+        }
+        Ok(guard)
+    }
+
+    /// Lock `name` for `info`: `None` when taken, else who holds it.
+    pub async fn lock(
+        &self,
+        store: &PgStore,
+        name: &str,
+        info: serde_json::Value,
+    ) -> Result<Option<Holder>, PgError> {
+        let mut guard = self.session(store).await?;
+        let session = guard.as_mut().expect("connected");
+        let taken = session.lock(store, name, &info).await;
+        drop(guard);
+        self.sweep_in_background(store);
+        taken
+    }
+
+    /// Who holds `name`'s lock, if anyone.
+    pub async fn holder(&self, store: &PgStore, name: &str) -> Result<Option<Holder>, PgError> {
+        let mut guard = self.session(store).await?;
+        let session = guard.as_mut().expect("connected");
+        if let Some(row) = session.row(store, name).await? {
+            session.keep_alive(store, name, &row).await?;
+            return Ok(Some(Holder::Wasmstate(row.info)));
+        }
+        let key = key_of(&session.client, store, name).await?;
+        native_holder(&session.client, key).await
+    }
+
+    /// Release `name`'s lock if held with `id` (any wasmstate lock when
+    /// `force`): `None` when released or not held, else who holds it.
+    pub async fn unlock(
+        &self,
+        store: &PgStore,
+        name: &str,
+        id: &str,
+        force: bool,
+    ) -> Result<Option<Holder>, PgError> {
+        let mut guard = self.session(store).await?;
+        let session = guard.as_mut().expect("connected");
+        let Some(row) = session.row(store, name).await? else {
+            let key = key_of(&session.client, store, name).await?;
+            return native_holder(&session.client, key).await;
+        };
+        if lock_id(&row.info) != id && !force {
+            return Ok(Some(Holder::Wasmstate(row.info)));
+        }
+        // Only the lock that was read: a new one taken meanwhile stays.
+        let deleted = session
+            .client
+            .execute(
+                &format!(
+                    "DELETE FROM {} WHERE name = $1 AND info = $2",
+                    store.table("wasmstate_locks")
+                ),
+                &[&name, &row.info],
+            )
+            .await?;
+        if deleted == 0 {
+            return Ok(session
+                .row(store, name)
+                .await?
+                .map(|r| Holder::Wasmstate(r.info)));
+        }
+        if row.holder == session.me {
+            session.release_if_unneeded(store, row.key).await?;
+        }
+        // Otherwise the holding replica's sweep releases the key.
+        Ok(None)
+    }
+
+    /// Whether a write or delete of `name` under `lock_id` may go ahead in
+    /// transaction `tx` (which then holds the lock's row until it ends, so
+    /// the lock cannot change under the write): `None` if so, else why not.
+    pub async fn may_change(
+        &self,
+        store: &PgStore,
+        tx: &tokio_postgres::Transaction<'_>,
+        name: &str,
+        lock: Option<&str>,
+    ) -> Result<Option<Refusal>, PgError> {
+        let row = tx
+            .query_opt(
+                &format!(
+                    "SELECT info FROM {} WHERE name = $1 FOR SHARE",
+                    store.table("wasmstate_locks")
+                ),
+                &[&name],
+            )
+            .await?;
+        let info: Option<serde_json::Value> = row.map(|r| r.get(0));
+        match (info, lock) {
+            (Some(info), Some(id)) if lock_id(&info) == id => Ok(None),
+            (Some(info), _) => Ok(Some(Refusal::Held(Holder::Wasmstate(info)))),
+            (None, Some(_)) => Ok(Some(Refusal::NotLocked)),
+            (None, None) => {
+                let key = key_of(tx, store, name).await?;
+                Ok(native_holder(tx, key).await?.map(Refusal::Held))
+            }
+        }
+    }
+
+    /// Start the sweep if it is not running: it stops once this replica
+    /// holds no key.
+    fn sweep_in_background(&self, store: &PgStore) {
+        use std::sync::atomic::Ordering;
+        let Some(store) = store.me.upgrade() else {
+            return;
+        };
+        if self.sweeping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(SWEEP_EVERY).await;
+                let holding = store.locks.sweep(&store).await;
+                match holding {
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(backend = %store.backend, "postgres lock sweep: {e:?}");
+                        continue;
+                    }
+                }
+                store.locks.sweeping.store(false, Ordering::SeqCst);
+                return;
+            }
+        });
+    }
+
+    /// Release keys whose rows are gone; take over rows whose holding
+    /// session died. Whether this replica still holds a key.
+    async fn sweep(&self, store: &PgStore) -> Result<bool, PgError> {
+        let mut guard = self.session(store).await?;
+        let session = guard.as_mut().expect("connected");
+        for key in session.mine.clone() {
+            session.release_if_unneeded(store, key).await?;
+        }
+        let rows = session
+            .client
+            .query(
+                &format!(
+                    "SELECT name, key, info, holder FROM {}",
+                    store.table("wasmstate_locks")
+                ),
+                &[],
+            )
+            .await?;
+        for row in rows {
+            let lock = LockRow {
+                key: row.get(1),
+                info: row.get(2),
+                holder: row.get(3),
+            };
+            let name: String = row.get(0);
+            session.keep_alive(store, &name, &lock).await?;
+        }
+        Ok(!session.mine.is_empty())
+    }
+}
+
+/// Why a write or delete did not happen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Someone else holds the lock.
+    Held(Holder),
+    /// A lock id was given, but nobody holds the lock.
+    NotLocked,
+}
+
+impl Session {
+    async fn row(&self, store: &PgStore, name: &str) -> Result<Option<LockRow>, PgError> {
+        let row = self
+            .client
+            .query_opt(
+                &format!(
+                    "SELECT key, info, holder FROM {} WHERE name = $1",
+                    store.table("wasmstate_locks")
+                ),
+                &[&name],
+            )
+            .await?;
+        Ok(row.map(|r| LockRow {
+            key: r.get(0),
+            info: r.get(1),
+            holder: r.get(2),
+        }))
+    }
+
+    async fn try_lock(&mut self, key: i64) -> Result<bool, PgError> {
+        if self.mine.contains(&key) {
+            return Ok(true);
+        }
+        let got: bool = self
+            .client
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&key])
+            .await?
+            .get(0);
+        if got {
+            self.mine.insert(key);
+        }
+        Ok(got)
+    }
+
+    /// Release `key` unless a row says this session holds it.
+    async fn release_if_unneeded(&mut self, store: &PgStore, key: i64) -> Result<(), PgError> {
+        if !self.mine.contains(&key) {
+            return Ok(());
+        }
+        let needed: bool = self
+            .client
+            .query_one(
+                &format!(
+                    "SELECT EXISTS (SELECT 1 FROM {} WHERE key = $1 AND holder = $2)",
+                    store.table("wasmstate_locks")
+                ),
+                &[&key, &self.me],
+            )
+            .await?
+            .get(0);
+        if !needed {
+            self.client
+                .query_one("SELECT pg_advisory_unlock($1)", &[&key])
+                .await?;
+            self.mine.remove(&key);
+        }
+        Ok(())
+    }
+
+    /// A row whose holding session died: this session takes its key over
+    /// and becomes its holder.
+    async fn keep_alive(
+        &mut self,
+        store: &PgStore,
+        name: &str,
+        row: &LockRow,
+    ) -> Result<(), PgError> {
+        if row.holder == self.me || holder_alive(&self.client, &row.holder).await? {
+            return Ok(());
+        }
+        let updated = self
+            .client
+            .execute(
+                &format!(
+                    "UPDATE {} SET holder = $3 WHERE name = $1 AND holder = $2",
+                    store.table("wasmstate_locks")
+                ),
+                &[&name, &row.holder, &self.me],
+            )
+            .await?;
+        if updated == 1 && !self.try_lock(row.key).await? {
+            tracing::error!(
+                backend = %store.backend,
+                "the lock of {name} outlived its replica, and another client took advisory lock {} meanwhile: both may write; check who holds it",
+                row.key
+            );
+        }
+        Ok(())
+    }
+
+    async fn lock(
+        &mut self,
+        store: &PgStore,
+        name: &str,
+        info: &serde_json::Value,
+    ) -> Result<Option<Holder>, PgError> {
+        for _ in 0..3 {
+            if let Some(row) = self.row(store, name).await? {
+                self.keep_alive(store, name, &row).await?;
+                return Ok(Some(Holder::Wasmstate(row.info)));
+            }
+            let key = key_of(&self.client, store, name).await?;
+            let had = self.mine.contains(&key);
+            if !self.try_lock(key).await? {
+                if let Some(native) = native_holder(&self.client, key).await? {
+                    return Ok(Some(native));
+                }
+                if key == CREATION_KEY {
+                    return Ok(Some(Holder::Native(
+                        "another workspace of this database is being created through another wasmstate replica; retry when it is written".into(),
+                    )));
+                }
+                // Another replica is releasing it (its row is gone).
+                self.wait_for(key).await?;
+            }
+            // As Terraform: a workspace being created anywhere blocks.
+            if key != CREATION_KEY && !self.mine.contains(&CREATION_KEY) {
+                if !self.try_lock(CREATION_KEY).await? {
+                    if !had {
+                        self.release_if_unneeded(store, key).await?;
+                    }
+                    return Ok(Some(
+                        native_holder(&self.client, CREATION_KEY)
+                            .await?
+                            .unwrap_or(Holder::Native(
+                                "a workspace is being created; retry".into(),
+                            )),
+                    ));
+                }
+                self.release_if_unneeded(store, CREATION_KEY).await?;
+            }
+            let inserted = self
+                .client
+                .execute(
+                    &format!(
+                        "INSERT INTO {} (name, key, info, holder) VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING",
+                        store.table("wasmstate_locks")
+                    ),
+                    &[&name, &key, info, &self.me],
+                )
+                .await?;
+            if inserted == 1 {
+                return Ok(None);
+            }
+            // Another replica's lock won the row: look again.
+            self.release_if_unneeded(store, key).await?;
+        }
+        Err(PgError::Unavailable(format!(
+            "the lock of {name} keeps changing; retry"
+        )))
+    }
+
+    /// Wait (briefly) for `key`, which another wasmstate session is
+    /// releasing; queued behind it, so no native client can slip between.
+    async fn wait_for(&mut self, key: i64) -> Result<(), PgError> {
+        self.client
+            .batch_execute(&format!("SET lock_timeout = '{RELEASE_WAIT}'"))
+            .await?;
+        let waited = self
+            .client
+            .query_one("SELECT pg_advisory_lock($1)", &[&key])
+            .await;
+        self.client.batch_execute("RESET lock_timeout").await?;
+        match waited {
+            Ok(_) => {
+                self.mine.insert(key);
+                Ok(())
+            }
+            Err(_) => Err(PgError::Unavailable(
+                "a lock another replica is releasing was not released in time; retry".into(),
+            )),
+        }
+    }
+}
+
+/// The advisory key of `name`: its row's id, or `-1` without a row.
+async fn key_of(client: &impl GenericClient, store: &PgStore, name: &str) -> Result<i64, PgError> {
+    let row = client
+        .query_opt(
+            &format!("SELECT id FROM {} WHERE name = $1", store.table("states")),
+            &[&name],
+        )
+        .await?;
+    Ok(row.map_or(CREATION_KEY, |r| r.get(0)))
+}
+
+/// A session other than wasmstate's holding advisory lock `key` or the
+/// creation key: a native Terraform client.
+async fn native_holder(client: &impl GenericClient, key: i64) -> Result<Option<Holder>, PgError> {
+    let row = client
+        .query_opt(
+            "SELECT l.pid, (l.objid::bigint | (l.classid::bigint << 32))::bigint AS k, a.application_name, a.client_addr::text
+             FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+               AND l.classid = (($1::bigint >> 32) & 4294967295)::bigint::oid
+               AND l.objid = ($1::bigint & 4294967295)::bigint::oid
+               AND a.application_name <> $3
+             UNION ALL
+             SELECT l.pid, -1, a.application_name, a.client_addr::text
+             FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+               AND l.classid = 4294967295::bigint::oid AND l.objid = 4294967295::bigint::oid
+               AND a.application_name <> $3 AND $2
+             LIMIT 1",
+            &[&key, &(key != CREATION_KEY), &APPLICATION],
+        )
+        .await?;
+    Ok(row.map(|r| {
+        let pid: i32 = r.get(0);
+        let k: i64 = r.get(1);
+        let from: Option<String> = r.get(3);
+        let what = if k == CREATION_KEY {
+            "locked for workspace creation"
+        } else {
+            "locked"
+        };
+        Holder::Native(format!(
+            "{what} by a Terraform pg backend client (database session {pid}{}, advisory lock {k}); it is released when that client unlocks or ends",
+            from.map(|f| format!(" from {f}")).unwrap_or_default()
+        ))
+    }))
+}
+
+/// Whether the session `holder` (`pid@backend_start`) is still connected.
+async fn holder_alive(client: &Client, holder: &str) -> Result<bool, PgError> {
+    let Some((pid, start)) = holder.split_once('@') else {
+        return Ok(false);
+    };
+    let Ok(pid) = pid.parse::<i32>() else {
+        return Ok(false);
+    };
+    Ok(client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND backend_start::text = $2)",
+            &[&pid, &start],
+        )
+        .await?
+        .get(0))
+}
