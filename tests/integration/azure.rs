@@ -303,6 +303,18 @@ fn azure_keeps_terraforms_lock_layout() {
         send("LOCK", &url, Some(&lock_info("wasm-3", "wasm@host"))).status,
         200
     );
+
+    // Lock info that outlived its lease (broken by another tool, the blob
+    // leased again by someone else) grants nothing, even to the lock it
+    // names.
+    azurite.native_ok(CONTAINER, &["break", KEY]);
+    azurite.native_ok(CONTAINER, &["lease-only", KEY, other]);
+    let stale = send("LOCK", &url, Some(&lock_info("wasm-3", "wasm@host")));
+    assert_eq!(stale.status, 423, "{}", stale.text());
+    assert_eq!(send("UNLOCK", &url, None).status, 200);
+    let cleared = props(&azurite, KEY);
+    assert_eq!(cleared["lease_status"], "unlocked", "{cleared}");
+    assert!(cleared["lock"].is_null(), "{cleared}");
 }
 
 #[test]

@@ -151,8 +151,13 @@ fn held_by_other(c: &Container, blob: &str, id: &str) -> Result<Error, Error> {
         };
         match (&holder, pauses.next()) {
             (Holder::Known(held), _) if held.is(id) => {
-                // Ours after all (a retried request): nothing to refuse.
-                return Err(Error::Unavailable(format!("{path} is being locked; retry")));
+                // The info names this lock, yet the lease refused its ID:
+                // the info outlived its lease (broken by another tool) and
+                // someone else leases the blob now.
+                return Ok(Error::locked(unknown_holder(
+                    path,
+                    "names this lock, but another lease holds the blob",
+                )));
             }
             (Holder::Known(held), _) => return Ok(Error::locked(held.reported())),
             (Holder::None, _) => {

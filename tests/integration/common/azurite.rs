@@ -260,6 +260,10 @@ elif command == "lease-only":
     name, lease_id = args
     c.get_blob_client(name).acquire_lease(lease_duration=-1, lease_id=lease_id)
     say({"id": lease_id})
+elif command == "break":
+    # A lease broken by another tool, its lock info left behind.
+    BlobLeaseClient(c.get_blob_client(args[0])).break_lease(lease_break_period=0)
+    say({})
 elif command == "set-metadata":
     name, metadata = args
     c.get_blob_client(name).set_blob_metadata(json.loads(metadata))
