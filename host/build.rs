@@ -17,6 +17,7 @@ const GUESTS: &[(&str, &str)] = &[
     ("wasmstate-guest-git", "WASMSTATE_GUEST_GIT"),
     ("wasmstate-guest-gcs", "WASMSTATE_GUEST_GCS"),
     ("wasmstate-guest-azure", "WASMSTATE_GUEST_AZURE"),
+    ("wasmstate-guest-postgres", "WASMSTATE_GUEST_POSTGRES"),
     // Built here only so the tests can find it; it is not embedded.
     ("wasmstate-guest-etcd", "WASMSTATE_EXAMPLE_ETCD"),
     ("wasmstate-fixture-misbehave", "WASMSTATE_FIXTURE_MISBEHAVE"),

@@ -160,6 +160,16 @@ pub const EMBEDDED: &[EmbeddedGuest] = &[
         cloud: Cloud::Azure,
         default_git: |_| GitDefaults::default(),
     },
+    EmbeddedGuest {
+        name: "postgres",
+        summary: "PostgreSQL rows, locked with advisory locks (Terraform's pg layout)",
+        wasm: include_bytes!(env!("WASMSTATE_GUEST_POSTGRES")),
+        // No HTTP: it reaches its database through the host's postgres
+        // capability, granted by its `conn_str`.
+        default_http: |_| Vec::new(),
+        cloud: Cloud::None,
+        default_git: |_| GitDefaults::default(),
+    },
 ];
 
 /// The blob endpoint an Azure guest's configuration points at: its

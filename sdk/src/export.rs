@@ -49,7 +49,7 @@ fn with_backend<T>(f: impl FnOnce(&dyn Backend) -> Result<T, Error>) -> Result<T
     f(backend.as_ref()).map_err(to_wit_error)
 }
 
-fn to_wit_lock(info: LockInfo) -> t::LockInfo {
+pub(crate) fn to_wit_lock(info: LockInfo) -> t::LockInfo {
     t::LockInfo {
         id: info.id,
         operation: info.operation,
@@ -61,7 +61,7 @@ fn to_wit_lock(info: LockInfo) -> t::LockInfo {
     }
 }
 
-fn from_wit_lock(info: t::LockInfo) -> LockInfo {
+pub(crate) fn from_wit_lock(info: t::LockInfo) -> LockInfo {
     LockInfo {
         id: info.id,
         operation: info.operation,

@@ -58,6 +58,7 @@ pub mod fs;
 pub mod git;
 pub mod http;
 pub mod log;
+pub mod postgres;
 mod types;
 
 pub use body::{StateReader, StateWriter};

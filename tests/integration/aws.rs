@@ -179,6 +179,7 @@ fn interop(locking: Locking) {
             backend_block: native_backend(&moto.url, locking),
             lock_released: &lock_released,
             staging_stored: &staging_stored,
+            holder_shown: true,
         },
     );
 }

@@ -107,6 +107,7 @@ fn gcs_interoperates_with_native_terraform() {
             backend_block: native_block(&gcs, PREFIX),
             lock_released: &lock_released,
             staging_stored: &staging_stored,
+            holder_shown: true,
         },
     );
 }

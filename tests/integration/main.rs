@@ -28,6 +28,7 @@ mod metrics;
 mod network;
 mod oidc;
 mod opentofu;
+mod postgres;
 mod production;
 mod protocol;
 mod quota_races;

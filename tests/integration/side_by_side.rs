@@ -17,6 +17,9 @@ pub(crate) struct Native<'a> {
     pub lock_released: &'a dyn Fn() -> bool,
     /// Whether the storage holds a state for workspace `staging`.
     pub staging_stored: &'a dyn Fn() -> bool,
+    /// Whether a lock's holder is stored for the other side to read (not
+    /// with Terraform's pg backend, whose advisory locks carry nothing).
+    pub holder_shown: bool,
 }
 
 /// Run every check against `server`'s `backend` and Terraform's native
@@ -60,7 +63,9 @@ pub(crate) fn check(server: &Server, backend: &str, native: Native<'_>) {
         "native Terraform ignored wasmstate's lock"
     );
     let said = String::from_utf8_lossy(&blocked.stderr);
-    assert!(said.contains("wasm@host"), "{said}");
+    if native.holder_shown {
+        assert!(said.contains("wasm@host"), "{said}");
+    }
     assert_eq!(send("UNLOCK", &url, Some(&ours)).status, 200);
 
     // ...and a lock held by native Terraform stops wasmstate: a LOCK, and a
@@ -73,7 +78,9 @@ pub(crate) fn check(server: &Server, backend: &str, native: Native<'_>) {
     );
     let refused = send("LOCK", &url, Some(&ours));
     assert_eq!(refused.status, 423, "{}", refused.text());
-    assert_eq!(refused.json()["Operation"], "OperationTypeApply");
+    if native.holder_shown {
+        assert_eq!(refused.json()["Operation"], "OperationTypeApply");
+    }
     assert_ne!(refused.json()["ID"], "wasm-lock");
     let mut next = send("GET", &url, None).json();
     next["serial"] = serde_json::json!(next["serial"].as_u64().unwrap() + 1);

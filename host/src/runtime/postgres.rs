@@ -66,6 +66,37 @@ fn refused(r: Refusal) -> wit::Refused {
     }
 }
 
+/// How a state that is not UTF-8 text (never one of Terraform's, which
+/// are JSON) is kept in the `data` column: base64 after this prefix, which
+/// no JSON document starts with.
+const BINARY_PREFIX: &str = "wasmstate-base64:";
+
+/// `bytes` as the `data` column keeps them: Terraform's states as they
+/// are, anything else (or text that begins like an encoded state) encoded.
+fn as_text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    use base64::Engine as _;
+    match std::str::from_utf8(bytes) {
+        Ok(text) if !text.starts_with(BINARY_PREFIX) => text.into(),
+        _ => format!(
+            "{BINARY_PREFIX}{}",
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        )
+        .into(),
+    }
+}
+
+/// The state a `data` column holds.
+fn from_text(data: &str) -> Result<std::borrow::Cow<'_, [u8]>, wit::PgError> {
+    use base64::Engine as _;
+    match data.strip_prefix(BINARY_PREFIX) {
+        None => Ok(data.as_bytes().into()),
+        Some(encoded) => base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .map(Into::into)
+            .map_err(|e| wit::PgError::Internal(format!("an encoded state is not base64: {e}"))),
+    }
+}
+
 impl Sandbox {
     /// The backend's database, or the refusal a guest without one gets.
     fn database(&self) -> Result<Arc<PgStore>, wit::PgError> {
@@ -111,8 +142,9 @@ impl wit::Host for Sandbox {
             .table
             .get_mut(&into)
             .map_err(|e| wit::PgError::Internal(format!("bad resource handle: {e}")))?;
-        sink.write(data.as_bytes());
-        Ok(Some(data.len() as u64))
+        let bytes = from_text(&data)?;
+        sink.write(&bytes);
+        Ok(Some(bytes.len() as u64))
     }
 
     async fn write(
@@ -129,13 +161,8 @@ impl wit::Host for Sandbox {
             .map_err(|e| wit::PgError::Internal(format!("bad resource handle: {e}")))?
             .bytes()
             .clone();
-        let text = std::str::from_utf8(&bytes).map_err(|_| {
-            wit::PgError::InvalidInput(
-                "the state is not UTF-8 text; Terraform's pg layout keeps states in a text column"
-                    .into(),
-            )
-        })?;
-        let outcome = db.change(&name, Some(text), lock_id.as_deref());
+        let text = as_text(&bytes);
+        let outcome = db.change(&name, Some(&text), lock_id.as_deref());
         Ok(until(self.deadline, outcome).await?.map(refused))
     }
 
@@ -147,6 +174,11 @@ impl wit::Host for Sandbox {
         let db = self.database()?;
         let outcome = db.change(&name, None, lock_id.as_deref());
         Ok(until(self.deadline, outcome).await?.map(refused))
+    }
+
+    async fn create(&mut self, name: String, data: String) -> Result<bool, wit::PgError> {
+        let db = self.database()?;
+        until(self.deadline, db.create(&name, &data)).await
     }
 
     async fn lock(

@@ -10,6 +10,7 @@ mod gcs;
 mod google;
 mod limits;
 mod peers;
+mod postgres;
 mod process;
 mod rng;
 pub mod tools;
@@ -21,6 +22,7 @@ pub use gcs::FakeGcs;
 pub use google::{GoogleFront, service_account_key};
 pub use limits::{MemoryCgroup, peak_rss_kib, reset_peak_rss, rss_kib};
 pub use peers::{Etcd, FileServer, GitDaemon, GitHttp, Moto, Registry, bare_repo, git};
+pub use postgres::Postgres;
 pub use rng::Rng;
 
 use std::io::{BufRead, BufReader, Read, Write};

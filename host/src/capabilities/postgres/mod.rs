@@ -246,6 +246,18 @@ impl PgStore {
         result
     }
 
+    /// Insert row `name` with `data` unless one exists; whether inserted.
+    pub async fn create(&self, name: &str, data: &str) -> Result<bool, PgError> {
+        let client = self.checkout().await?;
+        let sql = format!(
+            "INSERT INTO {} (name, data) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+            self.table("states")
+        );
+        let inserted = client.execute(&sql, &[&name, &data]).await?;
+        self.give_back(client);
+        Ok(inserted == 1)
+    }
+
     /// The backend's name, for log lines.
     pub fn backend(&self) -> &str {
         &self.backend

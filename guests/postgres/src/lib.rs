@@ -1,0 +1,162 @@
+//! wasmstate guest: Terraform state in PostgreSQL, the layout of
+//! Terraform's `backend "pg"` (`internal/backend/remote-state/pg`):
+//!
+//! - one row per workspace in `<schema_name>.states (id, name, data)`,
+//!   `default` included (it has no row until its first write);
+//! - locks: Terraform's session-level advisory locks on the row's id
+//!   (`-1` while the workspace has no row), which the host holds for
+//!   wasmstate's clients and records in `<schema_name>.wasmstate_locks`, so
+//!   that native `terraform` clients and wasmstate's replicas all exclude
+//!   each other.
+//!
+//! The guest only names rows: the host holds the connection string (its
+//! password), runs the statements and holds the locks (the `postgres`
+//! capability). A native client's lock cannot be force-unlocked here: it
+//! ends when that client unlocks or its session ends.
+//!
+//! Settings, named as Terraform's: `conn_str` (taken by the host),
+//! `schema_name`, `skip_schema_creation`, `skip_table_creation`,
+//! `skip_index_creation`.
+
+use wasmstate_guest::postgres::{self, Holder, Refused};
+use wasmstate_guest::{
+    Backend, Config, Error, LockInfo, StateReader, StateWriter, register_backend,
+};
+
+const DEFAULT: &str = "default";
+
+struct Pg;
+
+/// A refused write or delete as the contract's error.
+fn refusal(refused: Refused) -> Error {
+    match refused {
+        Refused::Held(holder) => Error::locked(holder.into_lock_info()),
+        Refused::NotLocked => Error::lock_mismatch(None),
+    }
+}
+
+/// An empty state as Terraform writes one for a new workspace: version 4,
+/// serial 1, a fresh lineage (a random UUID).
+fn empty_state() -> String {
+    let mut b = wasmstate_guest::random_bytes(16);
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    let lineage = format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    );
+    // An old terraform_version, so any Terraform reads it.
+    serde_json::json!({
+        "version": 4,
+        "terraform_version": "1.0.0",
+        "serial": 1,
+        "lineage": lineage,
+        "outputs": {},
+        "resources": [],
+        "check_results": null,
+    })
+    .to_string()
+}
+
+impl Backend for Pg {
+    fn new(config: &Config) -> Result<Self, Error> {
+        config.reject_unknown(&[
+            "schema_name",
+            "skip_schema_creation",
+            "skip_table_creation",
+            "skip_index_creation",
+        ])?;
+        Ok(Pg)
+    }
+
+    fn read_into(&self, ws: &str, out: &mut StateWriter<'_>) -> Result<bool, Error> {
+        // A row with no data is no state.
+        Ok(postgres::read_into(ws, out)?.is_some_and(|size| size > 0))
+    }
+
+    fn write_from(
+        &self,
+        ws: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+    ) -> Result<(), Error> {
+        match postgres::write(ws, state, lock_id)? {
+            None => Ok(()),
+            Some(refused) => Err(refusal(refused)),
+        }
+    }
+
+    fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
+        match postgres::delete(ws, lock_id)? {
+            None => Ok(()),
+            Some(refused) => Err(refusal(refused)),
+        }
+    }
+
+    fn lock(&self, ws: &str, info: &LockInfo) -> Result<(), Error> {
+        match postgres::lock(ws, info)? {
+            None => Ok(()),
+            // Locking again with the holder's own id: a retried request.
+            Some(Holder::Wasmstate(holder)) if holder.id == info.id => Ok(()),
+            Some(holder) => Err(Error::locked(holder.into_lock_info())),
+        }
+    }
+
+    fn unlock(&self, ws: &str, id: &str) -> Result<(), Error> {
+        match postgres::unlock(ws, id, false)? {
+            None => Ok(()),
+            Some(holder) => Err(Error::lock_mismatch(Some(holder.into_lock_info()))),
+        }
+    }
+
+    fn current_lock(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
+        Ok(postgres::lock_holder(ws)?.map(Holder::into_lock_info))
+    }
+
+    /// Releases a wasmstate client's lock; a native client's is reported
+    /// as held (it ends with its database session).
+    fn force_unlock(&self, ws: &str) -> Result<Option<LockInfo>, Error> {
+        let holder = postgres::lock_holder(ws)?;
+        match holder {
+            None => Ok(None),
+            Some(Holder::Native(what)) => Err(Error::locked(Holder::Native(what).into_lock_info())),
+            Some(Holder::Wasmstate(info)) => match postgres::unlock(ws, &info.id, true)? {
+                None => Ok(Some(info)),
+                Some(other) => Err(Error::locked(other.into_lock_info())),
+            },
+        }
+    }
+
+    /// As Terraform lists them: `default` first, then every row's name.
+    fn list_workspaces(&self) -> Result<Vec<String>, Error> {
+        let mut names = vec![DEFAULT.to_string()];
+        names.extend(
+            postgres::list_names()?
+                .into_iter()
+                .filter(|n| n != DEFAULT && wasmstate_guest::validate_workspace_name(n).is_ok()),
+        );
+        Ok(names)
+    }
+
+    /// As Terraform creates a workspace: a row with an empty state.
+    fn create_workspace(&self, ws: &str) -> Result<bool, Error> {
+        Ok(postgres::create(ws, &empty_state())?)
+    }
+
+    fn delete_workspace(&self, ws: &str) -> Result<(), Error> {
+        if !postgres::list_names()?.iter().any(|n| n == ws) {
+            return Err(Error::NotFound);
+        }
+        match postgres::delete(ws, None)? {
+            None => Ok(()),
+            Some(refused) => Err(refusal(refused)),
+        }
+    }
+}
+
+register_backend!(Pg);

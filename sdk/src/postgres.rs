@@ -1,0 +1,187 @@
+//! PostgreSQL through the host, in the layout of Terraform's `pg` backend:
+//! rows of `<schema>.states (name, data)` and the advisory locks native
+//! `terraform` clients take, which only the host can hold (they belong to
+//! a database session that outlives a request). The guest names rows; the
+//! host runs its own statements, holds the connection string and the
+//! locks, and honours native clients' locks.
+//!
+//! ```no_run
+//! use wasmstate_guest::postgres::{self, Refused};
+//! # fn demo(state: &wasmstate_guest::StateReader<'_>) -> Result<(), wasmstate_guest::postgres::PgError> {
+//! match postgres::write("default", state, None)? {
+//!     None => {}                              // written
+//!     Some(Refused::Held(holder)) => {}       // someone holds the lock
+//!     Some(Refused::NotLocked) => {}          // a lock id, but no lock
+//! }
+//! # Ok(()) }
+//! ```
+
+use crate::export::wit::wasmstate::backend::postgres as wit;
+use crate::{Error, LockInfo};
+use std::fmt;
+
+/// Why a call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PgError {
+    /// The backend has no database (no `conn_str`).
+    Denied(String),
+    /// The database could not be reached, or the call timed out.
+    Unavailable(String),
+    /// A malformed argument.
+    InvalidInput(String),
+    /// Anything else.
+    Internal(String),
+}
+
+impl fmt::Display for PgError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PgError::Denied(m) => write!(f, "database denied: {m}"),
+            PgError::Unavailable(m) => write!(f, "database unavailable: {m}"),
+            PgError::InvalidInput(m) => write!(f, "invalid database argument: {m}"),
+            PgError::Internal(m) => write!(f, "database error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for PgError {}
+
+impl From<wit::PgError> for PgError {
+    fn from(err: wit::PgError) -> Self {
+        match err {
+            wit::PgError::Denied(m) => PgError::Denied(m),
+            wit::PgError::Unavailable(m) => PgError::Unavailable(m),
+            wit::PgError::InvalidInput(m) => PgError::InvalidInput(m),
+            wit::PgError::Internal(m) => PgError::Internal(m),
+        }
+    }
+}
+
+impl From<PgError> for Error {
+    /// An unreachable database is worth a retry (a 503 Terraform retries);
+    /// a missing grant is the operator's configuration.
+    fn from(err: PgError) -> Self {
+        match err {
+            PgError::Unavailable(_) => Error::Unavailable(err.to_string()),
+            PgError::Denied(_) => Error::InvalidConfig(vec![crate::Diagnostic {
+                key: Some("conn_str".into()),
+                message: err.to_string(),
+            }]),
+            PgError::InvalidInput(m) => Error::InvalidInput(m),
+            PgError::Internal(_) => Error::Internal(err.to_string()),
+        }
+    }
+}
+
+/// Who holds a workspace's lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    /// A wasmstate client.
+    Wasmstate(LockInfo),
+    /// A native `terraform` client (its pg backend keeps nothing about its
+    /// lock in the database): what is known of it.
+    Native(String),
+}
+
+impl Holder {
+    /// The holder as lock info: a native client's is what is known of it.
+    pub fn into_lock_info(self) -> LockInfo {
+        match self {
+            Holder::Wasmstate(info) => info,
+            Holder::Native(what) => LockInfo {
+                id: String::new(),
+                operation: String::new(),
+                info: what,
+                who: "a terraform client using backend \"pg\"".into(),
+                version: String::new(),
+                created: String::new(),
+                path: String::new(),
+            },
+        }
+    }
+}
+
+impl From<wit::Holder> for Holder {
+    fn from(h: wit::Holder) -> Self {
+        match h {
+            wit::Holder::Wasmstate(info) => Holder::Wasmstate(crate::export::from_wit_lock(info)),
+            wit::Holder::Native(what) => Holder::Native(what),
+        }
+    }
+}
+
+/// Why a write or delete did not happen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// Someone else holds the lock.
+    Held(Holder),
+    /// A lock id was given, but nobody holds the lock.
+    NotLocked,
+}
+
+impl From<wit::Refused> for Refused {
+    fn from(r: wit::Refused) -> Self {
+        match r {
+            wit::Refused::Held(h) => Refused::Held(h.into()),
+            wit::Refused::NotLocked => Refused::NotLocked,
+        }
+    }
+}
+
+/// The names of the rows, sorted.
+pub fn list_names() -> Result<Vec<String>, PgError> {
+    Ok(wit::list_names()?)
+}
+
+/// Row `name`'s data, written into `out` by the host; its size, `None`
+/// without a row.
+pub fn read_into(name: &str, out: &mut crate::StateWriter<'_>) -> Result<Option<u64>, PgError> {
+    match out.host_sink() {
+        Some(sink) => Ok(wit::read_into(name, sink)?),
+        None => Err(PgError::Internal(
+            "postgres reads go to the host's state sink (implement read_into)".into(),
+        )),
+    }
+}
+
+/// Set row `name` to the state the host lent, only while its lock is held
+/// with `lock_id` (`None`: while nobody holds it). `None` when written.
+pub fn write(
+    name: &str,
+    state: &crate::StateReader<'_>,
+    lock_id: Option<&str>,
+) -> Result<Option<Refused>, PgError> {
+    match state.host_source() {
+        Some(source) => Ok(wit::write(name, source, lock_id)?.map(Into::into)),
+        None => Err(PgError::Internal(
+            "postgres writes take the host's state (implement write_from)".into(),
+        )),
+    }
+}
+
+/// Delete row `name`, under the rule of [`write`].
+pub fn delete(name: &str, lock_id: Option<&str>) -> Result<Option<Refused>, PgError> {
+    Ok(wit::delete(name, lock_id)?.map(Into::into))
+}
+
+/// Insert row `name` with `data` unless one exists; whether inserted.
+pub fn create(name: &str, data: &str) -> Result<bool, PgError> {
+    Ok(wit::create(name, data)?)
+}
+
+/// Lock `name` for `info`: `None` when taken, else who holds it.
+pub fn lock(name: &str, info: &LockInfo) -> Result<Option<Holder>, PgError> {
+    let info = crate::export::to_wit_lock(info.clone());
+    Ok(wit::lock(name, &info)?.map(Into::into))
+}
+
+/// Who holds `name`'s lock.
+pub fn lock_holder(name: &str) -> Result<Option<Holder>, PgError> {
+    Ok(wit::lock_holder(name)?.map(Into::into))
+}
+
+/// Release `name`'s lock if held with `id` (any wasmstate lock when
+/// `force`): `None` when released or not held, else who holds it.
+pub fn unlock(name: &str, id: &str, force: bool) -> Result<Option<Holder>, PgError> {
+    Ok(wit::unlock(name, id, force)?.map(Into::into))
+}

@@ -1,0 +1,231 @@
+//! The `postgres` guest against a real PostgreSQL, and side by side with
+//! Terraform's native `backend "pg"` on the same database: each side reads
+//! the state the other wrote and each side's lock stops the other. Locks
+//! taken through one replica are reported and released through another,
+//! and a replica that dies leaves its locks held for the others.
+
+use crate::common::*;
+use crate::terraform::{CONFIG, HTTP_BACKEND, apply_and_check, init, ok, run, stored_output};
+use std::path::Path;
+use std::time::Duration;
+
+fn server(data: &Path, pg: &Postgres, schema: &str) -> Server {
+    Server::with_config(
+        data,
+        &format!(
+            "[backends.pg]\nguest = \"postgres\"\n[backends.pg.config]\nconn_str = {:?}\nschema_name = {schema:?}\n",
+            pg.conn_str()
+        ),
+    )
+}
+
+/// Terraform's own `backend "pg"` on the same database and schema.
+fn native_block(pg: &Postgres, schema: &str) -> String {
+    format!(
+        "terraform {{\n  backend \"pg\" {{\n    conn_str    = {:?}\n    schema_name = {schema:?}\n  }}\n}}\n",
+        pg.conn_str()
+    )
+}
+
+#[test]
+fn postgres_passes_the_kit() {
+    let pg = Postgres::start();
+    let conn = format!("conn_str={}", pg.conn_str());
+    let (ok, out) = wasmstate(&[
+        "guest",
+        "test",
+        "postgres",
+        "--config",
+        &conn,
+        "--config",
+        "schema_name=kit",
+    ]);
+    assert!(ok, "{out}");
+    assert_eq!(summary(&out), "21 passed, 0 failed", "{out}");
+    // Terraform's tables, made as its pg backend makes them.
+    assert_eq!(
+        pg.query("select count(*) from information_schema.tables where table_schema = 'kit' and table_name in ('states', 'wasmstate_locks')"),
+        "2"
+    );
+}
+
+#[test]
+fn terraform_through_postgres_keeps_terraforms_rows() {
+    let pg = Postgres::start();
+    let (data, work) = (tempdir(), tempdir());
+    let server = server(data.path(), &pg, "terraform_remote_state");
+    apply_and_check(work.path(), &server.state_url("pg", "default"), &server);
+    let stored = pg.query("select data from terraform_remote_state.states where name = 'default'");
+    let served = send("GET", &server.state_url("pg", "default"), None).text();
+    assert_eq!(stored, served.trim_end());
+    // Nothing stays locked: no lock row, no advisory lock.
+    wait_until(
+        "the advisory lock's release",
+        Duration::from_secs(10),
+        || pg.query("select count(*) from pg_locks where locktype = 'advisory'") == "0",
+    );
+    assert_eq!(
+        pg.query("select count(*) from terraform_remote_state.wasmstate_locks"),
+        "0"
+    );
+}
+
+#[test]
+fn postgres_interoperates_with_native_terraform() {
+    let pg = Postgres::start();
+    let data = tempdir();
+    let schema = "terraform_remote_state";
+    let server = server(data.path(), &pg, schema);
+    let lock_released = || {
+        pg.query("select count(*) from pg_locks l join pg_stat_activity a using (pid) where l.locktype = 'advisory' and a.application_name <> 'wasmstate-lock'") == "0"
+    };
+    let staging_stored = || {
+        pg.query(&format!(
+            "select count(*) from {schema}.states where name = 'staging'"
+        )) == "1"
+    };
+    crate::side_by_side::check(
+        &server,
+        "pg",
+        crate::side_by_side::Native {
+            backend_block: native_block(&pg, schema),
+            lock_released: &lock_released,
+            staging_stored: &staging_stored,
+            holder_shown: false,
+        },
+    );
+}
+
+/// A lock taken through one replica is seen, refused and released through
+/// another; native Terraform stays blocked until the release, then the
+/// holding replica lets go of the advisory lock within its sweep.
+#[test]
+fn a_lock_taken_through_one_replica_is_released_through_another() {
+    let pg = Postgres::start();
+    let schema = "terraform_remote_state";
+    let (a_dir, b_dir) = (tempdir(), tempdir());
+    let (a, b) = (
+        server(a_dir.path(), &pg, schema),
+        server(b_dir.path(), &pg, schema),
+    );
+    let (url_a, url_b) = (a.state_url("pg", "default"), b.state_url("pg", "default"));
+    assert_eq!(send("POST", &url_a, Some(&state(1))).status, 200);
+    let ours = lock_info("c0ffee00-0000-4000-8000-000000000001", "ci@a");
+    assert_eq!(send("LOCK", &url_a, Some(&ours)).status, 200);
+    let theirs = lock_info("c0ffee00-0000-4000-8000-000000000002", "ci@b");
+    let refused = send("LOCK", &url_b, Some(&theirs));
+    assert_eq!(refused.status, 423, "{}", refused.text());
+    assert_eq!(refused.json()["Who"], "ci@a");
+    // A native client is blocked while the lock is held.
+    let native = tempdir();
+    std::fs::write(
+        native.path().join("main.tf"),
+        format!("{}{CONFIG}", native_block(&pg, schema)),
+    )
+    .unwrap();
+    ok(native.path(), &["init", "-input=false"]);
+    let blocked = run(native.path(), &["plan", "-input=false", "-lock-timeout=0s"]);
+    assert!(
+        !blocked.status.success(),
+        "native Terraform ignored the lock"
+    );
+    // Released through the other replica.
+    assert_eq!(send("UNLOCK", &url_b, Some(&ours)).status, 200);
+    assert_eq!(send("LOCK", &url_b, Some(&theirs)).status, 200);
+    assert_eq!(send("UNLOCK", &url_a, Some(&theirs)).status, 200);
+    wait_until(
+        "replica a's sweep to release the advisory lock",
+        Duration::from_secs(15),
+        || pg.query("select count(*) from pg_locks where locktype = 'advisory'") == "0",
+    );
+    let plan = run(native.path(), &["plan", "-input=false", "-lock-timeout=0s"]);
+    assert!(
+        plan.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plan.stderr)
+    );
+}
+
+/// A replica that dies holding a lock: its session ends and with it the
+/// advisory lock; the lock row keeps wasmstate's clients out, and the
+/// other replica takes the advisory lock over, so native Terraform stays
+/// out too.
+#[test]
+fn a_dead_replicas_lock_is_taken_over_by_another() {
+    let pg = Postgres::start();
+    let schema = "terraform_remote_state";
+    let (a_dir, b_dir) = (tempdir(), tempdir());
+    let a = server(a_dir.path(), &pg, schema);
+    let b = server(b_dir.path(), &pg, schema);
+    let url_a = a.state_url("pg", "default");
+    assert_eq!(send("POST", &url_a, Some(&state(1))).status, 200);
+    let ours = lock_info("c0ffee00-0000-4000-8000-000000000003", "ci@a");
+    assert_eq!(send("LOCK", &url_a, Some(&ours)).status, 200);
+    let _ = a.terminate(Duration::from_secs(10));
+    wait_until(
+        "replica a's lock session to end",
+        Duration::from_secs(15),
+        || {
+            pg.query(
+                "select count(*) from pg_stat_activity where application_name = 'wasmstate-lock'",
+            ) == "0"
+        },
+    );
+    // Replica b reports the lock and takes its advisory lock over.
+    let url_b = b.state_url("pg", "default");
+    let refused = send("LOCK", &url_b, Some(&lock_info("other", "ci@b")));
+    assert_eq!(refused.status, 423, "{}", refused.text());
+    assert_eq!(refused.json()["Who"], "ci@a");
+    assert_eq!(
+        pg.query("select count(*) from pg_locks l join pg_stat_activity a using (pid) where l.locktype = 'advisory' and a.application_name = 'wasmstate-lock'"),
+        "1"
+    );
+    assert_eq!(send("UNLOCK", &url_b, Some(&ours)).status, 200);
+}
+
+/// A team on Terraform's `backend "pg"` moves onto wasmstate with
+/// `terraform init -migrate-state`, and back, losing nothing.
+#[test]
+fn a_team_moves_from_native_pg_to_wasmstate_and_back() {
+    let pg = Postgres::start();
+    let data = tempdir();
+    let server = server(data.path(), &pg, "wasmstate_side");
+    let url = server.state_url("pg", "moved");
+    let work = tempdir();
+    let dir = work.path();
+    std::fs::write(dir.join("main.tf"), CONFIG).unwrap();
+    std::fs::write(dir.join("backend.tf"), native_block(&pg, "native_side")).unwrap();
+    ok(dir, &["init", "-input=false"]);
+    ok(
+        dir,
+        &[
+            "apply",
+            "-auto-approve",
+            "-input=false",
+            "-var",
+            "value=native",
+        ],
+    );
+    std::fs::write(dir.join("backend.tf"), HTTP_BACKEND).unwrap();
+    init(dir, &url, &["-migrate-state", "-force-copy"]);
+    assert_eq!(stored_output(&url), "native");
+    ok(
+        dir,
+        &[
+            "apply",
+            "-auto-approve",
+            "-input=false",
+            "-var",
+            "value=wasmstate",
+        ],
+    );
+    std::fs::write(dir.join("backend.tf"), native_block(&pg, "back_side")).unwrap();
+    ok(
+        dir,
+        &["init", "-input=false", "-migrate-state", "-force-copy"],
+    );
+    let back: serde_json::Value =
+        serde_json::from_str(&pg.query("select data from back_side.states where name = 'default'"))
+            .unwrap();
+    assert_eq!(back["outputs"]["value"]["value"], "wasmstate");
+}
