@@ -55,3 +55,11 @@ pub fn confidential(origins: &[crate::policy::Origin], key: &str) -> Result<(), 
         None => Ok(()),
     }
 }
+
+/// Whether the host's own identity (credentials from its environment or
+/// its cloud's metadata server) may go to `origin`: the cloud's own
+/// endpoints (`https`, a host under one of `suffixes`) or this machine.
+pub fn takes_host_identity(origin: &crate::policy::Origin, suffixes: &[&str]) -> bool {
+    is_loopback(&origin.host)
+        || (origin.scheme == "https" && suffixes.iter().any(|s| origin.host.ends_with(s)))
+}

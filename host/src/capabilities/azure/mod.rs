@@ -93,15 +93,12 @@ impl AzureGrant {
         let ambient = taken.is_empty();
         if ambient
             && let Some(origin) = origins.iter().find(|o| {
-                !(o.scheme == "https"
-                    && [
-                        ".core.windows.net",
-                        ".core.chinacloudapi.cn",
-                        ".core.usgovcloudapi.net",
-                    ]
-                    .iter()
-                    .any(|suffix| o.host.ends_with(suffix)))
-                    && !super::is_loopback(&o.host)
+                let azure = [
+                    ".core.windows.net",
+                    ".core.chinacloudapi.cn",
+                    ".core.usgovcloudapi.net",
+                ];
+                !super::takes_host_identity(o, &azure)
             })
         {
             return Err(format!(

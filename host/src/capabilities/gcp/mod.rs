@@ -81,10 +81,9 @@ impl GcpGrant {
         // goes only to Google, or to this machine; another endpoint must
         // be given credentials of its own.
         if ambient
-            && let Some(origin) = origins.iter().find(|o| {
-                !(o.scheme == "https" && o.host.ends_with(".googleapis.com"))
-                    && !super::is_loopback(&o.host)
-            })
+            && let Some(origin) = origins
+                .iter()
+                .find(|o| !super::takes_host_identity(o, &[".googleapis.com"]))
         {
             return Err(format!(
                 "credentials: {}://{} is not Google's; give this backend its own access_token or credentials instead of the host's environment or metadata server",
