@@ -171,8 +171,19 @@ fn a_dead_replicas_lock_is_taken_over_by_another() {
             ) == "0"
         },
     );
-    // Replica b reports the lock and takes its advisory lock over.
+    // Replica b, writing under the lock: refused (503, retried) until its
+    // sweep has taken the advisory lock over, then accepted.
     let url_b = b.state_url("pg", "default");
+    let under_lock = format!("{url_b}?ID=c0ffee00-0000-4000-8000-000000000003");
+    wait_until(
+        "a write under the taken-over lock",
+        Duration::from_secs(20),
+        || {
+            let answer = send("POST", &under_lock, Some(&state(2)));
+            assert!(matches!(answer.status, 200 | 503), "{}", answer.text());
+            answer.status == 200
+        },
+    );
     let refused = send("LOCK", &url_b, Some(&lock_info("other", "ci@b")));
     assert_eq!(refused.status, 423, "{}", refused.text());
     assert_eq!(refused.json()["Who"], "ci@a");
@@ -228,4 +239,33 @@ fn a_team_moves_from_native_pg_to_wasmstate_and_back() {
         serde_json::from_str(&pg.query("select data from back_side.states where name = 'default'"))
             .unwrap();
     assert_eq!(back["outputs"]["value"]["value"], "wasmstate");
+}
+
+/// A workspace created empty (as Terraform's pg backend creates one) takes
+/// a state of another lineage, as `terraform state push` would: nothing
+/// in the empty state is lost.
+#[test]
+fn a_workspace_created_empty_takes_a_migrated_state() {
+    let pg = Postgres::start();
+    let data = tempdir();
+    let server = server(data.path(), &pg, "terraform_remote_state");
+    let created = send("PUT", &format!("{}/workspaces/pg/fresh", server.url), None);
+    assert!(created.status / 100 == 2, "{}", created.text());
+    let empty: serde_json::Value = serde_json::from_str(
+        &pg.query("select data from terraform_remote_state.states where name = 'fresh'"),
+    )
+    .unwrap();
+    assert_eq!(empty["serial"], 1, "{empty}");
+    let url = server.state_url("pg", "fresh");
+    let mut kept: serde_json::Value = serde_json::from_slice(&state(7)).unwrap();
+    kept["outputs"] = serde_json::json!({"x": {"value": "y", "type": "string"}});
+    let kept = serde_json::to_vec(&kept).unwrap();
+    let pushed = send("POST", &url, Some(&kept));
+    assert_eq!(pushed.status, 200, "{}", pushed.text());
+    assert_eq!(send("GET", &url, None).body, kept);
+    // A state with something in it is not replaced by another lineage.
+    let mut other: serde_json::Value = serde_json::from_slice(&state(8)).unwrap();
+    other["lineage"] = "another-lineage".into();
+    let refused = send("POST", &url, Some(&serde_json::to_vec(&other).unwrap()));
+    assert_eq!(refused.status, 409, "{}", refused.text());
 }

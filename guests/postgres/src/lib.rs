@@ -125,7 +125,8 @@ impl Backend for Pg {
         match holder {
             None => Ok(None),
             Some(Holder::Native(what)) => Err(Error::locked(Holder::Native(what).into_lock_info())),
-            Some(Holder::Wasmstate(info)) => match postgres::unlock(ws, &info.id, true)? {
+            // Only the lock that was read: one taken since stays.
+            Some(Holder::Wasmstate(info)) => match postgres::unlock(ws, &info.id, false)? {
                 None => Ok(Some(info)),
                 Some(other) => Err(Error::locked(other.into_lock_info())),
             },

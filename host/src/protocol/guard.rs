@@ -134,6 +134,36 @@ async fn write<S: Storage>(
 /// body without both (a state that never had them, or an envelope from
 /// OpenTofu 1.7.0-alpha1) is accepted only where the stored state has
 /// neither: it must not replace a state whose history it cannot show.
+/// Largest stored state read whole to see whether it is empty: an empty
+/// one is a few hundred bytes.
+const EMPTY_STATE_MAX_BYTES: usize = 64 << 10;
+
+/// Whether the stored state has no resources and no outputs. At most
+/// [`EMPTY_STATE_MAX_BYTES`] are read: anything longer is not empty.
+async fn stored_is_empty<S: Storage>(target: &Target<'_, S>) -> Result<bool, ApiError> {
+    let Some(stored) = target
+        .storage
+        .read_prefix(target.workspace, EMPTY_STATE_MAX_BYTES + 1)
+        .await
+        .map_err(|e| target.error(e))?
+    else {
+        return Ok(true);
+    };
+    if stored.len() > EMPTY_STATE_MAX_BYTES {
+        return Ok(false);
+    }
+    let Ok(state) = serde_json::from_slice::<serde_json::Value>(&stored) else {
+        return Ok(false);
+    };
+    let empty = |key: &str| match &state[key] {
+        serde_json::Value::Null => true,
+        serde_json::Value::Array(items) => items.is_empty(),
+        serde_json::Value::Object(items) => items.is_empty(),
+        _ => false,
+    };
+    Ok(empty("resources") && empty("outputs"))
+}
+
 async fn guard_stale_write<S: Storage>(
     target: &Target<'_, S>,
     incoming: &statefile::Header,
@@ -162,6 +192,12 @@ async fn guard_stale_write<S: Storage>(
         ));
     };
     if lineage != stored_lineage {
+        // A workspace created empty (serial 1, nothing in it, as
+        // Terraform's pg backend creates one) takes a state of any
+        // lineage, as Terraform's own push check allows: nothing is lost.
+        if stored_serial <= 1 && stored_is_empty(target).await? {
+            return Ok(false);
+        }
         return refuse(format!(
             "the state's lineage {lineage:?} differs from the stored state's {stored_lineage:?}"
         ));

@@ -72,11 +72,13 @@ fn refused(r: Refusal) -> wit::Refused {
 const BINARY_PREFIX: &str = "wasmstate-base64:";
 
 /// `bytes` as the `data` column keeps them: Terraform's states as they
-/// are, anything else (or text that begins like an encoded state) encoded.
+/// are, anything else (not UTF-8, holding a NUL, or beginning like an
+/// encoded state) encoded.
 fn as_text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
     use base64::Engine as _;
     match std::str::from_utf8(bytes) {
-        Ok(text) if !text.starts_with(BINARY_PREFIX) => text.into(),
+        // PostgreSQL's text holds no NUL.
+        Ok(text) if !text.starts_with(BINARY_PREFIX) && !text.contains('\0') => text.into(),
         _ => format!(
             "{BINARY_PREFIX}{}",
             base64::engine::general_purpose::STANDARD.encode(bytes)

@@ -13,9 +13,16 @@
 //!
 //! - unlocking through another replica deletes the row; the holding
 //!   replica's sweep (every second) sees it gone and releases the key;
-//! - a replica that died lost its session and so its advisory locks; the
-//!   next replica to touch the row (or its sweep) takes the key over and
-//!   records its own session as the holder.
+//! - a replica that died lost its session and so its advisory locks; every
+//!   replica that serves the backend sweeps every second, and the first to
+//!   see a row whose holder does not hold its key (in `pg_locks`, which
+//!   every role may read) takes the key, then the row;
+//! - a write under a lock is accepted only while the row's holder holds
+//!   its key, and an unlocked write takes the keys for its transaction, so
+//!   neither can slip past a lock another client holds.
+//!
+//! Lock operations run to completion in a task of their own: a request
+//! that gives up mid-way cannot leave a key held that no row accounts for.
 
 use super::{Holder, PgError, PgStore};
 use std::collections::HashSet;
@@ -37,6 +44,15 @@ pub struct LockSession {
     inner: tokio::sync::Mutex<Option<Session>>,
     sweeping: std::sync::atomic::AtomicBool,
 }
+
+/// Whether the session `holder` (`pid@…`) holds advisory lock `key`, as
+/// SQL over a row `w` of `wasmstate_locks`.
+const HOLDER_HOLDS_KEY: &str = "EXISTS (SELECT 1 FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid = ((w.key >> 32) & 4294967295)::bigint::oid
+      AND l.objid = (w.key & 4294967295)::bigint::oid
+      AND l.pid = split_part(w.holder, '@', 1)::int)";
 
 struct Session {
     client: Client,
@@ -66,7 +82,18 @@ impl LockSession {
     ) -> Result<tokio::sync::MutexGuard<'_, Option<Session>>, PgError> {
         let mut guard = self.inner.lock().await;
         if guard.as_ref().is_none_or(|s| s.client.is_closed()) {
-            let client = super::connect(&store.grant, APPLICATION).await?;
+            let previous = guard.take().map(|s| s.me);
+            // Keepalives, so a connection that died on the way is noticed
+            // in seconds, not hours: its keys would be stranded meanwhile.
+            let mut grant = store.grant.clone();
+            grant
+                .config
+                .keepalives(true)
+                .keepalives_idle(Duration::from_secs(10))
+                .keepalives_interval(Duration::from_secs(5))
+                .keepalives_retries(3)
+                .tcp_user_timeout(Duration::from_secs(30));
+            let client = super::connect(&grant, APPLICATION).await?;
             let me: String = client
                 .query_one(
                     "SELECT pg_backend_pid()::text || '@' || backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()",
@@ -74,6 +101,21 @@ impl LockSession {
                 )
                 .await?
                 .get(0);
+            // A session this replica lost may still be alive at the server
+            // (a half-open connection), holding keys nobody will release:
+            // end it (a role may end its own sessions), so its rows are
+            // taken over.
+            if let Some(previous) = previous
+                && let Some((pid, start)) = previous.split_once('@')
+                && let Ok(pid) = pid.parse::<i32>()
+            {
+                let _ = client
+                    .execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND backend_start::text = $2",
+                        &[&pid, &start],
+                    )
+                    .await;
+            }
             *guard = Some(Session {
                 client,
                 me,
@@ -92,10 +134,7 @@ impl LockSession {
     ) -> Result<Option<Holder>, PgError> {
         let mut guard = self.session(store).await?;
         let session = guard.as_mut().expect("connected");
-        let taken = session.lock(store, name, &info).await;
-        drop(guard);
-        self.sweep_in_background(store);
-        taken
+        session.lock(store, name, &info).await
     }
 
     /// Who holds `name`'s lock, if anyone.
@@ -165,48 +204,72 @@ impl LockSession {
         let row = tx
             .query_opt(
                 &format!(
-                    "SELECT info FROM {} WHERE name = $1 FOR SHARE",
+                    "SELECT w.info, {HOLDER_HOLDS_KEY} FROM {} w WHERE w.name = $1 FOR SHARE",
                     store.table("wasmstate_locks")
                 ),
                 &[&name],
             )
             .await?;
-        let info: Option<serde_json::Value> = row.map(|r| r.get(0));
-        match (info, lock) {
-            (Some(info), Some(id)) if lock_id(&info) == id => Ok(None),
-            (Some(info), _) => Ok(Some(Refusal::Held(Holder::Wasmstate(info)))),
+        let row: Option<(serde_json::Value, bool)> = row.map(|r| (r.get(0), r.get(1)));
+        match (row, lock) {
+            (Some((info, held)), Some(id)) if lock_id(&info) == id => {
+                if held {
+                    return Ok(None);
+                }
+                // Its replica stopped and no other has taken the key over
+                // yet (or a native client took it meanwhile): not a lock
+                // to write under until the sweep settles it.
+                let key = key_of(tx, store, name).await?;
+                match native_holder(tx, key).await? {
+                    Some(native) => Ok(Some(Refusal::Held(native))),
+                    None => Err(PgError::Unavailable(format!(
+                        "the lock of {name} is being taken over after its replica stopped; retry"
+                    ))),
+                }
+            }
+            (Some((info, _)), _) => Ok(Some(Refusal::Held(Holder::Wasmstate(info)))),
             (None, Some(_)) => Ok(Some(Refusal::NotLocked)),
             (None, None) => {
+                // The keys for this transaction: a lock anyone holds (or
+                // takes before the commit) and this write exclude each
+                // other.
                 let key = key_of(tx, store, name).await?;
-                Ok(native_holder(tx, key).await?.map(Refusal::Held))
+                let free: bool = tx
+                    .query_one(
+                        "SELECT pg_try_advisory_xact_lock($1) AND ($1 = -1 OR pg_try_advisory_xact_lock(-1))",
+                        &[&key],
+                    )
+                    .await?
+                    .get(0);
+                if free {
+                    return Ok(None);
+                }
+                Ok(Some(Refusal::Held(
+                    native_holder(tx, key).await?.unwrap_or(Holder::Native(
+                        "a lock is being taken or released; retry".into(),
+                    )),
+                )))
             }
         }
     }
 
-    /// Start the sweep if it is not running: it stops once this replica
-    /// holds no key.
-    fn sweep_in_background(&self, store: &PgStore) {
+    /// Start this replica's sweep of `store`'s locks, once: every second
+    /// while the store lives.
+    pub fn start_sweep(&self, store: &PgStore) {
         use std::sync::atomic::Ordering;
-        let Some(store) = store.me.upgrade() else {
-            return;
-        };
         if self.sweeping.swap(true, Ordering::SeqCst) {
             return;
         }
+        let weak = store.me.clone();
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(SWEEP_EVERY).await;
-                let holding = store.locks.sweep(&store).await;
-                match holding {
-                    Ok(true) => continue,
-                    Ok(false) => {}
-                    Err(e) => {
-                        tracing::warn!(backend = %store.backend, "postgres lock sweep: {e:?}");
-                        continue;
-                    }
+                let Some(store) = weak.upgrade() else {
+                    return;
+                };
+                if let Err(e) = store.locks.sweep(&store).await {
+                    tracing::warn!(backend = %store.backend, "postgres lock sweep: {e:?}");
                 }
-                store.locks.sweeping.store(false, Ordering::SeqCst);
-                return;
             }
         });
     }
@@ -310,15 +373,28 @@ impl Session {
         Ok(())
     }
 
-    /// A row whose holding session died: this session takes its key over
-    /// and becomes its holder.
+    /// A row whose holder does not hold its key (its session died, or a
+    /// request gave up between taking the row and the key): this session
+    /// takes the key, then the row.
     async fn keep_alive(
         &mut self,
         store: &PgStore,
         name: &str,
         row: &LockRow,
     ) -> Result<(), PgError> {
-        if row.holder == self.me || holder_alive(&self.client, &row.holder).await? {
+        if row.holder == self.me && self.mine.contains(&row.key) {
+            return Ok(());
+        }
+        if row.holder != self.me && holds(&self.client, &row.holder, row.key).await? {
+            return Ok(());
+        }
+        let had = self.mine.contains(&row.key);
+        if !self.try_lock(row.key).await? {
+            tracing::error!(
+                backend = %store.backend,
+                "the lock of {name} outlived its replica, and another client took advisory lock {} meanwhile; writes under the lock are refused until that client lets go",
+                row.key
+            );
             return Ok(());
         }
         let updated = self
@@ -331,12 +407,8 @@ impl Session {
                 &[&name, &row.holder, &self.me],
             )
             .await?;
-        if updated == 1 && !self.try_lock(row.key).await? {
-            tracing::error!(
-                backend = %store.backend,
-                "the lock of {name} outlived its replica, and another client took advisory lock {} meanwhile: both may write; check who holds it",
-                row.key
-            );
+        if updated == 0 && !had {
+            self.release_if_unneeded(store, row.key).await?;
         }
         Ok(())
     }
@@ -476,18 +548,21 @@ async fn native_holder(client: &impl GenericClient, key: i64) -> Result<Option<H
     }))
 }
 
-/// Whether the session `holder` (`pid@backend_start`) is still connected.
-async fn holder_alive(client: &Client, holder: &str) -> Result<bool, PgError> {
-    let Some((pid, start)) = holder.split_once('@') else {
-        return Ok(false);
-    };
-    let Ok(pid) = pid.parse::<i32>() else {
+/// Whether the session `holder` (`pid@backend_start`) holds advisory lock
+/// `key`: what "alive" means for a lock's holder (`pg_locks` is readable by
+/// every role, unlike other roles' `pg_stat_activity` details).
+async fn holds(client: &Client, holder: &str, key: i64) -> Result<bool, PgError> {
+    let Some(Ok(pid)) = holder.split_once('@').map(|(pid, _)| pid.parse::<i32>()) else {
         return Ok(false);
     };
     Ok(client
         .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND backend_start::text = $2)",
-            &[&pid, &start],
+            "SELECT EXISTS (SELECT 1 FROM pg_locks l
+               WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = $1
+                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                 AND l.classid = (($2::bigint >> 32) & 4294967295)::bigint::oid
+                 AND l.objid = ($2::bigint & 4294967295)::bigint::oid)",
+            &[&pid, &key],
         )
         .await?
         .get(0))

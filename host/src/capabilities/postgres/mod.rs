@@ -36,6 +36,8 @@ pub struct PgGrant {
     pub skip: schema::Skip,
     /// TLS for the connections (`sslmode` other than `disable`).
     pub tls: bool,
+    /// `sslrootcert`: more roots (PEM) to verify the server with.
+    pub root_certs: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for PgGrant {
@@ -74,6 +76,13 @@ impl PgGrant {
         let conn_str = conn_str
             .or_else(|| std::env::var("PG_CONN_STR").ok().filter(|v| !v.is_empty()))
             .ok_or("conn_str: required (e.g. conn_str = { env = \"PG_CONN_STR\" }, \"postgres://user@db.example.com/terraform\")")?;
+        let (conn_str, root_cert) = tls_settings(&conn_str)?;
+        let root_certs = root_cert
+            .map(|path| {
+                std::fs::read(&path)
+                    .map_err(|e| format!("conn_str: sslrootcert {}: {e}", path.display()))
+            })
+            .transpose()?;
         let mut config: tokio_postgres::Config = conn_str
             .parse()
             .map_err(|e| format!("conn_str: not a PostgreSQL connection string: {e}"))?;
@@ -104,8 +113,58 @@ impl PgGrant {
                 index: flag("skip_index_creation"),
             },
             tls,
+            root_certs,
         }))
     }
+}
+
+/// `conn_str` as tokio-postgres reads it, and its `sslrootcert`: libpq's
+/// `sslmode=verify-ca` / `verify-full` become `require` (the host always
+/// verifies the server's certificate), `sslrootcert` is read by the host.
+/// Client certificates are refused with a message.
+fn tls_settings(conn_str: &str) -> Result<(String, Option<std::path::PathBuf>), String> {
+    let mut root = None;
+    let mut keep = |key: &str, value: &str| -> Result<Option<String>, String> {
+        match key {
+            "sslrootcert" => {
+                root = Some(std::path::PathBuf::from(value));
+                Ok(None)
+            }
+            "sslcert" | "sslkey" | "sslpassword" => Err(format!(
+                "conn_str: {key}: client certificates are not supported yet; use a password"
+            )),
+            "sslmode" if matches!(value, "verify-ca" | "verify-full") => Ok(Some("require".into())),
+            _ => Ok(Some(value.to_string())),
+        }
+    };
+    if conn_str.starts_with("postgres://") || conn_str.starts_with("postgresql://") {
+        let mut url = url::Url::parse(conn_str)
+            .map_err(|e| format!("conn_str: not a PostgreSQL URL: {e}"))?;
+        let pairs: Vec<(String, String)> = url.query_pairs().into_owned().collect();
+        let mut kept = Vec::new();
+        for (k, v) in pairs {
+            if let Some(v) = keep(&k, &v)? {
+                kept.push((k, v));
+            }
+        }
+        url.set_query(None);
+        if !kept.is_empty() {
+            url.query_pairs_mut().extend_pairs(kept);
+        }
+        return Ok((url.to_string(), root));
+    }
+    // key=value words; a quoted value (with spaces) is left as written.
+    if conn_str.contains('\'') {
+        return Ok((conn_str.to_string(), None));
+    }
+    let mut words = Vec::new();
+    for word in conn_str.split_whitespace() {
+        let (k, v) = word.split_once('=').unwrap_or((word, ""));
+        if let Some(v) = keep(k, v)? {
+            words.push(format!("{k}={v}"));
+        }
+    }
+    Ok((words.join(" "), root))
 }
 
 /// Why a call failed.
@@ -178,6 +237,7 @@ impl PgStore {
         self.prepared
             .get_or_try_init(|| schema::prepare(&client, &self.grant))
             .await?;
+        self.locks.start_sweep(self);
         Ok(client)
     }
 
@@ -263,20 +323,42 @@ impl PgStore {
         &self.backend
     }
 
+    /// Run a lock operation to completion in a task of its own: a
+    /// request that gives up (its deadline) must not stop it between
+    /// taking a key and recording it.
+    async fn locking<T: Send + 'static, F>(
+        &self,
+        op: impl FnOnce(Arc<PgStore>) -> F + Send + 'static,
+    ) -> Result<T, PgError>
+    where
+        F: Future<Output = Result<T, PgError>> + Send + 'static,
+    {
+        self.checkout().await.map(|c| self.give_back(c))?;
+        let store = self
+            .me
+            .upgrade()
+            .ok_or_else(|| PgError::Unavailable("the backend is being reloaded; retry".into()))?;
+        tokio::spawn(op(store))
+            .await
+            .map_err(|e| PgError::Internal(format!("lock task: {e}")))?
+    }
+
     /// Lock `name` for `info` (JSON with Terraform's field names).
     pub async fn lock(
         &self,
         name: &str,
         info: serde_json::Value,
     ) -> Result<Option<Holder>, PgError> {
-        self.checkout().await.map(|c| self.give_back(c))?;
-        self.locks.lock(self, name, info).await
+        let name = name.to_string();
+        self.locking(move |store| async move { store.locks.lock(&store, &name, info).await })
+            .await
     }
 
     /// Who holds `name`'s lock.
     pub async fn holder(&self, name: &str) -> Result<Option<Holder>, PgError> {
-        self.checkout().await.map(|c| self.give_back(c))?;
-        self.locks.holder(self, name).await
+        let name = name.to_string();
+        self.locking(move |store| async move { store.locks.holder(&store, &name).await })
+            .await
     }
 
     /// Release `name`'s lock if held with `id` (any wasmstate lock when
@@ -287,8 +369,11 @@ impl PgStore {
         id: &str,
         force: bool,
     ) -> Result<Option<Holder>, PgError> {
-        self.checkout().await.map(|c| self.give_back(c))?;
-        self.locks.unlock(self, name, id, force).await
+        let (name, id) = (name.to_string(), id.to_string());
+        self.locking(
+            move |store| async move { store.locks.unlock(&store, &name, &id, force).await },
+        )
+        .await
     }
 }
 
@@ -298,7 +383,7 @@ async fn connect(grant: &PgGrant, application: &str) -> Result<Client, PgError> 
     let mut config = grant.config.clone();
     config.application_name(application);
     if grant.tls {
-        let tls = tokio_postgres_rustls::MakeRustlsConnect::new((*super::tls_client()).clone());
+        let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config(grant)?);
         let (client, connection) = config.connect(tls).await?;
         tokio::spawn(connection);
         Ok(client)
@@ -306,5 +391,57 @@ async fn connect(grant: &PgGrant, application: &str) -> Result<Client, PgError> 
         let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
         tokio::spawn(connection);
         Ok(client)
+    }
+}
+
+/// The TLS configuration of `grant`'s connections: the host's, plus its
+/// `sslrootcert`.
+fn tls_config(grant: &PgGrant) -> Result<tokio_rustls::rustls::ClientConfig, PgError> {
+    use tokio_rustls::rustls::pki_types::{CertificateDer, pem::PemObject};
+    let Some(pem) = &grant.root_certs else {
+        return Ok((*super::tls_client()).clone());
+    };
+    let mut roots = tokio_rustls::rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.into(),
+    };
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(|e| PgError::Internal(format!("sslrootcert: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| PgError::Internal(format!("sslrootcert: {e}")))?;
+    }
+    tokio_rustls::rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        tokio_rustls::rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+    .map_err(|e| PgError::Internal(format!("TLS: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tls_settings;
+
+    #[test]
+    fn libpq_tls_settings_become_what_the_host_verifies() {
+        let (url, root) = tls_settings(
+            "postgres://u:p@db.example.com:5432/tf?sslmode=verify-full&sslrootcert=/etc/ca.pem&application_name=x",
+        )
+        .unwrap();
+        assert_eq!(
+            url,
+            "postgres://u:p@db.example.com:5432/tf?sslmode=require&application_name=x"
+        );
+        assert_eq!(root.unwrap().to_str(), Some("/etc/ca.pem"));
+        let (words, root) =
+            tls_settings("host=db user=u sslmode=verify-ca sslrootcert=ca.pem").unwrap();
+        assert_eq!(words, "host=db user=u sslmode=require");
+        assert!(root.is_some());
+        assert!(tls_settings("host=db sslcert=c.pem sslkey=k.pem").is_err());
+        let (plain, root) = tls_settings("postgres://u@127.0.0.1/tf?sslmode=disable").unwrap();
+        assert_eq!(
+            (plain.as_str(), root),
+            ("postgres://u@127.0.0.1/tf?sslmode=disable", None)
+        );
     }
 }
