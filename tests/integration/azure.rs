@@ -270,7 +270,38 @@ fn azure_keeps_terraforms_lock_layout() {
         "wasm-lock",
         "the holder is reported by its own ID"
     );
+    // The lease's other name (its GUID) is another locker, refused with
+    // the holder named, and the holder's info stays.
+    let twin = send("LOCK", &url, Some(&lock_info(&lease, "twin@host")));
+    assert_eq!(twin.status, 423, "{}", twin.text());
+    assert_eq!(twin.json()["ID"], "wasm-lock");
+    assert_eq!(props(&azurite, KEY)["lock"]["WasmstateID"], "wasm-lock");
     azurite.native_ok(CONTAINER, &["unlock", KEY, &lease]);
+    assert_eq!(props(&azurite, KEY)["lease_status"], "unlocked");
+
+    // A GUID's two cases are one lease: the one that holds it is named,
+    // the other refused. A Created Terraform cannot read is stored as
+    // the time the lock was taken.
+    let upper = "A1B2C3D4-E5F6-4A7B-8C9D-0E1F2A3B4C5D";
+    let mut odd =
+        serde_json::from_slice::<serde_json::Value>(&lock_info(upper, "up@host")).unwrap();
+    odd["Created"] = "yesterday".into();
+    let odd = serde_json::to_vec(&odd).unwrap();
+    assert_eq!(send("LOCK", &url, Some(&odd)).status, 200);
+    let held = props(&azurite, KEY)["lock"].clone();
+    assert_eq!(held["ID"], upper.to_ascii_lowercase(), "{held}");
+    assert_eq!(held["WasmstateID"], upper, "{held}");
+    let created = held["Created"].as_str().unwrap();
+    assert!(
+        created.starts_with("20") && created.ends_with('Z'),
+        "{held}"
+    );
+    let lower = upper.to_ascii_lowercase();
+    let other = send("LOCK", &url, Some(&lock_info(&lower, "low@host")));
+    assert_eq!(other.status, 423, "{}", other.text());
+    assert_eq!(other.json()["ID"], upper);
+    assert_eq!(props(&azurite, KEY)["lock"]["Who"], "up@host");
+    assert_eq!(send("UNLOCK", &url, Some(&odd)).status, 200);
     assert_eq!(props(&azurite, KEY)["lease_status"], "unlocked");
 
     // A lock taken the Terraform way stops wasmstate, naming its holder,
@@ -419,6 +450,11 @@ fn azure_snapshots_are_the_history() {
         .map(|v| v["serial"].as_u64().unwrap())
         .collect();
     assert_eq!(serials, vec![4, 3, 2, 1], "{listed}");
+    // A lock taken and released changes the blob's metadata (and ETag)
+    // only: every version listed still reads.
+    let reader = lock_info("reader", "me@host");
+    assert_eq!(send("LOCK", &url, Some(&reader)).status, 200);
+    assert_eq!(send("UNLOCK", &url, Some(&reader)).status, 200);
     for (version, serial) in states.iter().zip([4u64, 3, 2, 1]) {
         let id = version["id"].as_str().unwrap();
         let read = send("GET", &format!("{url}/versions/{}", urlencode(id)), None);
@@ -472,4 +508,36 @@ fn azure_workspace_delete_takes_the_snapshots() {
 
 fn urlencode(text: &str) -> String {
     form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+/// A force-unlock that finds a lease without lock info waits for a
+/// locker between its two steps to record itself, then releases that
+/// lock as its holder's instead of breaking the lease under it.
+#[test]
+fn azure_force_unlock_waits_for_a_locker_recording_itself() {
+    let azurite = start();
+    let data = tempdir();
+    let server = server(data.path(), &azurite, false);
+    let url = server.state_url("az", "default");
+    assert_eq!(send("POST", &url, Some(&state(1))).status, 200);
+    let id = "2c4e6a8b-1d3f-4a5b-8c7d-9e0f1a2b3c4d";
+    let locker = azurite.native_spawn(
+        CONTAINER,
+        &[
+            "slow-lock",
+            KEY,
+            &terraform_lock(id, "slow@elsewhere"),
+            "0.15",
+        ],
+    );
+    let released = send("UNLOCK", &url, None);
+    let (code, said) = locker.finish();
+    assert_eq!(
+        code, 0,
+        "the locker's info was written under its lease: {said}"
+    );
+    assert_eq!(released.status, 200, "{}", released.text());
+    let after = props(&azurite, KEY);
+    assert_eq!(after["lease_status"], "unlocked", "{after}");
+    assert!(after["lock"].is_null(), "{after}");
 }

@@ -32,6 +32,9 @@ pub struct Props {
     pub leased: bool,
     /// Its user metadata, names lowercase, in the order received.
     pub metadata: Vec<(String, String)>,
+    /// Its Content-MD5 (base64), which the store keeps for every Put Blob
+    /// and a metadata change leaves alone.
+    pub md5: Option<String>,
 }
 
 impl Props {
@@ -87,11 +90,26 @@ pub fn encode(text: &str) -> String {
     percent_encoding::utf8_percent_encode(text, ESCAPED).to_string()
 }
 
-/// Pauses before a GET or HEAD is sent again after its connection broke:
-/// each request opens a connection of its own, and one now and then is
-/// reset before its answer under parallel clients on loopback. A read
-/// changes nothing, so it is sent again.
-const READ_RETRY_PAUSES_MS: [u64; 3] = [10, 50, 250];
+/// Pauses before a request that is safe to repeat ([`Repeat::Safe`]) is
+/// sent again after it failed without an answer (a broken connection, a
+/// timeout).
+const RETRY_PAUSES_MS: [u64; 3] = [10, 50, 250];
+
+/// Whether a request may be sent again when it failed without an answer.
+/// Such a request may still have been applied, so only one whose repeat
+/// does no more than it did is repeated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Repeat {
+    /// A read; a change conditional on an ETag or on absence (a repeat of
+    /// one applied answers 412 or 409: the "changed" outcome, never a
+    /// second change); metadata set under the lease (the same again); a
+    /// lease acquired with the same proposed ID (granted again to it).
+    Safe,
+    /// A repeat could act twice: a snapshot, a lease released or broken
+    /// (someone else's, by then), a block (4 MiB held twice to resend it;
+    /// a lost one fails the upload, which the client retries).
+    Never,
+}
 
 /// Sleep `ms` milliseconds (a pause between tries, never a synchronisation).
 pub fn pause(ms: u64) {
@@ -151,33 +169,37 @@ impl Container {
         format!("{}/{blob}", self.name)
     }
 
-    /// Send one request with the API version; reads (GET, HEAD) are sent
-    /// again when their connection breaks.
+    /// Send one request with the API version; one that is safe to repeat
+    /// is sent again, up to three times, when it fails without an answer.
     fn send(
         &self,
         method: &str,
         url: &str,
         headers: &[(&str, &str)],
-        body: Vec<u8>,
+        mut body: Vec<u8>,
+        repeat: Repeat,
     ) -> Result<Response, Error> {
         let mut all: Vec<(&str, &str)> = vec![("x-ms-version", API_VERSION)];
         all.extend_from_slice(headers);
         // Azure wants the length of every change up front (411 without
         // it, and a chunked body is refused); reads carry none.
-        // A change is sent once (its body moved, not copied: a block is
-        // 4 MiB).
+        let length = body.len().to_string();
         if !matches!(method, "GET" | "HEAD") {
-            let length = body.len().to_string();
             all.push(("content-length", &length));
-            return http::request(method, url, &all, body);
         }
-        let mut pauses = READ_RETRY_PAUSES_MS.iter();
+        let mut pauses = RETRY_PAUSES_MS.iter();
         loop {
-            match http::request(method, url, &all, Vec::new()) {
-                Err(Error::Unavailable(why)) => match pauses.next() {
-                    Some(ms) => pause(*ms),
-                    None => return Err(Error::Unavailable(why)),
-                },
+            // The last (or only) try takes the body; earlier ones a copy.
+            let last = repeat == Repeat::Never || pauses.len() == 0;
+            let sent = if last {
+                std::mem::take(&mut body)
+            } else {
+                body.clone()
+            };
+            match http::request(method, url, &all, sent) {
+                Err(Error::Unavailable(_)) if !last => {
+                    pause(*pauses.next().expect("not the last try"));
+                }
                 answer => return answer,
             }
         }
@@ -185,7 +207,7 @@ impl Container {
 
     /// Get Blob Properties; `None` when there is no such blob.
     pub fn properties(&self, blob: &str) -> Result<Option<Props>, Error> {
-        let answer = self.send("HEAD", &self.url(blob), &[], Vec::new())?;
+        let answer = self.send("HEAD", &self.url(blob), &[], Vec::new(), Repeat::Safe)?;
         match answer.status {
             200 => props_of(&answer).map(Some),
             404 => Ok(None),
@@ -216,7 +238,7 @@ impl Container {
         if let Some(etag) = etag {
             headers.push(("if-match", etag));
         }
-        let answer = self.send("GET", &url, &headers, Vec::new())?;
+        let answer = self.send("GET", &url, &headers, Vec::new(), Repeat::Safe)?;
         match answer.status {
             200 | 206 => Ok(Some(answer)),
             // Gone, replaced, or (for an id that is no snapshot) malformed.
@@ -249,7 +271,7 @@ impl Container {
             lease,
             bytes,
         )?;
-        self.refusal(answer, 201, &format!("writing {}", self.path(blob)))
+        refusal(answer, 201, &format!("writing {}", self.path(blob)))
     }
 
     /// Upload what `state` yields as `blob`: one Put Blob up to
@@ -285,7 +307,7 @@ impl Container {
             if let Some(lease) = lease {
                 headers.push(("x-ms-lease-id", lease));
             }
-            let answer = self.send("PUT", &url, &headers, part)?;
+            let answer = self.send("PUT", &url, &headers, part, Repeat::Never)?;
             match answer.status {
                 201 => ids.push(id),
                 412 | 409 if about_lease(&answer) => return Ok(Err(Refusal::Lease)),
@@ -318,7 +340,7 @@ impl Container {
             lease,
             list.into_bytes(),
         )?;
-        self.refusal(answer, 201, &what)
+        refusal(answer, 201, &what)
     }
 
     /// Set Blob Metadata: `metadata` replaces all of `blob`'s, if
@@ -332,7 +354,7 @@ impl Container {
     ) -> Result<Result<(), Refusal>, Error> {
         let url = format!("{}?comp=metadata", self.url(blob));
         let answer = self.change("PUT", &url, &[], metadata, condition, lease, Vec::new())?;
-        self.refusal(
+        refusal(
             answer,
             200,
             &format!("setting the metadata of {}", self.path(blob)),
@@ -344,7 +366,7 @@ impl Container {
     pub fn snapshot(&self, blob: &str, lease: Option<&str>) -> Result<Result<(), Refusal>, Error> {
         let url = format!("{}?comp=snapshot", self.url(blob));
         let answer = self.change("PUT", &url, &[], &[], &Condition::Any, lease, Vec::new())?;
-        self.refusal(answer, 201, &format!("snapshotting {}", self.path(blob)))
+        refusal(answer, 201, &format!("snapshotting {}", self.path(blob)))
     }
 
     /// Delete Blob with its snapshots, if `condition` holds (a leased blob
@@ -360,7 +382,7 @@ impl Container {
             None,
             Vec::new(),
         )?;
-        self.refusal(answer, 202, &format!("deleting {}", self.path(blob)))
+        refusal(answer, 202, &format!("deleting {}", self.path(blob)))
     }
 
     /// One lease action (`acquire`, `release`, `break`) with `headers`;
@@ -374,7 +396,14 @@ impl Container {
         let url = format!("{}?comp=lease", self.url(blob));
         let mut all = vec![("x-ms-lease-action", action)];
         all.extend_from_slice(headers);
-        self.send("PUT", &url, &all, Vec::new())
+        // Acquiring with a proposed ID is granted again to that ID; a
+        // release or break repeated could end someone else's lease.
+        let proposed = headers.iter().any(|(n, _)| *n == "x-ms-proposed-lease-id");
+        let repeat = match action {
+            "acquire" if proposed => Repeat::Safe,
+            _ => Repeat::Never,
+        };
+        self.send("PUT", &url, &all, Vec::new(), repeat)
     }
 
     /// A request that changes `blob`, with its metadata, condition and
@@ -407,20 +436,18 @@ impl Container {
         if let Some(lease) = lease {
             all.push(("x-ms-lease-id".into(), lease.to_string()));
         }
+        // Conditional changes are safe to repeat, and so is metadata set
+        // under the lease (only its holder changes it); Put Blob and Set
+        // Blob Metadata are the only changes made with neither but a
+        // lease, and Snapshot Blob (never repeated) the only one with none.
+        let metadata_under_lease = url.ends_with("comp=metadata") && lease.is_some();
+        let repeat = match condition {
+            Condition::Absent | Condition::Etag(_) => Repeat::Safe,
+            Condition::Any if metadata_under_lease => Repeat::Safe,
+            Condition::Any => Repeat::Never,
+        };
         let all: Vec<(&str, &str)> = all.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
-        self.send(method, url, &all, body)
-    }
-
-    /// The outcome of a change answered `answer`, which succeeded with
-    /// `ok`.
-    fn refusal(&self, answer: Response, ok: u16, what: &str) -> Result<Result<(), Refusal>, Error> {
-        match answer.status {
-            s if s == ok => Ok(Ok(())),
-            409 | 412 if about_lease(&answer) => Ok(Err(Refusal::Lease)),
-            409 | 412 => Ok(Err(Refusal::Changed)),
-            404 => Ok(Err(Refusal::Missing)),
-            _ => Err(failed(what, &answer)),
-        }
+        self.send(method, url, &all, body, repeat)
     }
 
     /// List Blobs: one page of the blobs whose names start with `prefix`
@@ -443,7 +470,7 @@ impl Container {
         if let Some(marker) = marker {
             url.push_str(&format!("&marker={}", encode(marker)));
         }
-        let answer = self.send("GET", &url, &[], Vec::new())?;
+        let answer = self.send("GET", &url, &[], Vec::new(), Repeat::Safe)?;
         if answer.status != 200 {
             return Err(failed(&format!("listing {}", self.path(prefix)), &answer));
         }
@@ -481,6 +508,31 @@ fn props_of(answer: &Response) -> Result<Props, Error> {
             .header("x-ms-lease-status")
             .is_some_and(|s| s.eq_ignore_ascii_case("locked")),
         metadata,
+        md5: answer.header("content-md5").map(str::to_string),
+    })
+}
+
+/// The outcome of a change answered `answer`, which succeeded with `ok`.
+fn refusal(answer: Response, ok: u16, what: &str) -> Result<Result<(), Refusal>, Error> {
+    match refusal_of(&answer, ok) {
+        Some(outcome) => Ok(outcome),
+        None => Err(failed(what, &answer)),
+    }
+}
+
+/// What `answer` to a change means, when it is one of its outcomes.
+fn refusal_of(answer: &Response, ok: u16) -> Option<Result<(), Refusal>> {
+    Some(match answer.status {
+        s if s == ok => Ok(()),
+        409 | 412 if about_lease(answer) => Err(Refusal::Lease),
+        409 | 412 => Err(Refusal::Changed),
+        // Put Block List naming blocks that are gone: another writer's
+        // upload committed meanwhile, which drops every uncommitted block.
+        400 if answer.header("x-ms-error-code") == Some("InvalidBlockList") => {
+            Err(Refusal::Changed)
+        }
+        404 => Err(Refusal::Missing),
+        _ => return None,
     })
 }
 
@@ -506,4 +558,35 @@ fn block_id(upload: &str, index: usize) -> String {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status: u16, code: &str) -> Response {
+        Response {
+            status,
+            body: Vec::new(),
+            headers: vec![("x-ms-error-code".into(), code.into())],
+        }
+    }
+
+    #[test]
+    fn a_block_list_whose_blocks_are_gone_is_a_changed_blob() {
+        assert_eq!(
+            refusal_of(&answer(400, "InvalidBlockList"), 201),
+            Some(Err(Refusal::Changed))
+        );
+        assert_eq!(refusal_of(&answer(400, "InvalidHeaderValue"), 201), None);
+        assert_eq!(
+            refusal_of(&answer(412, "ConditionNotMet"), 201),
+            Some(Err(Refusal::Changed))
+        );
+        assert_eq!(
+            refusal_of(&answer(412, "LeaseIdMismatchWithBlobOperation"), 201),
+            Some(Err(Refusal::Lease))
+        );
+        assert_eq!(refusal_of(&answer(201, ""), 201), Some(Ok(())));
+    }
 }

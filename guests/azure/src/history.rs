@@ -4,9 +4,13 @@
 //! blob is the newest version. Serials come from each version's first
 //! bytes (a state Terraform wrote) or its last (a sealed one).
 //!
-//! Version ids: a snapshot's timestamp; for the live blob `live-<ETag>`,
-//! which keeps naming the same bytes after the next write snapshots them
-//! (a snapshot keeps its base blob's ETag).
+//! Version ids: a snapshot's timestamp; for the live blob `live-` and a
+//! token of its content that keeps naming the same bytes after the next
+//! write snapshots them (a snapshot keeps its base blob's properties):
+//! `md5-<hex>` of its Content-MD5, which the store keeps for every Put
+//! Blob and a metadata change (a lock taken or released) leaves alone; a
+//! blob uploaded in blocks has none, and its ETag stands in, which a lock
+//! changes (such a version listed, then locked, reads as gone).
 
 use crate::blobs::Container;
 use crate::listing::{self, Listed};
@@ -21,8 +25,51 @@ const SERIAL_BYTES: u64 = 64 << 10;
 /// The prefix of the live blob's version id.
 const LIVE: &str = "live-";
 
+/// Times the versions are listed again when the live blob changed while
+/// its serial was read.
+const LIST_TRIES: usize = 3;
+
+/// The token naming a blob's content (see the module's doc).
+fn token(md5: Option<&str>, etag: &str) -> String {
+    use base64::Engine;
+    let digest = md5.filter(|m| !m.is_empty()).and_then(|m| {
+        base64::engine::general_purpose::STANDARD
+            .decode(m.trim())
+            .ok()
+    });
+    match digest {
+        Some(digest) => {
+            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            format!("md5-{hex}")
+        }
+        None => etag.trim_matches('"').to_string(),
+    }
+}
+
+/// The token of a listed blob or snapshot.
+fn listed_token(version: &Listed) -> String {
+    let md5 = Some(version.properties.content_md5.as_str());
+    token(md5, &version.properties.etag)
+}
+
+/// A version changed or vanished while its serial was read.
+struct Moved;
+
 /// The versions of `blob`, newest first.
 pub fn list(container: &Container, blob: &str) -> Result<Vec<Version>, Error> {
+    for _ in 0..LIST_TRIES {
+        if let Ok(versions) = list_once(container, blob)? {
+            return Ok(versions);
+        }
+    }
+    Err(Error::Unavailable(format!(
+        "{} kept changing while its versions were listed; retry",
+        container.path(blob)
+    )))
+}
+
+/// The versions of `blob`, newest first, unless one moved while read.
+fn list_once(container: &Container, blob: &str) -> Result<Result<Vec<Version>, Moved>, Error> {
     let mut found: Vec<Listed> = listing::all(container, blob, true)?
         .into_iter()
         .filter(|b| b.name == blob)
@@ -41,12 +88,15 @@ pub fn list(container: &Container, blob: &str) -> Result<Vec<Version>, Error> {
         let bytes = version.properties.content_length;
         let serial = match bytes {
             0 => None,
-            _ => serial_of(container, version)?,
+            _ => match serial_of(container, version)? {
+                Ok(serial) => serial,
+                Err(moved) => return Ok(Err(moved)),
+            },
         };
         versions.push(Version {
             id: match &version.snapshot {
                 Some(snapshot) => snapshot.clone(),
-                None => format!("{LIVE}{}", version.properties.etag.trim_matches('"')),
+                None => format!("{LIVE}{}", listed_token(version)),
             },
             serial,
             created_unix_ms: version.modified_unix_ms(),
@@ -61,14 +111,15 @@ pub fn list(container: &Container, blob: &str) -> Result<Vec<Version>, Error> {
             .created_unix_ms
             .min(versions[i - 1].created_unix_ms);
     }
-    Ok(versions)
+    Ok(Ok(versions))
 }
 
 /// Where version `id` of `blob` is now: the snapshot it names, or the
-/// live blob while it still has the ETag named, else the snapshot the
-/// next write made of it. `None` when there is no such version.
+/// live blob (pinned to its ETag now) while its content is the one named,
+/// else the newest snapshot of that content. `None` when there is no such
+/// version.
 pub fn locate(container: &Container, blob: &str, id: &str) -> Result<Option<Located>, Error> {
-    let Some(etag) = id.strip_prefix(LIVE) else {
+    let Some(named) = id.strip_prefix(LIVE) else {
         // A snapshot timestamp: digits, `-`, `:`, `.`, `T`, `Z`.
         let plausible = !id.is_empty()
             && id.len() <= 40
@@ -80,18 +131,17 @@ pub fn locate(container: &Container, blob: &str, id: &str) -> Result<Option<Loca
             etag: None,
         }));
     };
-    let quoted = format!("\"{etag}\"");
     if let Some(live) = container.properties(blob)?
-        && live.etag == quoted
+        && token(live.md5.as_deref(), &live.etag) == named
     {
         return Ok(Some(Located {
             snapshot: None,
-            etag: Some(quoted),
+            etag: Some(live.etag),
         }));
     }
     let newest = listing::all(container, blob, true)?
         .into_iter()
-        .filter(|b| b.name == blob && b.properties.etag.trim_matches('"') == etag)
+        .filter(|b| b.name == blob && listed_token(b) == named)
         .filter_map(|b| b.snapshot)
         .max();
     Ok(newest.map(|snapshot| Located {
@@ -108,25 +158,33 @@ pub struct Located {
     pub etag: Option<String>,
 }
 
-fn serial_of(container: &Container, version: &Listed) -> Result<Option<u64>, Error> {
+/// The serial of a listed version; [`Moved`] when it changed (the live
+/// blob's ETag, even by a lock alone) or vanished since it was listed.
+fn serial_of(container: &Container, version: &Listed) -> Result<Result<Option<u64>, Moved>, Error> {
     let size = version.properties.content_length;
     let snapshot = version.snapshot.as_deref();
     let etag = format!("\"{}\"", version.properties.etag.trim_matches('"'));
     // The live blob is pinned to the ETag listed; a snapshot never changes.
     let pin = snapshot.is_none().then_some(etag.as_str());
-    let read = |start: u64, end: u64| -> Result<Vec<u8>, Error> {
+    let read = |start: u64, end: u64| -> Result<Result<Vec<u8>, Moved>, Error> {
         Ok(container
             .range(&version.name, snapshot, pin, start, end - 1)?
             .map(|answer| answer.body)
-            .unwrap_or_default())
+            .ok_or(Moved))
     };
-    let head = read(0, SERIAL_BYTES.min(size))?;
+    let head = match read(0, SERIAL_BYTES.min(size))? {
+        Ok(head) => head,
+        Err(moved) => return Ok(Err(moved)),
+    };
     if let Some((_, serial)) = version_in_prefix(&head) {
-        return Ok(Some(serial));
+        return Ok(Ok(Some(serial)));
     }
     if size <= SERIAL_BYTES {
-        return Ok(None);
+        return Ok(Ok(None));
     }
-    let tail = read(size - SERIAL_BYTES, size)?;
-    Ok(version_in_tail(&tail).map(|(_, serial)| serial))
+    let tail = match read(size - SERIAL_BYTES, size)? {
+        Ok(tail) => tail,
+        Err(moved) => return Ok(Err(moved)),
+    };
+    Ok(Ok(version_in_tail(&tail).map(|(_, serial)| serial)))
 }

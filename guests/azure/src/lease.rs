@@ -84,7 +84,10 @@ pub fn lock(c: &Container, blob: &str, info: &LockInfo) -> Result<(), Error> {
             }
         };
         match Holder::of(&props) {
-            Holder::Known(held) if !held.is(&info.id) => {
+            // Only the very ID it was taken with takes it again: the
+            // lease's other names (the GUID of a non-GUID ID, another
+            // case) belong to other lockers.
+            Holder::Known(held) if held.original() != info.id => {
                 return Err(Error::locked(held.reported()));
             }
             // Unleased, leased without lock info, or leased by this lock
@@ -113,30 +116,52 @@ pub fn lock(c: &Container, blob: &str, info: &LockInfo) -> Result<(), Error> {
 }
 
 /// Write the lock info under the lease just acquired, keeping the other
-/// metadata. If that fails the lease is released again, so no lock is
-/// left without a holder to name.
+/// metadata, unless the lock's other name got the same lease and recorded
+/// itself first (then the lock is theirs). If writing fails otherwise the
+/// lease is released again, so no lock is left without a holder to name.
 fn record(c: &Container, blob: &str, stored: &Stored) -> Result<(), Error> {
     let lease = stored.lease();
     let outcome = (|| {
-        let props = c.properties(blob)?.ok_or_else(|| {
-            Error::Unavailable(format!(
-                "{} vanished while it was being locked",
-                c.path(blob)
-            ))
-        })?;
-        let metadata = with_lock(&props.metadata, Some(stored));
-        match c.set_metadata(blob, &metadata, &Condition::Any, Some(lease))? {
-            Ok(()) => Ok(()),
-            Err(refusal) => Err(Error::Unavailable(format!(
-                "recording the lock on {} was refused ({refusal:?}); retry",
-                c.path(blob)
-            ))),
+        // Written only over the info just read: of two lockers granted one
+        // lease, the second finds the first's info.
+        for _ in 0..RETRIES {
+            let props = c.properties(blob)?.ok_or_else(|| {
+                Error::Unavailable(format!(
+                    "{} vanished while it was being locked",
+                    c.path(blob)
+                ))
+            })?;
+            if let Holder::Known(held) = Holder::of(&props)
+                && held.lease().eq_ignore_ascii_case(lease)
+                && held.original() != stored.original()
+            {
+                return Ok(Err(Error::locked(held.reported())));
+            }
+            let metadata = with_lock(&props.metadata, Some(stored));
+            let condition = Condition::Etag(props.etag.clone());
+            match c.set_metadata(blob, &metadata, &condition, Some(lease))? {
+                Ok(()) => return Ok(Ok(())),
+                Err(Refusal::Changed) => continue,
+                Err(refusal) => {
+                    return Err(Error::Unavailable(format!(
+                        "recording the lock on {} was refused ({refusal:?}); retry",
+                        c.path(blob)
+                    )));
+                }
+            }
         }
+        Err(Error::Unavailable(format!(
+            "{} kept changing while its lock was recorded; retry",
+            c.path(blob)
+        )))
     })();
-    if outcome.is_err() {
-        let _ = c.lease(blob, "release", &[("x-ms-lease-id", lease)]);
+    match outcome {
+        Ok(taken) => taken,
+        Err(e) => {
+            let _ = c.lease(blob, "release", &[("x-ms-lease-id", lease)]);
+            Err(e)
+        }
     }
-    outcome
 }
 
 /// The error for a lease someone else acquired first: their lock info,
@@ -150,7 +175,7 @@ fn held_by_other(c: &Container, blob: &str, id: &str) -> Result<Error, Error> {
             None => Holder::None,
         };
         match (&holder, pauses.next()) {
-            (Holder::Known(held), _) if held.is(id) => {
+            (Holder::Known(held), _) if held.original() == id => {
                 // The info names this lock, yet the lease refused its ID:
                 // the info outlived its lease (broken by another tool) and
                 // someone else leases the blob now.
@@ -241,6 +266,25 @@ pub fn current(c: &Container, blob: &str) -> Result<Option<LockInfo>, Error> {
     })
 }
 
+/// `props` of `blob` and their holder, read again after pauses while the
+/// blob is leased without lock info; `None` when the blob is gone.
+fn settled(c: &Container, blob: &str, mut props: Props) -> Result<Option<(Props, Holder)>, Error> {
+    let mut pauses = INFO_PAUSES_MS.iter();
+    loop {
+        let holder = Holder::of(&props);
+        match (&holder, pauses.next()) {
+            (Holder::Unknown(_), Some(ms)) => {
+                pause(*ms);
+                match c.properties(blob)? {
+                    Some(again) => props = again,
+                    None => return Ok(None),
+                }
+            }
+            _ => return Ok(Some((props, holder))),
+        }
+    }
+}
+
 /// Release the lock on `blob` whoever holds it; the holder released.
 ///
 /// A holder whose lock info names its lease is released as Terraform's
@@ -252,7 +296,12 @@ pub fn force(c: &Container, blob: &str) -> Result<Option<LockInfo>, Error> {
     let Some(props) = c.properties(blob)? else {
         return Ok(None);
     };
-    let holder = Holder::of(&props);
+    // A lease without lock info may be a locker between its two steps:
+    // give it time to record itself before breaking the lease, so a
+    // recorded lock is released as its holder's, and reported.
+    let Some((props, holder)) = settled(c, blob, props)? else {
+        return Ok(None);
+    };
     match &holder {
         Holder::None => return Ok(None),
         Holder::Known(held) => {

@@ -21,6 +21,7 @@
 //! `sas_token`) stay with the host, which signs every request.
 
 mod blobs;
+mod clock;
 mod history;
 mod lease;
 mod listing;
@@ -365,10 +366,23 @@ impl Backend for Azure {
             return Ok(false);
         }
         let blob = self.blob(ws);
-        let Some(at) = history::locate(&self.container, &blob, id)? else {
-            return Ok(false);
-        };
-        self.stream(&blob, at.snapshot.as_deref(), at.etag.as_deref(), out)
+        // The live blob's ETag changes with a lock alone: located again,
+        // its content is still the one named, or a snapshot holds it.
+        for _ in 0..READ_TRIES {
+            let Some(at) = history::locate(&self.container, &blob, id)? else {
+                return Ok(false);
+            };
+            if self.stream(&blob, at.snapshot.as_deref(), at.etag.as_deref(), out)? {
+                return Ok(true);
+            }
+            if at.etag.is_none() {
+                return Ok(false);
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "{} kept changing while version {id} was read; retry",
+            self.container.path(&blob)
+        )))
     }
 }
 

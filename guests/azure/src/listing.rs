@@ -30,6 +30,9 @@ pub struct Properties {
     /// Its size in bytes.
     #[serde(rename = "Content-Length", default)]
     pub content_length: u64,
+    /// Its Content-MD5 (base64; empty when it has none).
+    #[serde(rename = "Content-MD5", default)]
+    pub content_md5: String,
 }
 
 impl Listed {

@@ -168,11 +168,49 @@ impl Azurite {
         (code, value)
     }
 
+    /// Start one command of the native client and return once it printed
+    /// its first line (`slow-lock`: the lease is taken, its info not yet
+    /// written).
+    pub fn native_spawn(&self, container: &str, args: &[&str]) -> NativeRun {
+        use std::io::BufRead;
+        let mut child = Command::new(tools::python_env().python())
+            .arg("-c")
+            .arg(NATIVE)
+            .arg(self.connection_string())
+            .arg(container)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("the tests' Python runs");
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        NativeRun { child, out, first }
+    }
+
     /// [`Azurite::native`], which must succeed.
     pub fn native_ok(&self, container: &str, args: &[&str]) -> serde_json::Value {
         let (code, value) = self.native(container, args);
         assert_eq!(code, 0, "native client {args:?}: {value}");
         value
+    }
+}
+
+/// A native client command under way ([`Azurite::native_spawn`]).
+pub struct NativeRun {
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+    first: String,
+}
+
+impl NativeRun {
+    /// Wait for it: its exit code and everything it printed.
+    pub fn finish(mut self) -> (i32, String) {
+        use std::io::Read;
+        let mut rest = String::new();
+        let _ = self.out.read_to_string(&mut rest);
+        let status = self.child.wait().unwrap();
+        (status.code().unwrap_or(-1), self.first + &rest)
     }
 }
 
@@ -255,6 +293,20 @@ elif command == "put":
         data = f.read()
     blob.upload_blob(data, overwrite=True, content_settings=JSON, metadata=metadata, lease=none(lease))
     say({"written": len(data)})
+elif command == "slow-lock":
+    # client.go Lock's two steps with a pause between: the lease, a line
+    # printed, `pause` seconds, then the lock info under the lease.
+    name, info, pause = args[0], json.loads(args[1]), float(args[2])
+    blob = c.get_blob_client(name)
+    info["Path"] = f"{container}/{name}"
+    lease = blob.acquire_lease(lease_duration=-1, lease_id=info["ID"])
+    print(json.dumps({"leased": lease.id}), flush=True)
+    import time
+    time.sleep(pause)
+    metadata = dict(blob.get_blob_properties(lease=lease.id).metadata)
+    metadata[KEY] = base64.b64encode(json.dumps(info, separators=(",", ":")).encode()).decode()
+    blob.set_blob_metadata(metadata, lease=lease.id)
+    say({"id": lease.id})
 elif command == "lease-only":
     # A lease taken by another tool: no lock info recorded.
     name, lease_id = args
