@@ -454,6 +454,23 @@ fn chaos_git_over_http_behind_a_fault_proxy() {
     assert!(!injected.is_empty(), "the proxy injected no storage fault");
 }
 
+/// `postgres` on a real PostgreSQL: three hosts holding Terraform's
+/// advisory locks in their lock sessions, killed (`-9`: the session and
+/// its locks die with the host; another host takes them over) and
+/// reloaded under concurrent clients; sealed, so the rollback check runs
+/// too.
+#[test]
+fn chaos_postgres_with_advisory_locks() {
+    let dir = tempdir();
+    let pg = Postgres::start();
+    let key = key_file(dir.path());
+    run_clean(Setup::new(format!(
+        "[backends.{BACKEND}]\nguest = \"postgres\"\n{}[backends.{BACKEND}.config]\nconn_str = {:?}\n",
+        sealed(&key),
+        pg.conn_str()
+    )));
+}
+
 /// The checker finds what it is for: with the stale-write guard off
 /// (`allow_force_push`), unlocked writers from one serial overwrite each
 /// other, and the history shows the lost write.
