@@ -13,13 +13,13 @@ use std::path::Path;
 const CONTAINER: &str = "tfstate";
 const KEY: &str = "prod.terraform.tfstate";
 
-fn start() -> Azurite {
+pub(crate) fn start() -> Azurite {
     let azurite = Azurite::start();
     azurite.native_ok(CONTAINER, &["create-container"]);
     azurite
 }
 
-fn settings(azurite: &Azurite, snapshot: bool) -> Vec<(String, String)> {
+pub(crate) fn settings(azurite: &Azurite, snapshot: bool) -> Vec<(String, String)> {
     [
         ("storage_account_name", ACCOUNT.to_string()),
         ("container_name", CONTAINER.to_string()),

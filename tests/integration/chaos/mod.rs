@@ -471,6 +471,36 @@ fn chaos_postgres_with_advisory_locks() {
     )));
 }
 
+/// `azure` on Azurite behind the fault proxy (throttled, failed, and
+/// applied-then-dropped blob requests), sealed with snapshots as the
+/// history, three hosts killed and reloaded under concurrent clients.
+#[test]
+fn chaos_azure_on_azurite_behind_a_fault_proxy() {
+    let dir = tempdir();
+    let azurite = crate::azure::start();
+    let key = key_file(dir.path());
+    let mut setup = Setup::new(String::new());
+    let upstream = azurite.endpoint();
+    let origin = upstream.trim_end_matches(&format!("/{}", crate::common::azurite::ACCOUNT));
+    let proxy = FaultProxy::random(origin, setup.seed, 3);
+    let settings: Vec<String> = crate::azure::settings(&azurite, true)
+        .iter()
+        .map(|(k, v)| match k.as_str() {
+            "blob_endpoint" => format!("{k:?} = {:?}", upstream.replace(origin, &proxy.url)),
+            _ => format!("{k:?} = {v:?}"),
+        })
+        .collect();
+    setup.config = format!(
+        "[backends.{BACKEND}]\nguest = \"azure\"\n{}[backends.{BACKEND}.config]\n{}\n",
+        sealed(&key),
+        settings.join("\n")
+    );
+    run_clean(setup);
+    let injected = proxy.injected.lock().unwrap();
+    println!("{} storage faults injected", injected.len());
+    assert!(!injected.is_empty(), "the proxy injected no storage fault");
+}
+
 /// The checker finds what it is for: with the stale-write guard off
 /// (`allow_force_push`), unlocked writers from one serial overwrite each
 /// other, and the history shows the lost write.
