@@ -351,6 +351,17 @@ elif command == "list":
         {"name": b.name, "snapshot": b.snapshot, "size": b.size}
         for b in c.list_blobs(name_starts_with=prefix, include=include)
     ])
+elif command == "sas":
+    # A container SAS for what a state store does (no ACLs, no container
+    # changes), as an operator would issue one for Terraform.
+    import datetime
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+    say(generate_container_sas(
+        service.account_name, container,
+        account_key=service.credential.account_key,
+        permission=ContainerSasPermissions(read=True, add=True, create=True, write=True, delete=True, list=True),
+        expiry=datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1),
+    ))
 else:
     sys.exit(f"unknown command {command}")
 "#;
