@@ -4,7 +4,7 @@
 //! and reads the other's state, in the same layout.
 
 use crate::common::*;
-use crate::terraform::{CONFIG, HTTP_BACKEND, apply_and_check, init, ok, run, stored_output};
+use crate::terraform::apply_and_check;
 use std::path::Path;
 
 const BUCKET: &str = "wasmstate-gcs";
@@ -120,69 +120,17 @@ fn a_team_moves_from_native_gcs_to_wasmstate_and_back() {
     let gcs = start(false);
     let data = tempdir();
     let server = server(data.path(), &gcs);
-    let url = server.state_url("gcs", "moved");
-    let work = tempdir();
-    let dir = work.path();
-    let plan_is_clean = |value: &str| {
-        let plan = run(
-            dir,
-            &[
-                "plan",
-                "-detailed-exitcode",
-                "-input=false",
-                "-var",
-                &format!("value={value}"),
-            ],
-        );
-        assert_eq!(
-            plan.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&plan.stdout)
-        );
-    };
-    std::fs::write(dir.join("main.tf"), CONFIG).unwrap();
-    std::fs::write(dir.join("backend.tf"), native_block(&gcs, "native")).unwrap();
-    ok(dir, &["init", "-input=false"]);
-    ok(
-        dir,
-        &[
-            "apply",
-            "-auto-approve",
-            "-input=false",
-            "-var",
-            "value=native",
-        ],
+    let stored_back =
+        || serde_json::from_slice(&gcs.object(BUCKET, "back/default.tfstate").unwrap()).unwrap();
+    crate::side_by_side::moves_there_and_back(
+        &server.state_url("gcs", "moved"),
+        &native_block(&gcs, "native"),
+        &native_block(&gcs, "back"),
+        &stored_back,
     );
-
-    // Onto wasmstate (its gcs guest keeps the state under another prefix).
-    std::fs::write(dir.join("backend.tf"), HTTP_BACKEND).unwrap();
-    init(dir, &url, &["-migrate-state", "-force-copy"]);
-    assert_eq!(stored_output(&url), "native");
     assert!(
         gcs.object(BUCKET, &format!("{PREFIX}/moved.tfstate"))
-            .is_some()
+            .is_some(),
+        "the guest keeps the moved state under its own prefix"
     );
-    plan_is_clean("native");
-    ok(
-        dir,
-        &[
-            "apply",
-            "-auto-approve",
-            "-input=false",
-            "-var",
-            "value=wasmstate",
-        ],
-    );
-
-    // And back onto Terraform's own backend.
-    std::fs::write(dir.join("backend.tf"), native_block(&gcs, "back")).unwrap();
-    ok(
-        dir,
-        &["init", "-input=false", "-migrate-state", "-force-copy"],
-    );
-    let back: serde_json::Value =
-        serde_json::from_slice(&gcs.object(BUCKET, "back/default.tfstate").unwrap()).unwrap();
-    assert_eq!(back["outputs"]["value"]["value"], "wasmstate");
-    plan_is_clean("wasmstate");
 }

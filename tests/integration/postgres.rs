@@ -5,7 +5,7 @@
 //! and a replica that dies leaves its locks held for the others.
 
 use crate::common::*;
-use crate::terraform::{CONFIG, HTTP_BACKEND, apply_and_check, init, ok, run, stored_output};
+use crate::terraform::{CONFIG, apply_and_check, ok, run};
 use std::path::Path;
 use std::time::Duration;
 
@@ -201,44 +201,20 @@ fn a_team_moves_from_native_pg_to_wasmstate_and_back() {
     let pg = Postgres::start();
     let data = tempdir();
     let server = server(data.path(), &pg, "wasmstate_side");
-    let url = server.state_url("pg", "moved");
-    let work = tempdir();
-    let dir = work.path();
-    std::fs::write(dir.join("main.tf"), CONFIG).unwrap();
-    std::fs::write(dir.join("backend.tf"), native_block(&pg, "native_side")).unwrap();
-    ok(dir, &["init", "-input=false"]);
-    ok(
-        dir,
-        &[
-            "apply",
-            "-auto-approve",
-            "-input=false",
-            "-var",
-            "value=native",
-        ],
-    );
-    std::fs::write(dir.join("backend.tf"), HTTP_BACKEND).unwrap();
-    init(dir, &url, &["-migrate-state", "-force-copy"]);
-    assert_eq!(stored_output(&url), "native");
-    ok(
-        dir,
-        &[
-            "apply",
-            "-auto-approve",
-            "-input=false",
-            "-var",
-            "value=wasmstate",
-        ],
-    );
-    std::fs::write(dir.join("backend.tf"), native_block(&pg, "back_side")).unwrap();
-    ok(
-        dir,
-        &["init", "-input=false", "-migrate-state", "-force-copy"],
-    );
-    let back: serde_json::Value =
+    let stored_back = || {
         serde_json::from_str(&pg.query("select data from back_side.states where name = 'default'"))
-            .unwrap();
-    assert_eq!(back["outputs"]["value"]["value"], "wasmstate");
+            .unwrap()
+    };
+    crate::side_by_side::moves_there_and_back(
+        &server.state_url("pg", "moved"),
+        &native_block(&pg, "native_side"),
+        &native_block(&pg, "back_side"),
+        &stored_back,
+    );
+    assert_eq!(
+        pg.query("select count(*) from wasmstate_side.states where name = 'moved'"),
+        "1"
+    );
 }
 
 /// A workspace created empty (as Terraform's pg backend creates one) takes

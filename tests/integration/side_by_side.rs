@@ -129,3 +129,57 @@ pub(crate) fn check(server: &Server, backend: &str, native: Native<'_>) {
         "{native_list}"
     );
 }
+
+/// A team on a native backend moves onto wasmstate (`url`) with
+/// `terraform init -migrate-state`, works there, and moves back onto the
+/// native backend at another place (`there` and `back` are its backend
+/// blocks), losing nothing either way: the plan is clean at each stop.
+/// `stored_back` reads the state the last move wrote, from the storage.
+pub(crate) fn moves_there_and_back(
+    url: &str,
+    there: &str,
+    back: &str,
+    stored_back: &dyn Fn() -> serde_json::Value,
+) {
+    use crate::terraform::{HTTP_BACKEND, init};
+    let work = tempdir();
+    let dir = work.path();
+    let apply = |value: &str| {
+        let var = format!("value={value}");
+        ok(
+            dir,
+            &["apply", "-auto-approve", "-input=false", "-var", &var],
+        );
+    };
+    let plan_is_clean = |value: &str| {
+        let var = format!("value={value}");
+        let plan = run(
+            dir,
+            &["plan", "-detailed-exitcode", "-input=false", "-var", &var],
+        );
+        assert_eq!(
+            plan.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&plan.stdout)
+        );
+    };
+    std::fs::write(dir.join("main.tf"), CONFIG).unwrap();
+    std::fs::write(dir.join("backend.tf"), there).unwrap();
+    ok(dir, &["init", "-input=false"]);
+    apply("native");
+
+    std::fs::write(dir.join("backend.tf"), HTTP_BACKEND).unwrap();
+    init(dir, url, &["-migrate-state", "-force-copy"]);
+    assert_eq!(stored_output(url), "native");
+    plan_is_clean("native");
+    apply("wasmstate");
+
+    std::fs::write(dir.join("backend.tf"), back).unwrap();
+    ok(
+        dir,
+        &["init", "-input=false", "-migrate-state", "-force-copy"],
+    );
+    assert_eq!(stored_back()["outputs"]["value"]["value"], "wasmstate");
+    plan_is_clean("wasmstate");
+}

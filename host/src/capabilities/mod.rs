@@ -63,3 +63,37 @@ pub fn takes_host_identity(origin: &crate::policy::Origin, suffixes: &[&str]) ->
     is_loopback(&origin.host)
         || (origin.scheme == "https" && suffixes.iter().any(|s| origin.host.ends_with(s)))
 }
+
+/// Take the settings named `keys` out of a guest's flattened config: the
+/// credentials the host holds and the guest must never see.
+pub fn take_settings(
+    guest_config: &mut Vec<(String, String)>,
+    keys: &[&str],
+) -> Vec<(String, String)> {
+    let mut taken = Vec::new();
+    guest_config.retain(|(key, value)| {
+        let ours = keys.contains(&key.as_str());
+        if ours {
+            taken.push((key.clone(), value.clone()));
+        }
+        !ours
+    });
+    taken
+}
+
+/// The value of `name` among `settings`, if set.
+pub fn setting(settings: &[(String, String)], name: &str) -> Option<String> {
+    settings
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.clone())
+}
+
+/// Make the `origins` a grant signs for reachable in `allow_http`.
+pub fn reach(origins: &[crate::policy::Origin], allow_http: &mut Vec<crate::policy::Origin>) {
+    for origin in origins {
+        if !allow_http.contains(origin) {
+            allow_http.push(origin.clone());
+        }
+    }
+}

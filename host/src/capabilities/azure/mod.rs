@@ -73,19 +73,9 @@ impl AzureGrant {
         // A SAS in a query, or a signed request, can be replayed by whoever
         // reads it on the way.
         super::confidential(&origins, "blob_endpoint")?;
-        let mut taken = Vec::new();
-        guest_config.retain(|(key, value)| {
-            let ours = CREDENTIAL_KEYS.contains(&key.as_str());
-            if ours {
-                taken.push((key.clone(), value.clone()));
-            }
-            !ours
-        });
+        let taken = super::take_settings(guest_config, CREDENTIAL_KEYS);
         let from = |name: &str, env: &str| {
-            taken
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
+            super::setting(&taken, name)
                 .or_else(|| std::env::var(env).ok().filter(|v| !v.is_empty()))
         };
         // The host's own environment goes only to Azure, or to this
@@ -132,10 +122,7 @@ impl AzureGrant {
             }
         };
         let setting = |name: &str| {
-            guest_config
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
+            super::setting(guest_config, name)
                 .filter(|v| !v.is_empty())
                 .ok_or_else(|| format!("{name}: required"))
         };
@@ -157,11 +144,7 @@ impl AzureGrant {
             key: setting("key")?,
             credential,
         };
-        for origin in &grant.origins {
-            if !allow_http.contains(origin) {
-                allow_http.push(origin.clone());
-            }
-        }
+        super::reach(&grant.origins, allow_http);
         Ok(Some(grant))
     }
 }

@@ -61,20 +61,8 @@ impl GcpGrant {
         // A bearer token is the credential itself: it goes only where
         // nobody on the path can read it.
         super::confidential(&origins, "storage_custom_endpoint")?;
-        let mut taken = Vec::new();
-        guest_config.retain(|(key, value)| {
-            let ours = CREDENTIAL_KEYS.contains(&key.as_str());
-            if ours {
-                taken.push((key.clone(), value.clone()));
-            }
-            !ours
-        });
-        let given = |name: &str| {
-            taken
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
+        let taken = super::take_settings(guest_config, CREDENTIAL_KEYS);
+        let given = |name: &str| super::setting(&taken, name);
         let (source, ambient) =
             TokenSource::resolve(given("access_token"), given("credentials"), base)?;
         // The host's own identity (its environment, the metadata server)
@@ -90,12 +78,7 @@ impl GcpGrant {
                 origin.scheme, origin.host
             ));
         }
-        let setting = |name: &str| {
-            guest_config
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
+        let setting = |name: &str| super::setting(guest_config, name);
         let bucket = setting("bucket").ok_or("bucket: required")?;
         let prefix = match setting("prefix")
             .unwrap_or_default()
@@ -115,11 +98,7 @@ impl GcpGrant {
             Some(root) => format!("{root}/upload/storage/v1"),
             None => format!("{api_path}/upload"),
         };
-        for origin in &origins {
-            if !allow_http.contains(origin) {
-                allow_http.push(origin.clone());
-            }
-        }
+        super::reach(&origins, allow_http);
         Ok(Some(GcpGrant {
             origins,
             bucket,

@@ -65,15 +65,8 @@ impl PgGrant {
         if !grant {
             return Ok(None);
         }
-        let mut conn_str = None;
-        guest_config.retain(|(key, value)| {
-            let ours = CREDENTIAL_KEYS.contains(&key.as_str());
-            if ours {
-                conn_str = Some(value.clone());
-            }
-            !ours
-        });
-        let conn_str = conn_str
+        let taken = super::take_settings(guest_config, CREDENTIAL_KEYS);
+        let conn_str = super::setting(&taken, "conn_str")
             .or_else(|| std::env::var("PG_CONN_STR").ok().filter(|v| !v.is_empty()))
             .ok_or("conn_str: required (e.g. conn_str = { env = \"PG_CONN_STR\" }, \"postgres://user@db.example.com/terraform\")")?;
         let (conn_str, root_cert) = tls_settings(&conn_str)?;
@@ -88,12 +81,7 @@ impl PgGrant {
             .map_err(|e| format!("conn_str: not a PostgreSQL connection string: {e}"))?;
         config.application_name("wasmstate");
         config.connect_timeout(CONNECT_TIMEOUT);
-        let setting = |name: &str| {
-            guest_config
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
+        let setting = |name: &str| super::setting(guest_config, name);
         let schema = setting("schema_name").unwrap_or("terraform_remote_state".into());
         let flag = |name: &str| setting(name).is_some_and(|v| v == "true");
         // Like lib/pq, which Terraform uses: TLS unless told otherwise.
