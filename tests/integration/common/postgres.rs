@@ -22,9 +22,44 @@ pub struct Postgres {
     _dir: tempfile::TempDir,
 }
 
-/// The directory of PostgreSQL's server programs: where `postgres` on the
-/// PATH really is, else the newest of Debian's `/usr/lib/postgresql/*/bin`.
+/// The directory of PostgreSQL's server programs (installing Debian's
+/// `postgresql` when there is none), checked to be version 13 or later.
 fn bin_dir() -> PathBuf {
+    static FOUND: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            let dir = match find_bin_dir() {
+                Some(dir) => dir,
+                None => {
+                    eprintln!("PostgreSQL's server is missing: installing Debian's postgresql");
+                    super::tools::apt_install("postgresql")?;
+                    find_bin_dir().ok_or("postgresql is installed but its server programs are not under /usr/lib/postgresql")?
+                }
+            };
+            let out = Command::new(dir.join("postgres"))
+                .arg("--version")
+                .output()
+                .map_err(|e| format!("{}/postgres does not run: {e}", dir.display()))?;
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            let major: u32 = text
+                .split_whitespace()
+                .find_map(|w| w.split('.').next()?.parse().ok())
+                .unwrap_or(0);
+            if major < 13 {
+                return Err(format!(
+                    "PostgreSQL {} is older than the 13 the tests need (Terraform's pg backend's SQL); `postgres --version` said {text:?}",
+                    major
+                ));
+            }
+            Ok(dir)
+        })
+        .clone()
+        .unwrap_or_else(|why| panic!("{why}"))
+}
+
+/// Where `postgres` on the PATH really is, else the newest of Debian's
+/// `/usr/lib/postgresql/*/bin`.
+fn find_bin_dir() -> Option<PathBuf> {
     if let Ok(out) = Command::new("sh")
         .args(["-c", "command -v postgres"])
         .output()
@@ -35,7 +70,7 @@ fn bin_dir() -> PathBuf {
             .ok()
             .and_then(|p| p.parent().map(Path::to_path_buf))
         {
-            return dir;
+            return Some(dir);
         }
     }
     let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
@@ -47,9 +82,7 @@ fn bin_dir() -> PathBuf {
         })
         .unwrap_or_default();
     dirs.sort();
-    dirs.pop().unwrap_or_else(|| {
-        panic!("PostgreSQL is not installed: the postgres tests need Debian's postgresql package (apt-get install postgresql)")
-    })
+    dirs.pop()
 }
 
 fn running_as_root() -> bool {

@@ -119,6 +119,23 @@ pub fn require(tool: &SystemTool) -> String {
     result.unwrap_or_else(|cause| panic!("{cause}"))
 }
 
+/// Install Debian's `package`; `Err` says why not, in one line.
+pub fn apt_install(package: &str) -> Result<(), String> {
+    let install = format!(
+        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {package}"
+    );
+    let out = run_quietly(Command::new("sh").args(["-c", &install]));
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`apt-get install {package}` failed ({}): {}",
+            out.status,
+            last_line(&out)
+        ))
+    }
+}
+
 fn check_or_install(tool: &SystemTool) -> Result<String, String> {
     if version_of(tool).is_none() {
         let Some(package) = tool.package else {
@@ -128,18 +145,7 @@ fn check_or_install(tool: &SystemTool) -> Result<String, String> {
             ));
         };
         eprintln!("{} is missing: installing Debian's {package}", tool.binary);
-        let install = format!(
-            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {package}"
-        );
-        let out = run_quietly(Command::new("sh").args(["-c", &install]));
-        if !out.status.success() {
-            return Err(format!(
-                "{} is missing and `apt-get install {package}` failed ({}): {}",
-                tool.binary,
-                out.status,
-                last_line(&out)
-            ));
-        }
+        apt_install(package).map_err(|why| format!("{} is missing and {why}", tool.binary))?;
     }
     let (version, text) = version_of(tool).ok_or_else(|| {
         format!(
