@@ -100,11 +100,10 @@ pub fn encode(text: &str) -> String {
     percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
-/// Pauses before a GET is sent again after its connection broke. Every
-/// request opens a connection of its own, and under parallel clients on
-/// loopback one now and then is reset before its answer (seen against
-/// fake-gcs-server, in bursts); a GET changes nothing, so it is sent again
-/// after a pause.
+/// Pauses before a GET is sent again after its connection broke (a
+/// network's failure; on loopback the "resets" once seen here were the
+/// host closing the request's body under the guest, fixed in the host).
+/// A GET changes nothing, so it is sent again after a pause.
 const GET_RETRY_PAUSES_MS: [u64; 3] = [10, 50, 250];
 
 /// `GET url` with `headers`, sent again when its connection breaks.

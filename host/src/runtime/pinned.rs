@@ -122,12 +122,11 @@ where
         .path_and_query(uri.path_and_query().map_or("/", |p| p.as_str()))
         .build()
         .expect("a path from a valid URI");
-    // One connection per request: say so, and the server closes first and
-    // keeps the closed connection's TIME_WAIT. Otherwise this side does, and
-    // Linux reuses such a port on loopback at once (tcp_tw_reuse = 2) while
-    // a busy server may still be closing it: the new connection is reset
-    // (seen against fake-gcs-server under parallel clients, about 2 % of
-    // requests).
+    // One connection per request: say so, so the server closes first and
+    // keeps the closed connection's TIME_WAIT. (The "connection reset" seen
+    // against fake-gcs-server and Azurite under parallel clients, once put
+    // down to port reuse, was the request body closed under the guest; see
+    // `KeepOpen`.)
     request.headers_mut().insert(
         http::header::CONNECTION,
         http::HeaderValue::from_static("close"),
