@@ -48,6 +48,17 @@ impl Response {
         (200..300).contains(&self.status)
     }
 
+    /// The body as text for an error message: trimmed, at most `max`
+    /// characters, cut on a character's boundary.
+    pub fn excerpt(&self, max: usize) -> String {
+        let text = String::from_utf8_lossy(&self.body);
+        let text = text.trim();
+        text.char_indices()
+            .nth(max)
+            .map_or(text, |(end, _)| &text[..end])
+            .to_string()
+    }
+
     /// The body parsed as JSON.
     pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, Error> {
         serde_json::from_slice(&self.body).map_err(|e| {
@@ -98,6 +109,45 @@ pub fn request(
             headers,
         })
     })
+}
+
+/// Pauses before a request that got no answer (a connection that broke,
+/// the host closing it) is sent again by [`request_repeatable`].
+pub const RETRY_PAUSES_MS: [u64; 3] = [10, 50, 250];
+
+/// [`request`], sent again after each of [`RETRY_PAUSES_MS`] while no
+/// answer comes ([`Error::Unavailable`]). Only for a request whose repeat
+/// does no more than it did, since one without an answer may still have
+/// been applied: a read, a change conditional on what it replaces. Every
+/// try but the last sends a copy of `body`.
+pub fn request_repeatable(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    mut body: Vec<u8>,
+) -> Result<Response, Error> {
+    let mut pauses = RETRY_PAUSES_MS.iter();
+    loop {
+        let last = pauses.len() == 0;
+        let sent = if last {
+            std::mem::take(&mut body)
+        } else {
+            body.clone()
+        };
+        match request(method, url, headers, sent) {
+            Err(Error::Unavailable(_)) if !last => {
+                pause(Duration::from_millis(
+                    *pauses.next().expect("not the last try"),
+                ));
+            }
+            answer => return answer,
+        }
+    }
+}
+
+/// Wait `duration` (between tries), blocking the guest.
+pub fn pause(duration: Duration) {
+    wstd::runtime::block_on(async { wstd::task::sleep(duration.into()).await });
 }
 
 /// `POST` `value` as JSON.

@@ -90,11 +90,6 @@ pub fn encode(text: &str) -> String {
     percent_encoding::utf8_percent_encode(text, ESCAPED).to_string()
 }
 
-/// Pauses before a request that is safe to repeat ([`Repeat::Safe`]) is
-/// sent again after it failed without an answer (a broken connection, a
-/// timeout).
-const RETRY_PAUSES_MS: [u64; 3] = [10, 50, 250];
-
 /// Whether a request may be sent again when it failed without an answer.
 /// Such a request may still have been applied, so only one whose repeat
 /// does no more than it did is repeated.
@@ -113,20 +108,13 @@ pub enum Repeat {
 
 /// Sleep `ms` milliseconds (a pause between tries, never a synchronisation).
 pub fn pause(ms: u64) {
-    let pause = wstd::time::Duration::from_millis(ms);
-    wstd::runtime::block_on(async { wstd::task::sleep(pause).await });
+    http::pause(std::time::Duration::from_millis(ms));
 }
 
 /// The error an unexpected answer is.
 pub fn failed(what: &str, answer: &Response) -> Error {
     let code = answer.header("x-ms-error-code").unwrap_or("");
-    let text = String::from_utf8_lossy(&answer.body);
-    let text = text.trim();
-    // At most 300 characters, cut on a character's boundary.
-    let text = text
-        .char_indices()
-        .nth(300)
-        .map_or(text, |(end, _)| &text[..end]);
+    let text = answer.excerpt(300);
     let message = format!("{what}: {} {code} {text}", answer.status);
     match answer.status {
         408 | 429 | 500..=599 => Error::Unavailable(message),
@@ -176,7 +164,7 @@ impl Container {
         method: &str,
         url: &str,
         headers: &[(&str, &str)],
-        mut body: Vec<u8>,
+        body: Vec<u8>,
         repeat: Repeat,
     ) -> Result<Response, Error> {
         let mut all: Vec<(&str, &str)> = vec![("x-ms-version", API_VERSION)];
@@ -187,21 +175,9 @@ impl Container {
         if !matches!(method, "GET" | "HEAD") {
             all.push(("content-length", &length));
         }
-        let mut pauses = RETRY_PAUSES_MS.iter();
-        loop {
-            // The last (or only) try takes the body; earlier ones a copy.
-            let last = repeat == Repeat::Never || pauses.len() == 0;
-            let sent = if last {
-                std::mem::take(&mut body)
-            } else {
-                body.clone()
-            };
-            match http::request(method, url, &all, sent) {
-                Err(Error::Unavailable(_)) if !last => {
-                    pause(*pauses.next().expect("not the last try"));
-                }
-                answer => return answer,
-            }
+        match repeat {
+            Repeat::Safe => http::request_repeatable(method, url, &all, body),
+            Repeat::Never => http::request(method, url, &all, body),
         }
     }
 

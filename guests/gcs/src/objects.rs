@@ -100,37 +100,14 @@ pub fn encode(text: &str) -> String {
     percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
-/// Pauses before a GET is sent again after its connection broke (a
-/// network's failure; on loopback the "resets" once seen here were the
-/// host closing the request's body under the guest, fixed in the host).
-/// A GET changes nothing, so it is sent again after a pause.
-const GET_RETRY_PAUSES_MS: [u64; 3] = [10, 50, 250];
-
-/// `GET url` with `headers`, sent again when its connection breaks.
+/// `GET url` with `headers`, sent again when no answer came (a GET
+/// changes nothing).
 fn get_with(url: &str, headers: &[(&str, &str)]) -> Result<Response, Error> {
-    let mut pauses = GET_RETRY_PAUSES_MS.iter();
-    loop {
-        match http::request("GET", url, headers, Vec::new()) {
-            Err(Error::Unavailable(why)) => match pauses.next() {
-                Some(ms) => {
-                    let pause = wstd::time::Duration::from_millis(*ms);
-                    wstd::runtime::block_on(async { wstd::task::sleep(pause).await });
-                }
-                None => return Err(Error::Unavailable(why)),
-            },
-            answer => return answer,
-        }
-    }
+    http::request_repeatable("GET", url, headers, Vec::new())
 }
 
 fn failed(what: &str, answer: &Response) -> Error {
-    let text = String::from_utf8_lossy(&answer.body);
-    let text = text.trim();
-    // At most 300 characters, cut on a character's boundary.
-    let text = text
-        .char_indices()
-        .nth(300)
-        .map_or(text, |(end, _)| &text[..end]);
+    let text = answer.excerpt(300);
     match answer.status {
         429 | 500..=599 => Error::Unavailable(format!("{what}: {} {text}", answer.status)),
         _ => Error::Internal(format!("{what}: {} {text}", answer.status)),
