@@ -17,6 +17,7 @@
 //! included), from a task of its own, so it is applied even when its
 //! sender has gone.
 
+use super::loopback::LoopbackServer;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -51,7 +52,7 @@ pub struct FaultProxy {
     /// Every fault injected, with the request it hit.
     pub injected: Arc<Mutex<Vec<String>>>,
     released: Arc<tokio::sync::Semaphore>,
-    runtime: Option<tokio::runtime::Runtime>,
+    _server: LoopbackServer,
 }
 
 impl FaultProxy {
@@ -73,15 +74,6 @@ impl FaultProxy {
 
     /// Forward to `upstream`, with the fault `rule` names for each request.
     pub fn with_rule(upstream: &str, rule: Rule) -> FaultProxy {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a runtime for the fault proxy");
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("a port for the fault proxy");
-        let url = format!("http://{}", listener.local_addr().unwrap());
         let injected = Arc::new(Mutex::new(Vec::new()));
         let released = Arc::new(tokio::sync::Semaphore::new(0));
         let shared = Arc::new(Shared {
@@ -93,29 +85,14 @@ impl FaultProxy {
             log: injected.clone(),
             released: released.clone(),
         });
-        runtime.spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let shared = shared.clone();
-                tokio::spawn(async move {
-                    let service =
-                        hyper::service::service_fn(move |request| handle(request, shared.clone()));
-                    // An error here is the dropped connection we chose, or
-                    // a client that went away: nothing to do either way.
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .keep_alive(false)
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
+        let server = LoopbackServer::start("fault proxy", false, |_| {
+            move |request| handle(request, shared.clone())
         });
         FaultProxy {
-            url,
+            url: server.url.clone(),
             injected,
             released,
-            runtime: Some(runtime),
+            _server: server,
         }
     }
 
@@ -139,14 +116,6 @@ impl FaultProxy {
                 injected.len()
             );
             std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for FaultProxy {
-    fn drop(&mut self) {
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
         }
     }
 }

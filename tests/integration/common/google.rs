@@ -6,11 +6,11 @@
 //! here; these are the documented protocols, as the host speaks them.
 
 use super::fault_proxy::forward;
+use super::loopback::LoopbackServer;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -19,7 +19,7 @@ pub struct GoogleFront {
     /// `http://127.0.0.1:PORT`.
     pub url: String,
     shared: Arc<Shared>,
-    runtime: Option<tokio::runtime::Runtime>,
+    _server: LoopbackServer,
 }
 
 struct Shared {
@@ -40,15 +40,6 @@ impl GoogleFront {
     /// A front for fake-gcs-server at `upstream` (`http://127.0.0.1:PORT`)
     /// minting tokens that live `lifetime_secs`.
     pub fn start(upstream: &str, lifetime_secs: u64) -> GoogleFront {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a runtime for the Google front");
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("a port for the Google front");
-        let url = format!("http://{}", listener.local_addr().unwrap());
         let shared = Arc::new(Shared {
             upstream: upstream
                 .trim_start_matches("http://")
@@ -63,27 +54,14 @@ impl GoogleFront {
             forwarded: Mutex::default(),
         });
         let served = shared.clone();
-        let token_url = format!("{url}/token");
-        runtime.spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let (shared, token_url) = (served.clone(), token_url.clone());
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |request| {
-                        handle(request, shared.clone(), token_url.clone())
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
+        let server = LoopbackServer::start("Google front", true, |url| {
+            let token_url = format!("{url}/token");
+            move |request| handle(request, served.clone(), token_url.clone())
         });
         GoogleFront {
-            url,
+            url: server.url.clone(),
             shared,
-            runtime: Some(runtime),
+            _server: server,
         }
     }
 
@@ -120,14 +98,6 @@ impl GoogleFront {
     /// Requests forwarded to fake-gcs-server: `METHOD path token`.
     pub fn forwarded(&self) -> Vec<String> {
         self.shared.forwarded.lock().unwrap().clone()
-    }
-}
-
-impl Drop for GoogleFront {
-    fn drop(&mut self) {
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
-        }
     }
 }
 

@@ -9,6 +9,7 @@ mod fault_proxy;
 mod gcs;
 mod google;
 mod limits;
+mod loopback;
 mod peers;
 mod postgres;
 mod process;
