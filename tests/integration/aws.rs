@@ -56,15 +56,7 @@ pub(crate) fn settings(moto_url: &str, locking: Locking) -> Vec<(String, String)
 /// The config of backend `aws` on `s3_url` (moto, or a proxy in front of
 /// it), with `extra` backend keys.
 pub(crate) fn backend_config(s3_url: &str, locking: Locking, extra: &str) -> String {
-    let config: Vec<String> = settings(s3_url, locking)
-        .iter()
-        .map(|(k, v)| format!("{k:?} = {v:?}"))
-        .collect();
-    format!(
-        "[backends.aws]\nguest = \"{}\"\n{extra}[backends.aws.config]\n{}\n",
-        locking.guest(),
-        config.join("\n")
-    )
+    backend_table("aws", locking.guest(), extra, &settings(s3_url, locking))
 }
 
 fn server(data: &Path, s3_url: &str, locking: Locking) -> Server {

@@ -39,16 +39,9 @@ fn server(data: &Path, azurite: &Azurite, snapshot: bool) -> Server {
 
 /// [`server`], with `extra` lines in the backend's table.
 fn server_with(data: &Path, azurite: &Azurite, snapshot: bool, extra: &str) -> Server {
-    let pairs: Vec<String> = settings(azurite, snapshot)
-        .iter()
-        .map(|(k, v)| format!("{k:?} = {v:?}"))
-        .collect();
     Server::with_config(
         data,
-        &format!(
-            "[backends.az]\nguest = \"azure\"\n{extra}[backends.az.config]\n{}\n",
-            pairs.join("\n")
-        ),
+        &backend_table("az", "azure", extra, &settings(azurite, snapshot)),
     )
 }
 

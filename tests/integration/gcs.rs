@@ -31,17 +31,7 @@ fn settings(gcs: &FakeGcs) -> Vec<(String, String)> {
 }
 
 fn server(data: &Path, gcs: &FakeGcs) -> Server {
-    let pairs: Vec<String> = settings(gcs)
-        .iter()
-        .map(|(k, v)| format!("{k:?} = {v:?}"))
-        .collect();
-    Server::with_config(
-        data,
-        &format!(
-            "[backends.gcs]\nguest = \"gcs\"\n[backends.gcs.config]\n{}\n",
-            pairs.join("\n")
-        ),
-    )
+    Server::with_config(data, &backend_table("gcs", "gcs", "", &settings(gcs)))
 }
 
 #[test]

@@ -358,19 +358,15 @@ fn a_policy_without_the_history_permissions_keeps_history_per_replica() {
         ],
     );
     moto.check_signatures();
-    let settings: Vec<String> = crate::aws::settings(&moto.url, Locking::LockFile)
+    let settings: Vec<(String, String)> = crate::aws::settings(&moto.url, Locking::LockFile)
         .into_iter()
         .map(|(k, v)| match k.as_str() {
             "access_key" => (k, crate::aws_credentials::between(&key, "AccessKeyId")),
             "secret_key" => (k, crate::aws_credentials::between(&key, "SecretAccessKey")),
             _ => (k, v),
         })
-        .map(|(k, v)| format!("{k:?} = {v:?}"))
         .collect();
-    let config = format!(
-        "[backends.aws]\nguest = \"s3-lockfile\"\n[backends.aws.config]\n{}\n",
-        settings.join("\n")
-    );
+    let config = backend_table("aws", "s3-lockfile", "", &settings);
     let data = tempdir();
     let server = Server::with_config(data.path(), &config);
     said_who_keeps_history(&server);

@@ -393,14 +393,11 @@ fn chaos_s3_lockfile_and_dynamodb_on_moto() {
         }
         let mut setup = Setup::new(String::new());
         let proxy = FaultProxy::random(&moto.url, setup.seed, 3);
-        let settings: Vec<String> = crate::aws::settings(&proxy.url, locking)
-            .iter()
-            .map(|(k, v)| format!("{k:?} = {v:?}"))
-            .collect();
-        setup.config = format!(
-            "[backends.{BACKEND}]\nguest = \"{}\"\n{encryption}[backends.{BACKEND}.config]\n{}\n",
+        setup.config = backend_table(
+            BACKEND,
             locking.guest(),
-            settings.join("\n")
+            &encryption,
+            &crate::aws::settings(&proxy.url, locking),
         );
         run_clean(setup);
         let injected = proxy.injected.lock().unwrap();
@@ -483,18 +480,14 @@ fn chaos_azure_on_azurite_behind_a_fault_proxy() {
     let upstream = azurite.endpoint();
     let origin = upstream.trim_end_matches(&format!("/{}", crate::common::azurite::ACCOUNT));
     let proxy = FaultProxy::random(origin, setup.seed, 3);
-    let settings: Vec<String> = crate::azure::settings(&azurite, true)
-        .iter()
+    let settings: Vec<(String, String)> = crate::azure::settings(&azurite, true)
+        .into_iter()
         .map(|(k, v)| match k.as_str() {
-            "blob_endpoint" => format!("{k:?} = {:?}", upstream.replace(origin, &proxy.url)),
-            _ => format!("{k:?} = {v:?}"),
+            "blob_endpoint" => (k, upstream.replace(origin, &proxy.url)),
+            _ => (k, v),
         })
         .collect();
-    setup.config = format!(
-        "[backends.{BACKEND}]\nguest = \"azure\"\n{}[backends.{BACKEND}.config]\n{}\n",
-        sealed(&key),
-        settings.join("\n")
-    );
+    setup.config = backend_table(BACKEND, "azure", &sealed(&key), &settings);
     run_clean(setup);
     let injected = proxy.injected.lock().unwrap();
     println!("{} storage faults injected", injected.len());

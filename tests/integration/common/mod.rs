@@ -360,6 +360,19 @@ pub fn state(serial: u64) -> Vec<u8> {
         .into_bytes()
 }
 
+/// A `[backends.NAME]` table serving `guest`, with `extra` lines (keys of
+/// the backend's own) and the guest's `config` pairs, TOML-quoted.
+pub fn backend_table(name: &str, guest: &str, extra: &str, config: &[(String, String)]) -> String {
+    let pairs: Vec<String> = config
+        .iter()
+        .map(|(k, v)| format!("{k:?} = {v:?}"))
+        .collect();
+    format!(
+        "[backends.{name}]\nguest = {guest:?}\n{extra}[backends.{name}.config]\n{}\n",
+        pairs.join("\n")
+    )
+}
+
 /// Poll `condition` until true or `deadline` passes.
 pub fn wait_until(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) {
     let until = Instant::now() + deadline;
