@@ -245,3 +245,27 @@ fn a_workspace_created_empty_takes_a_migrated_state() {
     let refused = send("POST", &url, Some(&serde_json::to_vec(&other).unwrap()));
     assert_eq!(refused.status, 409, "{}", refused.text());
 }
+
+/// A reload (SIGHUP) keeps the lock session that holds the backend's
+/// advisory locks: the same database session holds the key before and
+/// after, so there is no moment a native client could take it.
+#[test]
+fn a_reload_keeps_the_session_that_holds_the_locks() {
+    let pg = Postgres::start();
+    let data = tempdir();
+    let server = server(data.path(), &pg, "terraform_remote_state");
+    let url = server.state_url("pg", "default");
+    assert_eq!(send("POST", &url, Some(&state(1))).status, 200);
+    let ours = lock_info("c0ffee00-0000-4000-8000-000000000004", "ci@a");
+    assert_eq!(send("LOCK", &url, Some(&ours)).status, 200);
+    let holder = || {
+        pg.query("select l.pid from pg_locks l join pg_stat_activity a using (pid) where l.locktype = 'advisory' and a.application_name = 'wasmstate-lock'")
+    };
+    let before = holder();
+    assert!(!before.is_empty());
+    crate::marketplace::reload(&server, 1);
+    // The next request runs on the reloaded backend.
+    assert_eq!(send("GET", &url, None).status, 200);
+    assert_eq!(holder(), before, "the reload ended the lock session");
+    assert_eq!(send("UNLOCK", &url, Some(&ours)).status, 200);
+}

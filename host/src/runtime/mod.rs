@@ -76,6 +76,8 @@ pub struct Runtime {
     longest_call: std::time::Duration,
     /// One quota per directory, across reloads.
     quotas: quota::DirQuotas,
+    /// One database store (and lock session) per backend, across reloads.
+    databases: crate::capabilities::postgres::PgStores,
     _ticker: engine::EpochTicker,
 }
 
@@ -119,6 +121,7 @@ impl Runtime {
             cache_key: cache::CacheKey::load_or_create(&config.data_dir.join("cache.key"))?,
             tasks: tokio_util::task::TaskTracker::new(),
             quotas: quota::DirQuotas::default(),
+            databases: Default::default(),
             longest_call: config
                 .backends
                 .iter()
@@ -261,7 +264,7 @@ impl Runtime {
                 postgres: backend
                     .postgres
                     .as_ref()
-                    .map(|grant| crate::capabilities::postgres::PgStore::new(name, grant)),
+                    .map(|grant| self.databases.of(name, grant)),
                 outbound: Arc::new(OutboundPolicy::new(
                     backend.allow_http.clone(),
                     backend.allow_http_addresses.clone(),

@@ -185,6 +185,32 @@ pub enum Holder {
     Native(String),
 }
 
+/// One store per backend and grant, kept across reloads: a reload must not
+/// end the lock session that holds the backend's locks (its advisory
+/// locks would be free until another session took them over).
+#[derive(Default)]
+pub struct PgStores(std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<PgStore>>>);
+
+impl PgStores {
+    /// The store of `backend` for `grant`: the one in use when its grant
+    /// is the same, else a new one.
+    pub fn of(&self, backend: &str, grant: &PgGrant) -> Arc<PgStore> {
+        let mut stores = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        stores.retain(|_, store| store.strong_count() > 0);
+        if let Some(store) = stores.get(backend).and_then(std::sync::Weak::upgrade)
+            && store.grant == *grant
+        {
+            return store;
+        }
+        let store = PgStore::new(backend, grant);
+        stores.insert(backend.to_string(), Arc::downgrade(&store));
+        store
+    }
+}
+
 /// One backend's database: its grant, idle connections and lock session.
 pub struct PgStore {
     grant: PgGrant,
