@@ -3,14 +3,18 @@
 //! marketplace checks it at install time, the runtime before linking.
 
 /// The WIT package version this host implements natively (`wit/`).
-pub const WIT_VERSION: &str = "0.2.0";
+pub const WIT_VERSION: &str = "0.2.1";
 /// The WIT package guests export.
 pub const PACKAGE: &str = "wasmstate:backend";
 
 /// A contract version this host runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ContractVersion {
-    /// The current one: states move in chunks.
+    /// The current one: states move in chunks, or between the host and a
+    /// WASI stream (`copy-to`, `copy-from`).
+    V0_2_1,
+    /// States move in chunks; a subset of 0.2.1, served by the same
+    /// bindings (the component model links semver-compatible names).
     V0_2_0,
     /// The first release, frozen in `wit/since_v0.1.0`: states move whole.
     V0_1_0,
@@ -18,11 +22,16 @@ pub enum ContractVersion {
 
 impl ContractVersion {
     /// Every supported version, newest first.
-    pub const ALL: [ContractVersion; 2] = [ContractVersion::V0_2_0, ContractVersion::V0_1_0];
+    pub const ALL: [ContractVersion; 3] = [
+        ContractVersion::V0_2_1,
+        ContractVersion::V0_2_0,
+        ContractVersion::V0_1_0,
+    ];
 
     /// The WIT package version, e.g. `0.2.0`.
     pub fn as_str(self) -> &'static str {
         match self {
+            ContractVersion::V0_2_1 => "0.2.1",
             ContractVersion::V0_2_0 => "0.2.0",
             ContractVersion::V0_1_0 => "0.1.0",
         }
@@ -31,7 +40,11 @@ impl ContractVersion {
     /// How `guest inspect` describes it.
     pub fn describe(self) -> String {
         match self {
-            ContractVersion::V0_2_0 => format!("{} (current)", self.as_str()),
+            ContractVersion::V0_2_1 => format!("{} (current)", self.as_str()),
+            ContractVersion::V0_2_0 => format!(
+                "{} (supported; states move in chunks through the guest's memory)",
+                self.as_str()
+            ),
             v => format!(
                 "{} (supported; states pass whole, so the guest holds each one in its memory)",
                 v.as_str()
@@ -67,9 +80,7 @@ pub fn check_version(names: &[String]) -> anyhow::Result<ContractVersion> {
         }
         return Ok(version);
     }
-    let supported = ContractVersion::ALL
-        .map(ContractVersion::as_str)
-        .join(" and ");
+    let supported = ContractVersion::ALL.map(ContractVersion::as_str).join(", ");
     let prefix = format!("{PACKAGE}/storage@");
     if let Some(found) = names.iter().find_map(|n| n.strip_prefix(&prefix)) {
         anyhow::bail!(
@@ -101,6 +112,10 @@ mod tests {
     #[test]
     fn accepts_every_supported_version() {
         assert_eq!(
+            check_version(&exports("0.2.1")).unwrap(),
+            ContractVersion::V0_2_1
+        );
+        assert_eq!(
             check_version(&exports("0.2.0")).unwrap(),
             ContractVersion::V0_2_0
         );
@@ -122,7 +137,7 @@ mod tests {
         let names = vec!["wasmstate:backend/storage@9.0.0".to_string()];
         let msg = check_version(&names).unwrap_err().to_string();
         assert!(msg.contains("wasmstate:backend@9.0.0"), "{msg}");
-        assert!(msg.contains("wasmstate:backend@0.2.0 and 0.1.0"), "{msg}");
+        assert!(msg.contains("wasmstate:backend@0.2.1, 0.2.0, 0.1.0"), "{msg}");
     }
 
     #[test]

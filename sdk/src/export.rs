@@ -13,6 +13,13 @@ pub(crate) mod wit {
         // items behind this gate; the parser must accept them to read the
         // folder, though `backend` uses none.
         features: ["clocks-timezone"],
+        // `body.copy-to`/`copy-from` take the guest's WASI streams: the
+        // `wasip2` crate's, so a file's or HTTP body's stream passes as is.
+        with: {
+            "wasi:io/error@0.2.12": wasip2::io::error,
+            "wasi:io/poll@0.2.12": wasip2::io::poll,
+            "wasi:io/streams@0.2.12": wasip2::io::streams,
+        },
     });
 }
 

@@ -84,7 +84,7 @@ pub fn secret(name: &str) -> Option<String> {
 
 /// The WIT package version this SDK implements; the host refuses guests
 /// built for a version it does not know.
-pub const WIT_VERSION: &str = "0.2.0";
+pub const WIT_VERSION: &str = "0.2.1";
 
 /// A storage driver. One value is created per request by [`Backend::new`].
 ///

@@ -45,7 +45,7 @@ fn a_guest_for_another_wit_version_is_refused_at_load() {
     ]);
     assert!(!ok, "{out}");
     assert!(
-        out.contains("guest is built for wasmstate:backend@9.0.0, but this host supports wasmstate:backend@0.2.0 and 0.1.0"),
+        out.contains("guest is built for wasmstate:backend@9.0.0, but this host supports wasmstate:backend@0.2.1, 0.2.0, 0.1.0"),
         "{out}"
     );
     let (ok, out) = wasmstate(&["guest", "test", FUTURE_VERSION_WASM]);

@@ -9,10 +9,18 @@ wasmtime::component::bindgen!({
     // Async imports: the git capability does network I/O on a blocking
     // thread and must not stall the executor; log/get-config are trivial.
     // The body's chunk calls only touch the request's own buffers: plain
-    // calls, trapping on a handle the guest made up.
-    imports: { "wasmstate:backend/body": trappable, default: async },
+    // calls, trapping on a handle the guest made up. Its copies wait on a
+    // WASI stream (a file, an HTTP body): async.
+    imports: {
+        "wasmstate:backend/body.[method]state-source.copy-to": async | trappable,
+        "wasmstate:backend/body.[method]state-sink.copy-from": async | trappable,
+        "wasmstate:backend/body": trappable,
+        default: async,
+    },
     exports: { default: async },
     with: {
+        // The guest's WASI streams are wasmtime-wasi's, in the same table.
+        "wasi:io": wasmtime_wasi::p2::bindings::io,
         "wasmstate:backend/body.state-source": super::chunks::StateSource,
         "wasmstate:backend/body.state-sink": super::chunks::StateSink,
     },

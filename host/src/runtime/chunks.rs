@@ -44,10 +44,16 @@ impl StateSource {
 
     /// The next bytes, at most `max` (and [`MAX_CHUNK`]); empty at the end.
     pub fn next_chunk(&mut self, max: u32) -> Vec<u8> {
+        self.next_shared(max).to_vec()
+    }
+
+    /// The next bytes, at most `max` (and [`MAX_CHUNK`]), shared with the
+    /// body rather than copied (for a host-side copy); empty at the end.
+    pub fn next_shared(&mut self, max: u32) -> Bytes {
         let start = self.read;
         let end = (start + max.min(MAX_CHUNK) as usize).min(self.bytes.len());
         self.read = end;
-        self.bytes[start..end].to_vec()
+        self.bytes.slice(start..end)
     }
 }
 
@@ -147,6 +153,16 @@ impl StateSink {
                 *matched = end;
                 *equal
             }
+        }
+    }
+
+    /// Whether the host still wants bytes (`false` once it has what it
+    /// needs, as [`StateSink::write`] last answered).
+    pub fn wants_more(&self) -> bool {
+        match self {
+            StateSink::Collect { overflowed, .. } => !overflowed,
+            StateSink::Prefix { bytes, limit } => bytes.len() < *limit,
+            StateSink::Compare { equal, .. } => *equal,
         }
     }
 

@@ -11,9 +11,13 @@
 // a hard link creates the lock file with its full content or fails because
 // it exists (a lock is never granted twice, never seen half-written).
 //
-// A state moves in chunks of about 1 MiB between the file and the host (the
-// `body` interface's `state-source` and `state-sink`), so this guest never
-// holds a whole state in memory, whatever its size.
+// A state moves between its file and the host without entering this guest's
+// memory: `into.copyFrom(stream)` and `state.copyTo(stream)` (the `body`
+// interface, contract 0.2.1) copy a WASI file stream in one call, host-side.
+// Reading 1 MiB chunks with `state.read(max)` or `file.read(…)` instead
+// would keep every chunk's buffer until the instance ends (componentize-js
+// does not free what an import returns), so a state larger than the memory
+// cap would fail.
 //
 // The host makes a fresh instance for every request: keep nothing in memory
 // between calls. A contract error is thrown as the variant itself
@@ -23,14 +27,14 @@
 
 import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
 import { getRandomBytes } from 'wasi:random/random@0.2.12';
-import { getConfig, log } from 'wasmstate:backend/host@0.2.0';
+import { getConfig, log } from 'wasmstate:backend/host@0.2.1';
 
 const STATE = 'terraform.tfstate';
 const LOCK = 'terraform.tfstate.lock';
 // The keys this guest understands; any other is reported by `validate`.
 const KNOWN_KEYS = ['fsync'];
-// Bytes moved per call between a file and the host.
-const CHUNK = 1n << 20n;
+// Bytes read per call from a small file (a lock).
+const CHUNK = 64n << 10n;
 
 const NOFOLLOW = { symlinkFollow: false };
 
@@ -99,25 +103,23 @@ function* fileChunks(file) {
   }
 }
 
-/** Hand a file's bytes to the host's `state-sink` in chunks, to the end of
- * the file or until the host says it has what it needs; `false` when the
- * file is missing. */
+/** Run a host-side copy (`copyTo`, `copyFrom`); its failure (a message)
+ * as a contract error. */
+function copied(what, copy) {
+  try {
+    return copy();
+  } catch (e) {
+    throw new Failure('internal', `${what}: ${code(e) ?? e}`);
+  }
+}
+
+/** Let the host copy a file to its `state-sink`, to the end of the file or
+ * until it has what it needs; `false` when the file is missing. */
 function copyToSink(dir, path, into) {
   const file = openRead(dir, path);
   if (file === undefined) return false;
-  for (const bytes of fileChunks(file)) {
-    if (!into.write(bytes)) break; // the host has what it needs: success
-  }
+  copied('reading the state file', () => into.copyFrom(file.readViaStream(0n)));
   return true;
-}
-
-/** The chunks of a state the host hands us (`state-source`), to its end. */
-function* sourceChunks(source) {
-  for (;;) {
-    const bytes = source.read(Number(CHUNK));
-    if (bytes.length === 0) return;
-    yield bytes;
-  }
 }
 
 /** The whole of a small file (a lock); `undefined` when missing. */
@@ -139,20 +141,26 @@ function readFile(dir, path) {
   return out;
 }
 
-/** Write `chunks` (byte arrays, in order) to a new file at increasing
- * offsets (`exist` when it is there already). */
-function createFile(dir, path, chunks) {
+/** Create a new file and let `fill(file)` write it (`exist` when it is
+ * there already). */
+function createFile(dir, path, fill) {
   const file = dir.openAt(NOFOLLOW, path, { create: true, exclusive: true }, { write: true });
-  let offset = 0n;
-  for (const bytes of chunks) {
-    let done = 0;
-    while (done < bytes.length) {
-      const written = file.write(bytes.subarray(done), offset);
-      done += Number(written);
-      offset += written;
-    }
-  }
+  fill(file);
   if (fsyncEnabled()) file.syncData();
+}
+
+/** A `fill` for `createFile`: these few bytes (a lock). */
+function writeBytes(bytes) {
+  return (file) => {
+    let done = 0;
+    while (done < bytes.length) done += Number(file.write(bytes.subarray(done), BigInt(done)));
+  };
+}
+
+/** A `fill` for `createFile`: the state the host hands us, copied by the
+ * host into the file's stream. */
+function writeState(state) {
+  return (file) => copied('writing the state file', () => state.copyTo(file.writeViaStream(0n)));
 }
 
 function isDir(dir, path) {
@@ -184,14 +192,14 @@ function randomName() {
   return Array.from(getRandomBytes(8n), (b) => b.toString(16).padStart(2, '0')).join('');
 }
 
-/** Write `chunks` to a new, uniquely named file beside the target; the
- * caller renames or links it into place. */
-function writeTemp(dir, workspace, chunks) {
+/** Create a new, uniquely named file beside the target, written by
+ * `fill(file)`; the caller renames or links it into place. */
+function writeTemp(dir, workspace, fill) {
   ensureDir(dir, workspace);
   for (;;) {
     const temp = `${workspace}/.tmp-${randomName()}`;
     try {
-      createFile(dir, temp, chunks);
+      createFile(dir, temp, fill);
       return temp;
     } catch (e) {
       if (code(e) !== 'exist') {
@@ -251,7 +259,7 @@ export const storage = {
   write: guarded((workspace, state, lockId) => {
     const dir = root();
     checkLock(dir, workspace, lockId);
-    const temp = writeTemp(dir, workspace, sourceChunks(state));
+    const temp = writeTemp(dir, workspace, writeState(state));
     try {
       dir.renameAt(temp, dir, `${workspace}/${STATE}`);
     } catch (e) {
@@ -268,7 +276,7 @@ export const storage = {
 
   lock: guarded((workspace, info) => {
     const dir = root();
-    const temp = writeTemp(dir, workspace, [lockToJson(info)]);
+    const temp = writeTemp(dir, workspace, writeBytes(lockToJson(info)));
     try {
       for (let attempt = 0; attempt < 100; attempt++) {
         try {

@@ -11,9 +11,12 @@ hosts: a rename replaces a state whole (readers never see a torn one), and
 a hard link creates the lock file with its full content or fails because it
 exists (a lock is never granted twice, never seen half-written).
 
-A state moves in chunks of about 1 MiB between the file and the host (the
-`body` interface's `state-source` and `state-sink`), so this guest never
-holds a whole state in memory, whatever its size.
+A state moves between its file and the host without entering this guest's
+memory: `into.copy_from(stream)` and `state.copy_to(stream)` (the `body`
+interface, contract 0.2.1) copy a WASI file stream in one call, host-side.
+Passing 1 MiB chunks through `into.write(chunk)` instead would keep every
+chunk's buffer until the call returns (componentize-py frees what it lends
+an import only then), so a state larger than the memory cap would fail.
 
 The host makes a fresh instance for every request: keep nothing in memory
 between calls. Every exported method raises `Err(...)` with one of the
@@ -30,13 +33,12 @@ import traceback
 from componentize_py_types import Err
 from wit_world import exports
 from wit_world.imports import backend_types as t
-from wit_world.imports import body, host
+from wit_world.imports import host, preopens
+from wit_world.imports import wasi_filesystem_types as fs
 
 ROOT = "/data"
 STATE = "terraform.tfstate"
 LOCK = "terraform.tfstate.lock"
-# Bytes moved per call between a file and the host.
-CHUNK = 1 << 20
 # The keys this guest understands; any other is reported by `validate`.
 KNOWN_KEYS = {"fsync"}
 
@@ -49,15 +51,31 @@ def fsync_enabled():
     return settings().get("fsync", "true") != "false"
 
 
+# The contract's errors: an `Err` carrying anything else (a WASI error
+# code, a copy's message) must not reach the host as it is.
+CONTRACT_ERRORS = (
+    t.Error_NotFound,
+    t.Error_Locked,
+    t.Error_LockMismatch,
+    t.Error_InvalidInput,
+    t.Error_InvalidConfig,
+    t.Error_Unavailable,
+    t.Error_Internal,
+)
+
+
 def guarded(method):
-    """Turn any exception but the contract's `Err` into `internal`."""
+    """Turn any exception but the contract's own errors into `internal`."""
 
     @functools.wraps(method)
     def call(*args):
         try:
             return method(*args)
-        except Err:
-            raise
+        except Err as e:
+            if isinstance(e.value, CONTRACT_ERRORS):
+                raise
+            host.log(host.LogLevel.ERROR, f"{method.__name__}: {e.value}\n{traceback.format_exc()}")
+            raise Err(t.Error_Internal(f"{method.__name__}: {e.value}"))
         except Exception as e:  # noqa: BLE001 - a guest must not crash
             host.log(host.LogLevel.ERROR, traceback.format_exc())
             # The client learns the kind of failure; its text (paths, data)
@@ -65,6 +83,27 @@ def guarded(method):
             raise Err(t.Error_Internal(f"{type(e).__name__} in the guest; details in the server log"))
 
     return call
+
+
+_root = None
+
+
+def root():
+    """The granted directory as a WASI descriptor (for the state files'
+    streams). Looked up once per instance, which serves one request."""
+    global _root
+    if _root is None:
+        for descriptor, where in preopens.get_directories():
+            if where == ROOT:
+                _root = descriptor
+        if _root is None:
+            raise Err(t.Error_Internal(f"no directory was granted at {ROOT} (the backend needs `dir`)"))
+    return _root
+
+
+def wasi_code(e):
+    """The WASI error code an `Err` carries, if it carries one."""
+    return e.value if isinstance(e.value, fs.ErrorCode) else None
 
 
 def path(workspace, name=None):
@@ -113,46 +152,62 @@ def check_lock(workspace, lock_id):
         raise Err(t.Error_LockMismatch(None))
 
 
-def chunks_of(source: body.StateSource):
-    """The bytes of a state the host hands us, chunk by chunk, to its end."""
-    while True:
-        chunk = source.read(CHUNK)
-        if not chunk:
-            return
-        yield chunk
-
-
-def write_temp(workspace, chunks):
-    """Write `chunks` (bytes, in order) to a new, uniquely named file beside
-    the target; the caller renames or links it into place."""
+def write_temp(workspace, fill):
+    """Create a new, uniquely named file beside the target and let
+    `fill(descriptor)` write it; its path. The caller renames or links it
+    into place."""
     os.makedirs(path(workspace), exist_ok=True)
+    create = fs.OpenFlags.CREATE | fs.OpenFlags.EXCLUSIVE
     while True:
-        temp = path(workspace, ".tmp-" + os.urandom(8).hex())
+        name = f"{workspace}/.tmp-{os.urandom(8).hex()}"
         try:
-            f = open(temp, "xb")
-        except FileExistsError:
-            continue
+            file = root().open_at(fs.PathFlags(0), name, create, fs.DescriptorFlags.WRITE)
+        except Err as e:
+            if wasi_code(e) == fs.ErrorCode.EXIST:
+                continue
+            raise
+        temp = os.path.join(ROOT, name)
         try:
-            with f:
-                for chunk in chunks:
-                    f.write(chunk)
-                f.flush()
+            with file:
+                fill(file)
                 if fsync_enabled():
-                    os.fsync(f.fileno())
+                    file.sync_data()
             return temp
         except BaseException:
             remove(temp)
             raise
 
 
-def copy_to(file, into: body.StateSink):
-    """Hand the file's bytes to the host in chunks, to the end of the file or
-    until the host says it has what it needs."""
-    with open(file, "rb") as f:
-        while True:
-            chunk = f.read(CHUNK)
-            if not chunk or not into.write(chunk):
-                return
+def write_bytes(data):
+    """A `fill` for `write_temp`: these few bytes (a lock)."""
+
+    def fill(file):
+        done = 0
+        while done < len(data):
+            done += file.write(data[done:], done)
+
+    return fill
+
+
+def write_state(state):
+    """A `fill` for `write_temp`: the state the host hands us, copied by the
+    host into the file's stream."""
+
+    def fill(file):
+        with file.write_via_stream(0) as out:
+            state.copy_to(out)
+
+    return fill
+
+
+def open_state(workspace):
+    """The state file opened for reading; None when there is none."""
+    try:
+        return root().open_at(fs.PathFlags(0), f"{workspace}/{STATE}", fs.OpenFlags(0), fs.DescriptorFlags.READ)
+    except Err as e:
+        if wasi_code(e) == fs.ErrorCode.NO_ENTRY:
+            return None
+        raise
 
 
 def remove(file):
@@ -165,16 +220,19 @@ def remove(file):
 class Storage(exports.Storage):
     @guarded
     def read(self, workspace, into):
-        try:
-            copy_to(path(workspace, STATE), into)
-            return True
-        except FileNotFoundError:
+        file = open_state(workspace)
+        if file is None:
             return False
+        # The host copies the file to its end (or until it has what it
+        # needs: a read of the beginning only is a success too).
+        with file, file.read_via_stream(0) as stream:
+            into.copy_from(stream)
+        return True
 
     @guarded
     def write(self, workspace, state, lock_id):
         check_lock(workspace, lock_id)
-        temp = write_temp(workspace, chunks_of(state))
+        temp = write_temp(workspace, write_state(state))
         try:
             os.replace(temp, path(workspace, STATE))
         except BaseException:
@@ -188,7 +246,7 @@ class Storage(exports.Storage):
 
     @guarded
     def lock(self, workspace, info):
-        temp = write_temp(workspace, [lock_to_json(info)])
+        temp = write_temp(workspace, write_bytes(lock_to_json(info)))
         try:
             for _ in range(100):
                 try:

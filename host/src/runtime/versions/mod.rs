@@ -40,7 +40,14 @@ pub type Answer<T> = wasmtime::Result<Result<T, Error>>;
 
 /// Add the imports of every supported version to `linker`.
 pub fn add_to_linker(linker: &mut Linker<Sandbox>) -> wasmtime::Result<()> {
-    Latest::add_to_linker::<_, HasSelf<Sandbox>>(linker, |s| s)?;
+    // Interface by interface: the world's imports include `wasi:io`
+    // (the body's copies take WASI streams), which wasmtime-wasi adds.
+    use super::bindings::wasmstate::backend::{body, git, host, postgres, types};
+    types::add_to_linker::<_, HasSelf<Sandbox>>(linker, |s| s)?;
+    host::add_to_linker::<_, HasSelf<Sandbox>>(linker, |s| s)?;
+    body::add_to_linker::<_, HasSelf<Sandbox>>(linker, |s| s)?;
+    git::add_to_linker::<_, HasSelf<Sandbox>>(linker, |s| s)?;
+    postgres::add_to_linker::<_, HasSelf<Sandbox>>(linker, |s| s)?;
     since_v0_1_0::Backend::add_to_linker::<_, HasSelf<Sandbox>>(linker, |s| s)?;
     Ok(())
 }
@@ -65,7 +72,11 @@ impl GuestPre {
     /// Typed exports of `pre` for `version`.
     pub fn new(version: ContractVersion, pre: InstancePre<Sandbox>) -> wasmtime::Result<Self> {
         Ok(match version {
-            ContractVersion::V0_2_0 => GuestPre::Latest(LatestPre::new(pre)?),
+            // 0.2.0 is a subset of 0.2.1: the same bindings (its names
+            // resolve to 0.2.1's by semver) serve it.
+            ContractVersion::V0_2_1 | ContractVersion::V0_2_0 => {
+                GuestPre::Latest(LatestPre::new(pre)?)
+            }
             ContractVersion::V0_1_0 => GuestPre::V0_1_0(since_v0_1_0::BackendPre::new(pre)?),
         })
     }
