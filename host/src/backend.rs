@@ -136,8 +136,14 @@ pub enum StorageError {
     #[error("storage error: {0}")]
     Internal(String),
     /// The guest trapped (crashed); its instance was discarded.
-    #[error("guest crashed: {0}")]
-    GuestTrapped(String),
+    #[error("guest crashed: {reason}")]
+    GuestTrapped {
+        /// One line: the exception or panic message, or the trap's kind.
+        reason: String,
+        /// What the guest wrote to stderr before it crashed (a traceback,
+        /// a stack): for the log and the conformance kit, never a client.
+        detail: Option<String>,
+    },
     /// The guest ran past its deadline and was stopped.
     #[error("guest exceeded its time limit of {} ms", .0.as_millis())]
     GuestTimedOut(Duration),

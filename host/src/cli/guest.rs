@@ -143,9 +143,11 @@ pub enum GuestAction {
         /// its state and lock files).
         #[arg(long = "git-path", value_name = "PATTERN")]
         git_paths: Vec<String>,
-        /// Memory cap per call.
-        #[arg(long, default_value_t = 256)]
-        memory_mib: u64,
+        /// Memory cap per call; the kit also round-trips a state 1 MiB
+        /// larger than it [default: the memory_mib the guest's manifest
+        /// asks for, else 64].
+        #[arg(long)]
+        memory_mib: Option<u64>,
         /// Deadline per call.
         #[arg(long, default_value_t = 30_000)]
         timeout_ms: u64,
@@ -221,8 +223,11 @@ pub async fn run(action: GuestAction) -> anyhow::Result<()> {
             memory_mib,
             timeout_ms,
         } => {
+            let source = guest_source(&guest)?;
+            let memory_mib = memory_mib.unwrap_or_else(|| manifest_memory_mib(&source));
+            println!("memory cap: {memory_mib} MiB per call");
             let subject = GuestUnderTest {
-                guest: guest_source(&guest)?,
+                guest: source,
                 config: config
                     .iter()
                     .map(|kv| {
@@ -519,6 +524,22 @@ fn describe(wasm: &[u8], installed: Option<&Installed>) -> Result<String, String
 }
 
 /// `local` (embedded) or a path to a component file.
+/// The kit's memory cap when none is given: what the guest's manifest asks
+/// for (a guest should pass at what it says it needs), else 64 MiB (what
+/// the templates ask for).
+fn manifest_memory_mib(source: &GuestSource) -> u64 {
+    const WITHOUT_MANIFEST: u64 = 64;
+    let GuestSource::File(path) = source else {
+        return WITHOUT_MANIFEST;
+    };
+    std::fs::read(path)
+        .ok()
+        .and_then(|wasm| crate::marketplace::manifest::inspect(&wasm).ok())
+        .and_then(|info| info.manifest)
+        .and_then(|m| m.capabilities.memory_mib)
+        .unwrap_or(WITHOUT_MANIFEST)
+}
+
 fn guest_source(text: &str) -> anyhow::Result<GuestSource> {
     if let Some(embedded) = crate::guests::embedded(text) {
         return Ok(GuestSource::Embedded(embedded.name));

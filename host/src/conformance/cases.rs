@@ -2,6 +2,7 @@
 //! `Err` with a one-line reason when the storage misbehaves.
 
 use super::history::kept_versions;
+use super::rules::{created_workspace_is_empty, repeated_write, write_creates_workspace};
 use crate::backend::{LockInfo, Storage, StorageError};
 use std::future::Future;
 use std::pin::Pin;
@@ -47,13 +48,16 @@ cases! {
     "parallel lockers: exactly one wins each round" => parallel_lockers,
     "parallel increments lose no update" => parallel_increments,
     "kept versions list each write newest first and read back" => kept_versions,
+    "a write creates its workspace, which is then listed" => write_creates_workspace,
+    "a created workspace holds no state" => created_workspace_is_empty,
+    "a write repeated under the same lock succeeds (safe retry)" => repeated_write,
 }
 
-fn ensure(condition: bool, reason: impl FnOnce() -> String) -> Result<(), String> {
+pub(super) fn ensure(condition: bool, reason: impl FnOnce() -> String) -> Result<(), String> {
     if condition { Ok(()) } else { Err(reason()) }
 }
 
-fn lock(id: &str) -> LockInfo {
+pub(super) fn lock(id: &str) -> LockInfo {
     LockInfo {
         id: id.to_string(),
         operation: "OperationTypeApply".into(),
@@ -64,16 +68,31 @@ fn lock(id: &str) -> LockInfo {
     }
 }
 
-fn state(text: &str) -> bytes::Bytes {
+pub(super) fn state(text: &str) -> bytes::Bytes {
     format!(r#"{{"version":4,"serial":1,"lineage":"ck","note":"{text}"}}"#).into()
 }
 
-/// Run `op`, describing a failure as `what: error`.
-async fn step<T>(
+/// Run `op`, describing a failure as `what: error` (and, for a crash,
+/// what the guest wrote to stderr: its traceback or stack).
+pub(super) async fn step<T>(
     what: &str,
     op: impl Future<Output = Result<T, StorageError>>,
 ) -> Result<T, String> {
-    op.await.map_err(|e| format!("{what}: {e}"))
+    op.await.map_err(|e| describe(what, &e))
+}
+
+/// `what: error`, with a crashed guest's stderr indented below.
+pub(super) fn describe(what: &str, e: &StorageError) -> String {
+    match e {
+        StorageError::GuestTrapped {
+            detail: Some(detail),
+            ..
+        } => {
+            let indented: Vec<String> = detail.lines().map(|l| format!("      | {l}")).collect();
+            format!("{what}: {e}\n{}", indented.join("\n"))
+        }
+        _ => format!("{what}: {e}"),
+    }
 }
 
 fn holder_of(result: Result<(), StorageError>, expected: &str, what: &str) -> Result<(), String> {
@@ -99,7 +118,7 @@ async fn read_missing<S: Storage>(s: Arc<S>, ws: String) -> Result<(), String> {
     })
 }
 
-async fn expect_round_trip<S: Storage>(s: &S, ws: &str, bytes: bytes::Bytes) -> Result<(), String> {
+pub(super) async fn expect_round_trip<S: Storage>(s: &S, ws: &str, bytes: bytes::Bytes) -> Result<(), String> {
     step("write", s.write(ws, bytes.clone(), None)).await?;
     let got = step("read", s.read(ws)).await?;
     match got {
@@ -139,7 +158,7 @@ async fn binary_round_trip<S: Storage>(s: Arc<S>, ws: String) -> Result<(), Stri
 
 /// `len` bytes of a pattern that is not periodic at any chunk size a
 /// guest might use.
-fn unperiodic(len: usize) -> bytes::Bytes {
+pub(super) fn unperiodic(len: usize) -> bytes::Bytes {
     let mut x: u32 = 0x9e37_79b9;
     (0..len)
         .map(|_| {

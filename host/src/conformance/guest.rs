@@ -135,7 +135,13 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
     // The same pipeline `serve` runs: verified, narrowed to its manifest
     // (what it asks for beyond the flags is refused where it is used).
     let storage = loader::load(&config, &config.backends[0], &runtime, Ungranted::Withhold).await?;
-    let mut report = super::run(Arc::new(storage), &super::run_id()).await;
+    let storage = Arc::new(storage);
+    let run_id = super::run_id();
+    let mut report = super::run(storage.clone(), &run_id).await;
+    report.outcomes.push(Outcome {
+        name: "a state larger than the memory cap round-trips both ways (it streams)",
+        result: super::big_state(&*storage, &run_id, subject.limits.memory_bytes).await,
+    });
 
     let mut bad = guest_config;
     bad.push((UNKNOWN_KEY.into(), "1".into()));

@@ -164,9 +164,10 @@ impl GuestBackend {
             Ok(Ok(result)) => result,
             Ok(Err(e)) => {
                 shared.metrics.fault(&shared.name, Fault::Trap);
-                Err(StorageError::GuestTrapped(format!(
-                    "the host's call into the guest failed: {e}"
-                )))
+                Err(StorageError::GuestTrapped {
+                    reason: format!("the host's call into the guest failed: {e}"),
+                    detail: None,
+                })
             }
             Err(_elapsed) => {
                 // Stuck in a host call: drop the instance at its next
@@ -370,10 +371,12 @@ impl Shared {
                 max_lift >> 20
             ));
         }
-        // The client gets one short line (the panic message, or the trap's
-        // kind); the wasm backtrace goes to the log only.
-        let reason = match (sandbox.last_stderr_line(), error.downcast_ref::<Trap>()) {
-            (Some(line), _) => line,
+        // The client gets one short line (the exception or panic message,
+        // or the trap's kind); the guest's stderr (a traceback, a stack)
+        // and the wasm backtrace go to the log only.
+        let crash = super::crash::read(&sandbox.stderr.contents());
+        let reason = match (&crash, error.downcast_ref::<Trap>()) {
+            (Some(crash), _) => crash.reason.clone(),
             (None, Some(trap)) => trap.to_string(),
             (None, None) => error
                 .to_string()
@@ -382,8 +385,13 @@ impl Shared {
                 .unwrap_or_default()
                 .to_string(),
         };
-        tracing::warn!(backend = %self.name, "guest trapped: {error:#}");
-        StorageError::GuestTrapped(reason)
+        let detail = crash.map(|c| c.detail);
+        tracing::warn!(
+            backend = %self.name,
+            guest_stderr = detail.as_deref().unwrap_or(""),
+            "guest crashed: {reason}; trap: {error:#}"
+        );
+        StorageError::GuestTrapped { reason, detail }
     }
 }
 

@@ -13,6 +13,7 @@ mod bindings;
 mod body;
 mod cache;
 mod chunks;
+mod crash;
 mod engine;
 mod fs;
 mod git;

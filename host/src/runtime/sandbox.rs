@@ -63,18 +63,6 @@ pub struct Sandbox {
     pub secrets: Arc<[(String, String)]>,
 }
 
-impl Sandbox {
-    /// The last line the guest wrote to stderr (a Rust panic's message).
-    pub fn last_stderr_line(&self) -> Option<String> {
-        let bytes = self.stderr.contents();
-        let text = String::from_utf8_lossy(&bytes);
-        text.lines()
-            .rev()
-            .find(|l| !l.trim().is_empty() && !l.starts_with("note:"))
-            .map(|l| truncate(l.trim(), MAX_LOG_LINE))
-    }
-}
-
 impl WasiView for Sandbox {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView {
