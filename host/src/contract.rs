@@ -137,7 +137,10 @@ mod tests {
         let names = vec!["wasmstate:backend/storage@9.0.0".to_string()];
         let msg = check_version(&names).unwrap_err().to_string();
         assert!(msg.contains("wasmstate:backend@9.0.0"), "{msg}");
-        assert!(msg.contains("wasmstate:backend@0.2.1, 0.2.0, 0.1.0"), "{msg}");
+        assert!(
+            msg.contains("wasmstate:backend@0.2.1, 0.2.0, 0.1.0"),
+            "{msg}"
+        );
     }
 
     #[test]

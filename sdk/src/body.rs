@@ -6,6 +6,10 @@
 
 use crate::export::wit::wasmstate::backend::body::{StateSink, StateSource};
 use std::io;
+use wasip2::io::streams::{InputStream, OutputStream, StreamError};
+
+/// Most bytes `blocking-write-and-flush` takes per call (WASI's rule).
+const STREAM_WRITE: usize = 4096;
 
 /// Bytes asked of the host per chunk: large enough that a call's cost does
 /// not matter, small enough to keep a guest's memory low.
@@ -92,6 +96,25 @@ impl<'a> StateReader<'a> {
         }
     }
 
+    /// Write the rest of the state into `dest` (a file's
+    /// `write_via_stream`, an HTTP body's stream), flushed: the host copies
+    /// it, so the bytes never pass through this guest's memory. The number
+    /// of bytes written, or why `dest` failed (then the target is partial,
+    /// and the host refuses to acknowledge the write whatever you return).
+    pub fn copy_to(&mut self, dest: &OutputStream) -> Result<u64, String> {
+        match &mut self.from {
+            Source::Host(source) => source.copy_to(dest),
+            Source::Slice(rest) => {
+                let total = rest.len() as u64;
+                for chunk in rest.chunks(STREAM_WRITE) {
+                    dest.blocking_write_and_flush(chunk).map_err(describe)?;
+                }
+                *rest = &[];
+                Ok(total)
+            }
+        }
+    }
+
     /// All remaining bytes, in one buffer sized up front (the simple path).
     pub fn read_all(&mut self) -> Vec<u8> {
         let mut all = Vec::with_capacity(usize::try_from(self.size).unwrap_or(0));
@@ -159,6 +182,30 @@ impl<'a> StateWriter<'a> {
         }
     }
 
+    /// Append everything `src` yields until it ends (a file's
+    /// `read_via_stream`, an HTTP body's stream): the host copies it, so
+    /// the bytes never pass through this guest's memory, and stops by itself
+    /// once it has what it needs. The number of bytes taken, or why `src`
+    /// failed (then the host refuses the read whatever you return).
+    pub fn copy_from(&mut self, src: &InputStream) -> Result<u64, String> {
+        match &mut self.to {
+            Sink::Host(sink) => sink.copy_from(src),
+            Sink::Memory(bytes) => {
+                let mut taken = 0u64;
+                loop {
+                    match src.blocking_read(CHUNK_BYTES as u64) {
+                        Ok(chunk) => {
+                            taken += chunk.len() as u64;
+                            bytes.extend_from_slice(&chunk);
+                        }
+                        Err(StreamError::Closed) => return Ok(taken),
+                        Err(e) => return Err(describe(e)),
+                    }
+                }
+            }
+        }
+    }
+
     /// The host said it has what it needs; nothing more is taken.
     pub fn is_stopped(&self) -> bool {
         self.stopped
@@ -201,4 +248,12 @@ impl io::Write for StateWriter<'_> {
 
 fn stopped() -> io::Error {
     io::Error::other("the host has read all it needs of this state")
+}
+
+/// A WASI stream's failure, in words.
+fn describe(e: StreamError) -> String {
+    match e {
+        StreamError::Closed => "the stream was closed".to_string(),
+        StreamError::LastOperationFailed(e) => e.to_debug_string(),
+    }
 }

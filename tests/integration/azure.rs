@@ -115,7 +115,7 @@ fn azure_passes_the_kit_with_snapshots_as_history() {
     let azurite = start();
     let (ok, out) = kit(&settings(&azurite, true));
     assert!(ok, "{out}");
-    assert_eq!(summary(&out), "21 passed, 0 failed", "{out}");
+    assert_eq!(summary(&out), "25 passed, 0 failed", "{out}");
 }
 
 #[test]
@@ -123,7 +123,7 @@ fn azure_passes_the_kit_without_snapshots() {
     let azurite = start();
     let (ok, out) = kit(&settings(&azurite, false));
     assert!(ok, "{out}");
-    assert_eq!(summary(&out), "21 passed, 0 failed", "{out}");
+    assert_eq!(summary(&out), "25 passed, 0 failed", "{out}");
 }
 
 /// A container SAS instead of the account key: the host appends it to
@@ -141,7 +141,7 @@ fn azure_passes_the_kit_with_a_sas_token() {
     settings.push(("sas_token".into(), sas.as_str().unwrap().to_string()));
     let (ok, out) = kit(&settings);
     assert!(ok, "{out}");
-    assert_eq!(summary(&out), "21 passed, 0 failed", "{out}");
+    assert_eq!(summary(&out), "25 passed, 0 failed", "{out}");
 }
 
 #[test]

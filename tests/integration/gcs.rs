@@ -45,7 +45,7 @@ fn gcs_passes_the_kit_with_object_versions() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (ok, out) = wasmstate(&args);
     assert!(ok, "{out}");
-    assert_eq!(summary(&out), "21 passed, 0 failed", "{out}");
+    assert_eq!(summary(&out), "25 passed, 0 failed", "{out}");
 }
 
 #[test]

@@ -2,12 +2,16 @@
 //! rust|python|js` writes a template; the real toolchains build it
 //! (cargo for wasm32-wasip2, componentize-py 0.25.1 from PyPI,
 //! componentize-js 0.23.0 from npm, each installed and version-checked by
-//! the harness); the conformance kit passes unchanged (20/20); the embedded
-//! manifest is read back; and a real `terraform apply` is served through it.
+//! the harness); the conformance kit passes unchanged (25/25, with a state
+//! larger than the 64 MiB the manifests ask for); the embedded manifest is
+//! read back; a real `terraform apply` is served through it; a 256 MiB
+//! state goes both ways at `memory_mib = 64`; and a crash says why.
 
 use crate::common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
 
 /// The PATH the templates' build scripts run with: `wasmstate` (for
 /// `guest embed-manifest`) and `extra` first.
@@ -52,7 +56,7 @@ fn template(lang: &str, name: &str, dir: &Path, extra: &[&str]) {
 fn passes_the_kit(wasm: &Path) -> String {
     let (ok, out) = wasmstate(&["guest", "test", wasm.to_str().unwrap()]);
     assert!(ok, "{out}");
-    assert_eq!(summary(&out), "21 passed, 0 failed", "{out}");
+    assert_eq!(summary(&out), "25 passed, 0 failed", "{out}");
     out
 }
 
@@ -80,43 +84,191 @@ fn serves_terraform(wasm: &Path) {
     );
 }
 
+/// Build the `lang` template (python or js) in a folder that lives as long
+/// as the test run, after `edit(dir)`; the component's path.
+fn build_template(lang: &str, name: &str, edit: impl FnOnce(&Path)) -> PathBuf {
+    let dir = tempfile::Builder::new()
+        .prefix("wasmstate-lang-")
+        .tempdir()
+        .unwrap()
+        .keep()
+        .join(name);
+    template(lang, name, &dir, &[]);
+    edit(&dir);
+    if lang == "python" {
+        let venv = tools::python_env();
+        must(
+            "./build.sh",
+            Command::new(dir.join("build.sh"))
+                .current_dir(&dir)
+                .env("PATH", path_with(&[&venv.dir().join("bin")])),
+        );
+    } else {
+        // What `npm ci` in the new folder installs, from the same lockfile.
+        std::os::unix::fs::symlink(tools::node_modules(), dir.join("node_modules")).unwrap();
+        must(
+            "npm run build",
+            Command::new("npm")
+                .args(["run", "build", "--silent"])
+                .current_dir(&dir)
+                .env("PATH", path_with(&[])),
+        );
+    }
+    dir.join("guest.wasm")
+}
+
+/// The unmodified template of `lang`, built once per test run (a build
+/// takes 10 to 25 s).
+fn built(lang: &'static str) -> &'static Path {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    static JS: OnceLock<PathBuf> = OnceLock::new();
+    let (cell, name) = match lang {
+        "python" => (&PYTHON, "py-guest"),
+        _ => (&JS, "js-guest"),
+    };
+    cell.get_or_init(|| build_template(lang, name, |_| {}))
+}
+
+/// Replace `from` (which must be there) with `to` in `file`.
+fn edit_file(file: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(file).unwrap();
+    assert!(
+        text.contains(from),
+        "{} no longer has {from:?}",
+        file.display()
+    );
+    std::fs::write(file, text.replacen(from, to, 1)).unwrap();
+}
+
 #[test]
 fn a_python_guest_from_the_template_passes_the_kit_and_serves_terraform() {
-    let venv = tools::python_env();
-    let root = tempdir();
-    let dir = root.path().join("py-guest");
-    template("python", "py-guest", &dir, &[]);
-    must(
-        "./build.sh",
-        Command::new(dir.join("build.sh"))
-            .current_dir(&dir)
-            .env("PATH", path_with(&[&venv.dir().join("bin")])),
-    );
-    let wasm = dir.join("guest.wasm");
-    passes_the_kit(&wasm);
-    carries_its_manifest(&wasm, "py-guest");
-    serves_terraform(&wasm);
+    let wasm = built("python");
+    let out = passes_the_kit(wasm);
+    assert!(out.contains("memory cap: 64 MiB per call"), "{out}");
+    carries_its_manifest(wasm, "py-guest");
+    serves_terraform(wasm);
 }
 
 #[test]
 fn a_javascript_guest_from_the_template_passes_the_kit_and_serves_terraform() {
-    let modules = tools::node_modules();
+    let wasm = built("js");
+    let out = passes_the_kit(wasm);
+    assert!(out.contains("memory cap: 64 MiB per call"), "{out}");
+    carries_its_manifest(wasm, "js-guest");
+    serves_terraform(wasm);
+}
+
+/// A state four times the memory the template asks for, written and read
+/// back byte-exact through a server: the template streams for real.
+fn serves_a_state_four_times_its_memory(wasm: &Path) {
     let root = tempdir();
-    let dir = root.path().join("js-guest");
-    template("js", "js-guest", &dir, &[]);
-    // What `npm ci` in the new folder installs, from the same lockfile.
-    std::os::unix::fs::symlink(modules, dir.join("node_modules")).unwrap();
-    must(
-        "npm run build",
-        Command::new("npm")
-            .args(["run", "build", "--silent"])
-            .current_dir(&dir)
-            .env("PATH", path_with(&[])),
+    let store = root.path().join("store");
+    let server = Server::with_config(
+        &root.path().join("data"),
+        &format!(
+            "[backends.big]\nguest = {wasm:?}\ndir = {store:?}\nmemory_mib = 64\ntimeout_ms = 120000\n"
+        ),
     );
-    let wasm = dir.join("guest.wasm");
-    passes_the_kit(&wasm);
-    carries_its_manifest(&wasm, "js-guest");
-    serves_terraform(&wasm);
+    let pad = "x".repeat(256 << 20);
+    let state = format!(
+        r#"{{"version":4,"serial":1,"lineage":"big","outputs":{{}},"resources":[],"pad":"{pad}"}}"#
+    );
+    drop(pad);
+    let url = server.state_url("big", "big");
+    let put = send("POST", &url, Some(state.as_bytes()));
+    assert_eq!(put.status, 200, "{}", put.text());
+    assert_eq!(
+        std::fs::metadata(store.join("big/terraform.tfstate"))
+            .unwrap()
+            .len(),
+        state.len() as u64
+    );
+    let got = send("GET", &url, None);
+    assert_eq!(
+        got.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&got.body[..got.body.len().min(300)])
+    );
+    assert!(
+        got.body == state.as_bytes(),
+        "the 256 MiB state came back different ({} bytes)",
+        got.body.len()
+    );
+}
+
+#[test]
+fn a_python_guest_serves_a_256_mib_state_at_64_mib_of_memory() {
+    serves_a_state_four_times_its_memory(built("python"));
+}
+
+#[test]
+fn a_javascript_guest_serves_a_256_mib_state_at_64_mib_of_memory() {
+    serves_a_state_four_times_its_memory(built("js"));
+}
+
+/// A guest whose `read` throws, unguarded, for the kit's workspaces (and
+/// `ck-crash`): the client gets the exception in one line, the log and the
+/// kit the traceback or stack.
+fn a_crash_says_why(wasm: &Path, reason: &str, story: &str) {
+    let root = tempdir();
+    let server = Server::with_config(
+        &root.path().join("data"),
+        &format!(
+            "[backends.crashing]\nguest = {wasm:?}\ndir = {:?}\nmemory_mib = 64\n",
+            root.path().join("store")
+        ),
+    );
+    let answer = send("GET", &server.state_url("crashing", "ck-crash"), None);
+    assert_eq!(answer.status, 500, "{}", answer.text());
+    let text = answer.text();
+    assert!(text.contains(reason), "{text}");
+    assert_eq!(
+        text.trim().lines().count(),
+        1,
+        "one line for the client: {text}"
+    );
+    assert!(!text.contains(story), "the stack stays in the log: {text}");
+    wait_until(
+        "the log line with the stack",
+        Duration::from_secs(10),
+        || {
+            let log = server.log_text();
+            log.contains(reason) && log.contains(story)
+        },
+    );
+    let (ok, out) = wasmstate(&["guest", "test", wasm.to_str().unwrap()]);
+    assert!(!ok, "{out}");
+    assert!(out.contains(&format!("guest crashed: {reason}")), "{out}");
+    assert!(out.contains(&format!("| {story}")), "{out}");
+}
+
+#[test]
+fn a_python_exception_reaches_the_client_the_log_and_the_kit() {
+    let wasm = build_template("python", "py-crash", |dir| {
+        edit_file(
+            &dir.join("app.py"),
+            "    @guarded\n    def read(self, workspace, into):\n",
+            "    def read(self, workspace, into):\n        if workspace.startswith(\"ck-\"):\n            raise ValueError(\"oops in read\")\n",
+        )
+    });
+    a_crash_says_why(
+        &wasm,
+        "ValueError: oops in read",
+        "Traceback (most recent call last):",
+    );
+}
+
+#[test]
+fn a_javascript_exception_reaches_the_client_the_log_and_the_kit() {
+    let wasm = build_template("js", "js-crash", |dir| {
+        edit_file(
+            &dir.join("guest.js"),
+            "  read: guarded((workspace, into) => copyToSink(root(), `${workspace}/${STATE}`, into)),",
+            "  read: (workspace, into) => { if (workspace.startsWith('ck-')) throw new Error('oops in read'); return copyToSink(root(), `${workspace}/${STATE}`, into); },",
+        )
+    });
+    a_crash_says_why(&wasm, "uncaught Error: oops in read", "Stack:");
 }
 
 #[test]

@@ -41,7 +41,7 @@ fn postgres_passes_the_kit() {
         "schema_name=kit",
     ]);
     assert!(ok, "{out}");
-    assert_eq!(summary(&out), "21 passed, 0 failed", "{out}");
+    assert_eq!(summary(&out), "25 passed, 0 failed", "{out}");
     // Terraform's tables, made as its pg backend makes them.
     assert_eq!(
         pg.query("select count(*) from information_schema.tables where table_schema = 'kit' and table_name in ('states', 'wasmstate_locks')"),

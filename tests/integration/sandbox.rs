@@ -25,6 +25,10 @@ fn server(dir: &std::path::Path) -> Server {
             timeout_ms = {SPIN_TIMEOUT_MS}
             config = {{ mode = "loop" }}
 
+            [backends.swallow]
+            guest = "{wasm}"
+            config = {{ mode = "swallow" }}
+
             [backends.hog]
             guest = "{wasm}"
             memory_mib = 32
@@ -53,6 +57,27 @@ fn a_trapping_guest_gets_a_500_naming_its_panic() {
         assert!(text.contains("fixture: deliberate trap"), "{text}");
         healthy_round_trip(&server, attempt + 1);
     }
+}
+
+#[test]
+fn a_guest_answering_success_after_a_failed_copy_is_not_believed() {
+    // The state goes to the guest's stderr, which takes 16 KiB: the copy
+    // fails half-way, the guest says "written", the host says 500.
+    let dir = tempdir();
+    let server = server(dir.path());
+    let mut big = state(1);
+    big.truncate(big.len() - 1);
+    big.extend_from_slice(format!(r#","pad":"{}"}}"#, "x".repeat(64 << 10)).as_bytes());
+    let answer = send("POST", &server.state_url("swallow", "ws"), Some(&big));
+    assert_eq!(answer.status, 500, "{}", answer.text());
+    assert!(
+        answer
+            .text()
+            .contains("after the host's copy of the state failed"),
+        "{}",
+        answer.text()
+    );
+    healthy_round_trip(&server, 1);
 }
 
 #[test]

@@ -243,7 +243,9 @@ pub async fn run(action: GuestAction) -> anyhow::Result<()> {
                 git_refs,
                 git_paths,
                 limits: Limits {
-                    memory_bytes: memory_mib << 20,
+                    memory_bytes: memory_mib
+                        .checked_mul(1 << 20)
+                        .ok_or_else(|| anyhow::anyhow!("--memory-mib {memory_mib} is too large"))?,
                     timeout: std::time::Duration::from_millis(timeout_ms),
                 },
             };

@@ -118,7 +118,11 @@ async fn read_missing<S: Storage>(s: Arc<S>, ws: String) -> Result<(), String> {
     })
 }
 
-pub(super) async fn expect_round_trip<S: Storage>(s: &S, ws: &str, bytes: bytes::Bytes) -> Result<(), String> {
+pub(super) async fn expect_round_trip<S: Storage>(
+    s: &S,
+    ws: &str,
+    bytes: bytes::Bytes,
+) -> Result<(), String> {
     step("write", s.write(ws, bytes.clone(), None)).await?;
     let got = step("read", s.read(ws)).await?;
     match got {

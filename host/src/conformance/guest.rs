@@ -140,7 +140,15 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
     let mut report = super::run(storage.clone(), &run_id).await;
     report.outcomes.push(Outcome {
         name: "a state larger than the memory cap round-trips both ways (it streams)",
-        result: super::big_state(&*storage, &run_id, subject.limits.memory_bytes).await,
+        result: if subject.limits.memory_bytes + (1 << 20) > config.max_body_bytes as u64 {
+            Err(format!(
+                "a memory cap of {} MiB leaves no state larger than it below the largest the host takes ({} MiB, max_body_mib); run with a smaller --memory-mib",
+                subject.limits.memory_bytes >> 20,
+                config.max_body_bytes >> 20
+            ))
+        } else {
+            super::big_state(&*storage, &run_id, subject.limits.memory_bytes).await
+        },
     });
 
     let mut bad = guest_config;

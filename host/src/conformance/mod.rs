@@ -80,7 +80,11 @@ pub async fn run<S: Storage>(storage: Arc<S>, run_id: &str) -> Report {
 
 /// The big-state rule ([`rules::bigger_than_memory`]) in a workspace of
 /// its own, removed afterwards: only a guest run knows its memory cap.
-pub async fn big_state<S: Storage>(storage: &S, run_id: &str, memory_bytes: u64) -> Result<(), String> {
+pub async fn big_state<S: Storage>(
+    storage: &S,
+    run_id: &str,
+    memory_bytes: u64,
+) -> Result<(), String> {
     let workspace = format!("ck-{run_id}-big");
     let result = rules::bigger_than_memory(storage, &workspace, memory_bytes).await;
     let _ = storage.delete_workspace(&workspace).await;

@@ -14,7 +14,11 @@ pub(super) async fn write_creates_workspace<S: Storage>(
     s: Arc<S>,
     ws: String,
 ) -> Result<(), String> {
-    step("write to a workspace never created", s.write(&ws, state("first"), None)).await?;
+    step(
+        "write to a workspace never created",
+        s.write(&ws, state("first"), None),
+    )
+    .await?;
     let listed = step("list", s.list_workspaces()).await?;
     ensure(listed.contains(&ws), || {
         format!("list-workspaces {listed:?} lacks {ws:?}, whose state was just written")
@@ -54,7 +58,11 @@ pub(super) async fn repeated_write<S: Storage>(s: Arc<S>, ws: String) -> Result<
     step("lock", s.lock(&ws, lock("retrier"))).await?;
     let bytes = state("written twice");
     step("write", s.write(&ws, bytes.clone(), Some("retrier"))).await?;
-    step("the same write again", s.write(&ws, bytes.clone(), Some("retrier"))).await?;
+    step(
+        "the same write again",
+        s.write(&ws, bytes.clone(), Some("retrier")),
+    )
+    .await?;
     let got = step("read", s.read(&ws)).await?;
     ensure(got.as_deref() == Some(&bytes[..]), || {
         "the repeated write left another state".into()

@@ -83,7 +83,10 @@ impl ApiError {
             TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             GuestTimedOut(_) => StatusCode::GATEWAY_TIMEOUT,
             NoHistory => StatusCode::NOT_FOUND,
-            InvalidConfig(_) | Internal(_) | GuestTrapped { .. } | GuestOutOfMemory(_)
+            InvalidConfig(_)
+            | Internal(_)
+            | GuestTrapped { .. }
+            | GuestOutOfMemory(_)
             | Encryption(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let message = if status.is_server_error() {

@@ -2,10 +2,17 @@
 //! in [`super::chunks`], looked up in the instance's resource table.
 
 use super::bindings::wasmstate::backend::body as wit;
-use super::chunks::{MAX_CHUNK, StateSink, StateSource};
+use super::chunks::{StateSink, StateSource};
 use super::sandbox::Sandbox;
+use std::time::Instant;
 use wasmtime::component::Resource;
 use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, StreamError};
+
+/// Bytes one step of a host-side copy moves: between steps the copy checks
+/// the deadline and passes its turn on the cores, so a long copy neither
+/// outlives the request nor holds a core (a file's stream does its I/O
+/// inline while it holds the turn).
+const COPY_STEP: u32 = 1 << 20;
 
 impl wit::Host for Sandbox {}
 
@@ -29,15 +36,19 @@ impl wit::HostStateSource for Sandbox {
     ) -> wasmtime::Result<Result<u64, String>> {
         let mut written = 0u64;
         loop {
+            self.copy_step().await?;
             // Slices of the request body itself: no copy, and the stream
             // holds at most one chunk while it writes.
-            let chunk = self.table.get_mut(&source)?.next_shared(MAX_CHUNK);
+            let chunk = self.table.get_mut(&source)?.next_shared(COPY_STEP);
             if chunk.is_empty() {
                 return Ok(Ok(written));
             }
             let len = chunk.len() as u64;
             let stream = self.table.get_mut(&dest)?;
             if let Err(e) = stream.blocking_write_and_flush(chunk).await {
+                // The state is partly written: whatever the guest answers,
+                // this write is not acknowledged.
+                self.table.get_mut(&source)?.fail();
                 return stream_failed(e, "writing the state to the stream");
             }
             written += len;
@@ -63,11 +74,17 @@ impl wit::HostStateSink for Sandbox {
     ) -> wasmtime::Result<Result<u64, String>> {
         let mut taken = 0u64;
         while self.table.get(&sink)?.wants_more() {
+            self.copy_step().await?;
             let stream = self.table.get_mut(&src)?;
-            let chunk = match stream.blocking_read(MAX_CHUNK as usize).await {
+            let chunk = match stream.blocking_read(COPY_STEP as usize).await {
                 Ok(chunk) => chunk,
                 Err(StreamError::Closed) => break,
-                Err(e) => return stream_failed(e, "reading the state from the stream"),
+                Err(e) => {
+                    // What the host holds is partial: whatever the guest
+                    // answers, this read does not succeed.
+                    self.table.get_mut(&sink)?.fail();
+                    return stream_failed(e, "reading the state from the stream");
+                }
             };
             self.charge_sink(&sink, chunk.len())?;
             self.table.get_mut(&sink)?.write(&chunk);
@@ -83,6 +100,16 @@ impl wit::HostStateSink for Sandbox {
 }
 
 impl Sandbox {
+    /// Between two steps of a copy: past the deadline the guest is stopped
+    /// (as the epoch would stop its wasm); otherwise others get the core.
+    async fn copy_step(&mut self) -> wasmtime::Result<()> {
+        if Instant::now() >= self.deadline {
+            return Err(wasmtime::Trap::Interrupt.into());
+        }
+        self.core.pass().await;
+        Ok(())
+    }
+
     /// What the host keeps is memory the guest made it hold: charged to
     /// the budgets, so concurrent reads cannot hold more than they allow.
     fn charge_sink(&mut self, sink: &Resource<StateSink>, len: usize) -> wasmtime::Result<()> {
@@ -102,4 +129,12 @@ fn stream_failed(e: StreamError, doing: &str) -> wasmtime::Result<Result<u64, St
         StreamError::LastOperationFailed(e) => Ok(Err(format!("{doing}: {e:#}"))),
         StreamError::Trap(e) => Err(e),
     }
+}
+
+/// A guest answered success after the host's copy of its state failed
+/// (the target is partial): never believed.
+pub(super) fn copy_failed(call: &str) -> super::bindings::wasmstate::backend::types::Error {
+    super::bindings::wasmstate::backend::types::Error::Internal(format!(
+        "the guest answered success to {call} after the host's copy of the state failed; nothing is acknowledged"
+    ))
 }

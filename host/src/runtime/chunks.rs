@@ -15,6 +15,8 @@ pub struct StateSource {
     bytes: Bytes,
     read: usize,
     serial: Option<u64>,
+    /// A host-side copy of it failed: the guest's target is partial.
+    failed: bool,
 }
 
 impl StateSource {
@@ -29,7 +31,19 @@ impl StateSource {
             bytes,
             read: 0,
             serial,
+            failed: false,
         }
+    }
+
+    /// Note that a host-side copy of it failed.
+    pub fn fail(&mut self) {
+        self.failed = true;
+    }
+
+    /// Whether a host-side copy of it failed (then a guest answering
+    /// success must not be believed).
+    pub fn failed(&self) -> bool {
+        self.failed
     }
 
     /// The state's serial, from its first bytes.
@@ -57,8 +71,15 @@ impl StateSource {
     }
 }
 
+/// Where a guest writes a state it reads: what the host keeps of the
+/// bytes, and whether a host-side copy into it failed.
+pub struct StateSink {
+    keep: Keep,
+    failed: bool,
+}
+
 /// What the host keeps of the bytes a guest writes into a sink.
-pub enum StateSink {
+enum Keep {
     /// All of them, up to `limit` bytes: more is refused as `overflowed`.
     Collect {
         /// What arrived so far.
@@ -88,45 +109,63 @@ pub enum StateSink {
 }
 
 impl StateSink {
+    fn new(keep: Keep) -> Self {
+        StateSink {
+            keep,
+            failed: false,
+        }
+    }
+
     /// Keep everything, refusing more than `limit` bytes.
     pub fn collect(limit: usize) -> Self {
-        StateSink::Collect {
+        StateSink::new(Keep::Collect {
             bytes: Vec::new(),
             limit,
             overflowed: false,
-        }
+        })
     }
 
     /// Keep the first `limit` bytes.
     pub fn prefix(limit: usize) -> Self {
-        StateSink::Prefix {
+        StateSink::new(Keep::Prefix {
             bytes: Vec::with_capacity(limit),
             limit,
-        }
+        })
     }
 
     /// Compare with `expected`.
     pub fn compare(expected: Bytes) -> Self {
-        StateSink::Compare {
+        StateSink::new(Keep::Compare {
             expected,
             matched: 0,
             equal: true,
-        }
+        })
+    }
+
+    /// Note that a host-side copy into it failed.
+    pub fn fail(&mut self) {
+        self.failed = true;
+    }
+
+    /// Whether a host-side copy into it failed (then what it holds is
+    /// partial, whatever the guest answers).
+    pub fn failed(&self) -> bool {
+        self.failed
     }
 
     /// How many bytes taking a chunk of `len` would add to what is kept.
     pub fn growth(&self, len: usize) -> usize {
-        match self {
-            StateSink::Collect { bytes, limit, .. } if bytes.len() + len <= *limit => len,
-            StateSink::Collect { .. } | StateSink::Compare { .. } => 0,
-            StateSink::Prefix { bytes, limit } => len.min(limit - bytes.len()),
+        match &self.keep {
+            Keep::Collect { bytes, limit, .. } if bytes.len() + len <= *limit => len,
+            Keep::Collect { .. } | Keep::Compare { .. } => 0,
+            Keep::Prefix { bytes, limit } => len.min(limit - bytes.len()),
         }
     }
 
     /// Take `chunk`; `false` when no more is wanted.
     pub fn write(&mut self, chunk: &[u8]) -> bool {
-        match self {
-            StateSink::Collect {
+        match &mut self.keep {
+            Keep::Collect {
                 bytes,
                 limit,
                 overflowed,
@@ -138,12 +177,12 @@ impl StateSink {
                 bytes.extend_from_slice(chunk);
                 true
             }
-            StateSink::Prefix { bytes, limit } => {
+            Keep::Prefix { bytes, limit } => {
                 let room = *limit - bytes.len();
                 bytes.extend_from_slice(&chunk[..chunk.len().min(room)]);
                 bytes.len() < *limit
             }
-            StateSink::Compare {
+            Keep::Compare {
                 expected,
                 matched,
                 equal,
@@ -159,27 +198,27 @@ impl StateSink {
     /// Whether the host still wants bytes (`false` once it has what it
     /// needs, as [`StateSink::write`] last answered).
     pub fn wants_more(&self) -> bool {
-        match self {
-            StateSink::Collect { overflowed, .. } => !overflowed,
-            StateSink::Prefix { bytes, limit } => bytes.len() < *limit,
-            StateSink::Compare { equal, .. } => *equal,
+        match &self.keep {
+            Keep::Collect { overflowed, .. } => !overflowed,
+            Keep::Prefix { bytes, limit } => bytes.len() < *limit,
+            Keep::Compare { equal, .. } => *equal,
         }
     }
 
     /// Whether the guest wrote exactly the expected bytes (for
-    /// [`StateSink::Compare`]; `false` for the others).
+    /// [`Keep::Compare`]; `false` for the others).
     pub fn matched(&self) -> bool {
-        matches!(self, StateSink::Compare { expected, matched, equal } if *equal && *matched == expected.len())
+        matches!(&self.keep, Keep::Compare { expected, matched, equal } if *equal && *matched == expected.len())
     }
 
     /// The bytes kept, and whether the guest wrote more than the limit.
     pub fn into_bytes(self) -> (Vec<u8>, bool) {
-        match self {
-            StateSink::Collect {
+        match self.keep {
+            Keep::Collect {
                 bytes, overflowed, ..
             } => (bytes, overflowed),
-            StateSink::Prefix { bytes, .. } => (bytes, false),
-            StateSink::Compare { .. } => (Vec::new(), false),
+            Keep::Prefix { bytes, .. } => (bytes, false),
+            Keep::Compare { .. } => (Vec::new(), false),
         }
     }
 }

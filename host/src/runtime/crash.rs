@@ -34,6 +34,24 @@ fn noise(line: &str) -> bool {
         || line == "Python function threw an unexpected exception"
 }
 
+/// A trap in words: the one-line reason a client gets (the exception or
+/// panic message, else the trap's kind) and, when the guest wrote one, its
+/// stderr for the log and the kit (the wasm backtrace stays in `error`).
+pub fn explain(error: &wasmtime::Error, stderr: &[u8]) -> (String, Option<String>) {
+    let crash = read(stderr);
+    let reason = match (&crash, error.downcast_ref::<wasmtime::Trap>()) {
+        (Some(crash), _) => crash.reason.clone(),
+        (None, Some(trap)) => trap.to_string(),
+        (None, None) => error
+            .to_string()
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string(),
+    };
+    (reason, crash.map(|c| c.detail))
+}
+
 /// Read `stderr`; `None` when the guest wrote nothing useful.
 pub fn read(stderr: &[u8]) -> Option<Crash> {
     let text = String::from_utf8_lossy(stderr);
@@ -42,13 +60,17 @@ pub fn read(stderr: &[u8]) -> Option<Crash> {
         .or_else(|| javascript_exception(&lines))
         .or_else(|| rust_panic(&lines))
         .or_else(|| lines.last().map(|l| l.trim().to_string()))?;
-    let detail = lines.join("\n");
+    let detail = lines
+        .iter()
+        .map(|l| escape_controls(l))
+        .collect::<Vec<_>>()
+        .join("\n");
     let start = detail.len().saturating_sub(MAX_DETAIL);
     let start = (start..=detail.len())
         .find(|&i| detail.is_char_boundary(i))
         .unwrap_or(detail.len());
     Some(Crash {
-        reason: escape_controls(&truncate(&reason, MAX_REASON)),
+        reason: truncate(&escape_controls(&reason), MAX_REASON),
         detail: detail[start..].to_string(),
     })
 }
@@ -97,7 +119,11 @@ mod tests {
         let stderr = "Traceback (most recent call last):\n  File \"/0/app.py\", line 223, in read\nValueError: oops in read\n\nthread '<unnamed>' (1) panicked at runtime/src/lib.rs:1293:29:\nPython function threw an unexpected exception\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n";
         let crash = read(stderr.as_bytes()).unwrap();
         assert_eq!(crash.reason, "ValueError: oops in read");
-        assert!(crash.detail.contains("line 223, in read"), "{}", crash.detail);
+        assert!(
+            crash.detail.contains("line 223, in read"),
+            "{}",
+            crash.detail
+        );
         assert!(!crash.detail.contains("RUST_BACKTRACE"));
     }
 
@@ -112,21 +138,36 @@ mod tests {
         );
         assert!(crash.detail.contains("initializer.js:16415"));
         let other = "TypeError: x is undefined\nStack:\n  f@guest.js:3:1\n";
-        assert_eq!(read(other.as_bytes()).unwrap().reason, "TypeError: x is undefined");
+        assert_eq!(
+            read(other.as_bytes()).unwrap().reason,
+            "TypeError: x is undefined"
+        );
     }
 
     #[test]
     fn rust_gives_the_panic_message_and_nothing_gives_none() {
         let stderr = "thread '<unnamed>' panicked at src/lib.rs:10:5:\nindex out of bounds\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n";
-        assert_eq!(read(stderr.as_bytes()).unwrap().reason, "index out of bounds");
+        assert_eq!(
+            read(stderr.as_bytes()).unwrap().reason,
+            "index out of bounds"
+        );
         assert_eq!(read(b""), None);
-        assert_eq!(read(b"\n\nRedirecting call to abort() to mozalloc_abort\n"), None);
+        assert_eq!(
+            read(b"\n\nRedirecting call to abort() to mozalloc_abort\n"),
+            None
+        );
     }
 
     #[test]
     fn the_reason_is_one_bounded_line() {
-        let long = format!("Traceback (most recent call last):\nValueError: {}\u{1b}[2J", "x".repeat(5000));
+        let long = format!(
+            "Traceback (most recent call last):\nValueError: {}\u{1b}[2J",
+            "x".repeat(5000)
+        );
         let crash = read(long.as_bytes()).unwrap();
-        assert!(crash.reason.len() <= 600 && !crash.reason.contains('\u{1b}'));
+        assert!(crash.reason.len() <= 520 && !crash.reason.contains('\u{1b}'));
+        let bell =
+            read(b"Traceback (most recent call last):\nValueError: \x1b]0;title\x07\n").unwrap();
+        assert!(!bell.detail.contains('\u{1b}') && !bell.detail.contains('\u{7}'));
     }
 }

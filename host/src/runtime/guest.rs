@@ -371,21 +371,7 @@ impl Shared {
                 max_lift >> 20
             ));
         }
-        // The client gets one short line (the exception or panic message,
-        // or the trap's kind); the guest's stderr (a traceback, a stack)
-        // and the wasm backtrace go to the log only.
-        let crash = super::crash::read(&sandbox.stderr.contents());
-        let reason = match (&crash, error.downcast_ref::<Trap>()) {
-            (Some(crash), _) => crash.reason.clone(),
-            (None, Some(trap)) => trap.to_string(),
-            (None, None) => error
-                .to_string()
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .to_string(),
-        };
-        let detail = crash.map(|c| c.detail);
+        let (reason, detail) = super::crash::explain(&error, &sandbox.stderr.contents());
         tracing::warn!(
             backend = %self.name,
             guest_stderr = detail.as_deref().unwrap_or(""),
@@ -414,6 +400,9 @@ impl GuestBackend {
                     None => g.read(s, &ws, &lent).await?,
                 };
                 let sink = s.data_mut().table.delete(lent)?;
+                if sink.failed() && matches!(found, Ok(true)) {
+                    return Ok(Err(super::body::copy_failed("read")));
+                }
                 Ok(found.map(|found| found.then_some(sink)))
             })
         })
@@ -510,9 +499,12 @@ impl Storage for GuestBackend {
         self.run(self.shared.max_lift_bytes, move |g, s| {
             Box::pin(async move {
                 let lent = s.data_mut().table.push(StateSource::new(state))?;
-                let written = g.write(s, &ws, &lent, id.as_deref()).await;
-                s.data_mut().table.delete(lent)?;
-                written
+                let written = g.write(s, &ws, &lent, id.as_deref()).await?;
+                let source = s.data_mut().table.delete(lent)?;
+                if source.failed() && written.is_ok() {
+                    return Ok(Err(super::body::copy_failed("write")));
+                }
+                Ok(written)
             })
         })
         .await
