@@ -75,3 +75,37 @@ fn a_guest_built_for_0_1_0_passes_the_kit_but_the_big_state_and_says_so() {
     assert!(out.contains("wit           0.1.0 (supported;"), "{out}");
     assert!(out.contains("wasmstate:backend/storage@0.1.0"), "{out}");
 }
+
+#[test]
+fn guest_bench_measures_latency_and_peak_memory_per_size() {
+    let (ok, out) = wasmstate(&[
+        "guest",
+        "bench",
+        "local",
+        "--size-kib",
+        "64",
+        "--size-kib",
+        "2048",
+        "--runs",
+        "2",
+    ]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("write median") && out.contains("peak memory"),
+        "{out}"
+    );
+    for size in ["64 KiB", "2 MiB"] {
+        let row = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(size))
+            .unwrap_or_else(|| panic!("no row for {size}:\n{out}"));
+        // The local guest streams: its peak is a few MiB, above zero.
+        let peak: f64 = row
+            .split_whitespace()
+            .rev()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no peak memory in {row:?}"));
+        assert!(peak > 0.0 && peak < 64.0, "{row}");
+    }
+}

@@ -404,7 +404,7 @@ fn crashing_guests_are_contained_and_leave_other_state_untouched() {
         );
         fx.assert_contained("giant-state", &answer);
     }
-    assert!(fx.server.log_text().contains("guest trapped"));
+    assert!(fx.server.log_text().contains("guest crashed"));
     fx.assert_precious_intact();
 }
 

@@ -344,3 +344,40 @@ fn a_template_never_overwrites_and_rust_asks_for_the_sdk() {
     let (ok, out) = wasmstate(&["guest", "new", "Bad_Name", "--lang", "python"]);
     assert!(!ok, "{out}");
 }
+
+#[test]
+fn a_template_copies_the_wit_as_shipped_and_names_itself() {
+    // The name is replaced where the template means it, and nowhere else:
+    // WASI's comments say `NAME` (`EAI_NONAME`, `ENAMETOOLONG`).
+    let root = tempdir();
+    let dir = root.path().join("js-named");
+    let (ok, out) = wasmstate(&[
+        "guest",
+        "new",
+        "js-named",
+        "--lang",
+        "js",
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    assert!(out.contains("(JavaScript)"), "{out}");
+    assert!(out.contains("keep wasmstate on the PATH"), "{out}");
+    let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../wit");
+    for file in [
+        "backend.wit",
+        "guest.wit",
+        "deps/sockets.wit",
+        "deps/filesystem.wit",
+    ] {
+        assert_eq!(
+            std::fs::read_to_string(dir.join("wit").join(file)).unwrap(),
+            std::fs::read_to_string(shipped.join(file)).unwrap(),
+            "wit/{file} differs from the shipped one"
+        );
+    }
+    let package = std::fs::read_to_string(dir.join("package.json")).unwrap();
+    assert!(package.contains("\"name\": \"js-named\""), "{package}");
+    let manifest = std::fs::read_to_string(dir.join("guest.toml")).unwrap();
+    assert!(manifest.contains("name = \"js-named\""), "{manifest}");
+}

@@ -16,7 +16,9 @@
 //! that replaces the manifest only if the lock is still what the writer
 //! saw — so a write is atomic and honours the lock even across many hosts.
 //! Readers follow the manifest; old generations are deleted after the
-//! switch, and a reader that loses that race simply reads again.
+//! switch, and a reader that loses that race is refused as unavailable
+//! (Terraform reads again). Both directions stream a chunk at a time, so
+//! the guest's memory holds one chunk, never a state.
 //!
 //! Configuration: `endpoint` (required, e.g. `http://127.0.0.1:2379`),
 //! `prefix`, `chunk_kib` (default 512). Grant the host capability with
@@ -26,7 +28,10 @@ mod etcd;
 
 use etcd::{Compare, Etcd, Kv, Op};
 use serde::{Deserialize, Serialize};
-use wasmstate_guest::{Backend, Config, Diagnostic, Error, LockInfo, register_backend};
+use std::io::Write;
+use wasmstate_guest::{
+    Backend, Config, Diagnostic, Error, LockInfo, StateReader, StateWriter, register_backend,
+};
 
 struct EtcdBackend {
     etcd: Etcd,
@@ -102,27 +107,36 @@ impl EtcdBackend {
         }
     }
 
-    /// Replace (`Some`) or remove (`None`) the state, if the lock still
-    /// allows it when the switch happens.
-    fn publish(&self, ws: &str, state: Option<&[u8]>, lock_id: Option<&str>) -> Result<(), Error> {
+    /// Replace (`Some`, streamed chunk by chunk: the guest never holds the
+    /// whole state) or remove (`None`) the state, if the lock still allows
+    /// it when the switch happens.
+    fn publish(
+        &self,
+        ws: &str,
+        state: Option<&mut StateReader<'_>>,
+        lock_id: Option<&str>,
+    ) -> Result<(), Error> {
         let generation = random_hex();
         let manifest = match state {
-            Some(bytes) => {
-                let chunks: Vec<&[u8]> = if bytes.is_empty() {
-                    vec![]
-                } else {
-                    bytes.chunks(self.chunk_size).collect()
-                };
-                for (i, chunk) in chunks.iter().enumerate() {
-                    self.etcd.put(
-                        &format!("{}{i:06}", self.chunks_prefix(ws, &generation)),
-                        chunk,
-                    )?;
+            Some(state) => {
+                let prefix = self.chunks_prefix(ws, &generation);
+                let (mut chunks, mut size) = (0usize, 0usize);
+                loop {
+                    let chunk = state.next_chunk(self.chunk_size);
+                    if chunk.is_empty() {
+                        break;
+                    }
+                    if let Err(e) = self.etcd.put(&format!("{prefix}{chunks:06}"), &chunk) {
+                        let _ = self.etcd.delete_prefix(&prefix);
+                        return Err(e);
+                    }
+                    chunks += 1;
+                    size += chunk.len();
                 }
                 let m = Manifest {
                     generation: generation.clone(),
-                    chunks: chunks.len(),
-                    size: bytes.len(),
+                    chunks,
+                    size,
                 };
                 Some(serde_json::to_vec(&m).expect("manifest serialises"))
             }
@@ -188,28 +202,45 @@ impl Backend for EtcdBackend {
         })
     }
 
-    fn read(&self, ws: &str) -> Result<Option<Vec<u8>>, Error> {
-        for _ in 0..RACE_RETRIES {
-            let Some(kv) = self.etcd.get(&self.manifest_key(ws))? else {
-                return Ok(None);
-            };
-            let manifest: Manifest = serde_json::from_slice(&kv.value)
-                .map_err(|e| Error::Internal(format!("manifest of {ws:?} is corrupt: {e}")))?;
-            let chunks = self
+    fn read_into(&self, ws: &str, out: &mut StateWriter<'_>) -> Result<bool, Error> {
+        let Some(kv) = self.etcd.get(&self.manifest_key(ws))? else {
+            return Ok(false);
+        };
+        let manifest: Manifest = serde_json::from_slice(&kv.value)
+            .map_err(|e| Error::Internal(format!("manifest of {ws:?} is corrupt: {e}")))?;
+        // Chunk by chunk into the host, never the whole state here. A
+        // writer replacing this generation meanwhile removes its chunks:
+        // the read is then refused as unavailable (the client retries).
+        let replaced = || {
+            Error::Unavailable(format!(
+                "workspace {ws:?}: the state was replaced while being read; read it again"
+            ))
+        };
+        let prefix = self.chunks_prefix(ws, &manifest.generation);
+        let mut size = 0usize;
+        for i in 0..manifest.chunks {
+            let chunk = self
                 .etcd
-                .list(&self.chunks_prefix(ws, &manifest.generation), false)?;
-            let state: Vec<u8> = chunks.into_iter().flat_map(|kv| kv.value).collect();
-            if state.len() == manifest.size {
-                return Ok(Some(state));
+                .get(&format!("{prefix}{i:06}"))?
+                .ok_or_else(replaced)?;
+            size += chunk.value.len();
+            if out.write_all(&chunk.value).is_err() {
+                // The host has what it needs (the beginning): a success.
+                return Ok(true);
             }
-            // A writer replaced this generation while we read it: read again.
         }
-        Err(Error::Unavailable(format!(
-            "workspace {ws:?}: the state kept changing while being read"
-        )))
+        if size != manifest.size {
+            return Err(replaced());
+        }
+        Ok(true)
     }
 
-    fn write(&self, ws: &str, state: &[u8], lock_id: Option<&str>) -> Result<(), Error> {
+    fn write_from(
+        &self,
+        ws: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+    ) -> Result<(), Error> {
         self.publish(ws, Some(state), lock_id)
     }
 

@@ -1,13 +1,12 @@
 //! `wasmstate guest …`: the marketplace's commands (install, list,
-//! inspect, remove, keygen, sign, push, search) and the conformance kit
-//! (`guest test`).
+//! inspect, remove, keygen, sign, push, search), templates (`guest new`,
+//! `embed-manifest`), and the author's kit (`guest test`, `guest bench`,
+//! in [`super::kit`]).
 
-use crate::config::{Config, GuestSource, Limits, Overrides};
-use crate::conformance::{GuestUnderTest, run_guest};
+use crate::config::{Config, Overrides};
 use crate::digest::sha256_hex;
 use crate::marketplace::store::{GuestStore, Installed};
 use crate::marketplace::{Policy, Source, index, manifest, signing};
-use crate::policy::Origin;
 use anyhow::anyhow;
 use clap::Subcommand;
 use std::path::PathBuf;
@@ -112,45 +111,23 @@ pub enum GuestAction {
     /// Run the conformance kit against a guest: a PASS/FAIL line per case,
     /// exit status 1 if any case fails.
     Test {
-        /// An embedded guest (`local`) or a path to a `.wasm` component.
-        guest: String,
-        /// Configuration handed to the guest (repeatable).
-        #[arg(long = "config", value_name = "KEY=VALUE")]
-        config: Vec<String>,
-        /// Directory granted to the guest at /data [default: a fresh
-        /// temporary directory].
-        #[arg(long)]
-        dir: Option<PathBuf>,
-        /// Origin the guest may send HTTP requests to, e.g.
-        /// http://127.0.0.1:2379 (repeatable).
-        #[arg(long = "allow-http", value_name = "ORIGIN")]
-        allow_http: Vec<String>,
-        /// Origin whose requests the host signs with AWS credentials from
-        /// the --config credential settings (repeatable; the embedded AWS
-        /// guests: all of theirs).
-        #[arg(long = "aws-sign", value_name = "ORIGIN")]
-        aws_sign: Vec<String>,
-        /// Git repository URL the guest may use through the host (repeatable;
-        /// the embedded git guest gets its --config repository=URL).
-        #[arg(long = "allow-git", value_name = "URL")]
-        allow_git: Vec<String>,
-        /// Ref the guest may update in those repositories, `*` within a
-        /// segment, `**` across (repeatable; the embedded git guest: its
-        /// branch and refs/heads/locks/**).
-        #[arg(long = "git-ref", value_name = "PATTERN")]
-        git_refs: Vec<String>,
-        /// Path its commits may touch (repeatable; the embedded git guest:
-        /// its state and lock files).
-        #[arg(long = "git-path", value_name = "PATTERN")]
-        git_paths: Vec<String>,
-        /// Memory cap per call; the kit also round-trips a state 1 MiB
-        /// larger than it [default: the memory_mib the guest's manifest
-        /// asks for, else 64].
-        #[arg(long)]
-        memory_mib: Option<u64>,
-        /// Deadline per call.
-        #[arg(long, default_value_t = 30_000)]
-        timeout_ms: u64,
+        /// The guest and its grants.
+        #[command(flatten)]
+        guest: super::kit::GuestArgs,
+    },
+    /// Measure a guest: write and read latency per state size (each call a
+    /// fresh instance, as a request is; storage-level, without HTTP) and the
+    /// most memory one instance used.
+    Bench {
+        /// The guest and its grants.
+        #[command(flatten)]
+        guest: super::kit::GuestArgs,
+        /// State sizes to measure, in KiB (repeatable).
+        #[arg(long = "size-kib", default_values_t = [100u64, 1024, 10240])]
+        sizes_kib: Vec<u64>,
+        /// Writes and reads per size.
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
     },
 }
 
@@ -195,7 +172,7 @@ pub async fn run(action: GuestAction) -> anyhow::Result<()> {
         } => {
             let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
             let next = super::new::write_template(&name, lang, &dir, sdk.as_deref())?;
-            println!("wrote {} ({lang:?}); next:\n{next}", dir.display());
+            println!("wrote {} ({lang}); next:\n{next}", dir.display());
             Ok(())
         }
         GuestAction::EmbedManifest {
@@ -211,51 +188,12 @@ pub async fn run(action: GuestAction) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        GuestAction::Test {
+        GuestAction::Test { guest } => super::kit::test(&guest).await,
+        GuestAction::Bench {
             guest,
-            config,
-            dir,
-            allow_http,
-            aws_sign,
-            allow_git,
-            git_refs,
-            git_paths,
-            memory_mib,
-            timeout_ms,
-        } => {
-            let source = guest_source(&guest)?;
-            let memory_mib = memory_mib.unwrap_or_else(|| manifest_memory_mib(&source));
-            println!("memory cap: {memory_mib} MiB per call");
-            let subject = GuestUnderTest {
-                guest: source,
-                config: config
-                    .iter()
-                    .map(|kv| {
-                        kv.split_once('=')
-                            .map(|(k, v)| (k.to_string(), v.to_string()))
-                            .ok_or_else(|| anyhow::anyhow!("--config {kv:?}: write KEY=VALUE"))
-                    })
-                    .collect::<Result<_, _>>()?,
-                dir,
-                allow_http: origins(&allow_http, "--allow-http")?,
-                aws_sign: origins(&aws_sign, "--aws-sign")?,
-                allow_git,
-                git_refs,
-                git_paths,
-                limits: Limits {
-                    memory_bytes: memory_mib
-                        .checked_mul(1 << 20)
-                        .ok_or_else(|| anyhow::anyhow!("--memory-mib {memory_mib} is too large"))?,
-                    timeout: std::time::Duration::from_millis(timeout_ms),
-                },
-            };
-            let report = run_guest(subject).await?;
-            print!("{}", report.render());
-            if !report.all_passed() {
-                std::process::exit(1);
-            }
-            Ok(())
-        }
+            sizes_kib,
+            runs,
+        } => super::kit::bench(&guest, &sizes_kib, runs).await,
         GuestAction::Install {
             source,
             signature,
@@ -401,14 +339,6 @@ pub async fn run(action: GuestAction) -> anyhow::Result<()> {
     }
 }
 
-/// Origins given with `flag`, each parsed.
-fn origins(given: &[String], flag: &str) -> anyhow::Result<Vec<Origin>> {
-    given
-        .iter()
-        .map(|o| Origin::parse(o).map_err(|e| anyhow::anyhow!("{flag} {e}")))
-        .collect()
-}
-
 /// A source on the command line: a path or URL as given, or a bare name
 /// looked up in the index (pinned to the index's digest).
 async fn resolve(
@@ -523,34 +453,4 @@ fn describe(wasm: &[u8], installed: Option<&Installed>) -> Result<String, String
         line("signature", signer(g));
     }
     Ok(out)
-}
-
-/// `local` (embedded) or a path to a component file.
-/// The kit's memory cap when none is given: what the guest's manifest asks
-/// for (a guest should pass at what it says it needs), else 64 MiB (what
-/// the templates ask for).
-fn manifest_memory_mib(source: &GuestSource) -> u64 {
-    const WITHOUT_MANIFEST: u64 = 64;
-    let GuestSource::File(path) = source else {
-        return WITHOUT_MANIFEST;
-    };
-    std::fs::read(path)
-        .ok()
-        .and_then(|wasm| crate::marketplace::manifest::inspect(&wasm).ok())
-        .and_then(|info| info.manifest)
-        .and_then(|m| m.capabilities.memory_mib)
-        .unwrap_or(WITHOUT_MANIFEST)
-}
-
-fn guest_source(text: &str) -> anyhow::Result<GuestSource> {
-    if let Some(embedded) = crate::guests::embedded(text) {
-        return Ok(GuestSource::Embedded(embedded.name));
-    }
-    let path = PathBuf::from(text);
-    anyhow::ensure!(
-        path.is_file(),
-        "{text:?} is neither an embedded guest ({}) nor a component file",
-        crate::guests::embedded_names().join(", ")
-    );
-    Ok(GuestSource::File(path))
 }

@@ -2,6 +2,7 @@
 
 mod audit;
 mod guest;
+mod kit;
 mod new;
 
 pub use guest::{GuestAction, StoreArgs};

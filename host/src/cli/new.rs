@@ -17,8 +17,19 @@ pub enum Lang {
     Js,
 }
 
-/// One file of a template: its path, its text (`NAME`, `SDK_PATH`
-/// replaced), and whether it is a script to run.
+impl std::fmt::Display for Lang {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Lang::Rust => "Rust",
+            Lang::Python => "Python",
+            Lang::Js => "JavaScript",
+        })
+    }
+}
+
+/// One file of a template: its path, its text (`{{guest-name}}` and
+/// `{{sdk-path}}` replaced, placeholders no shipped text contains: the WIT
+/// files' comments say `NAME` and `PATH`), and whether it is a script to run.
 type File = (&'static str, &'static str, bool);
 
 /// The contract, as shipped: what non-Rust toolchains build against.
@@ -182,7 +193,9 @@ pub fn write_template(
     for (path, text, executable) in files {
         let target = dir.join(path);
         std::fs::create_dir_all(target.parent().expect("files are in dir"))?;
-        let text = text.replace("NAME", name).replace("SDK_PATH", &sdk_path);
+        let text = text
+            .replace("{{guest-name}}", name)
+            .replace("{{sdk-path}}", &sdk_path);
         std::fs::write(&target, text).with_context(|| format!("writing {}", target.display()))?;
         if executable {
             use std::os::unix::fs::PermissionsExt;
@@ -207,13 +220,13 @@ pub fn write_template(
         Lang::Python => format!(
             "cd {shown}\n\
              python3 -m venv venv && venv/bin/pip install -r requirements.txt\n\
-             PATH=\"$PWD/venv/bin:$PATH\" ./build.sh\n\
+             PATH=\"$PWD/venv/bin:$PATH\" ./build.sh   # runs `wasmstate guest embed-manifest`: keep wasmstate on the PATH\n\
              wasmstate guest test guest.wasm"
         ),
         Lang::Js => format!(
             "cd {shown}\n\
              npm install\n\
-             npm run build\n\
+             npm run build   # runs `wasmstate guest embed-manifest`: keep wasmstate on the PATH\n\
              wasmstate guest test guest.wasm"
         ),
     })

@@ -49,7 +49,7 @@ cases! {
     "parallel increments lose no update" => parallel_increments,
     "kept versions list each write newest first and read back" => kept_versions,
     "a write creates its workspace, which is then listed" => write_creates_workspace,
-    "a created workspace holds no state" => created_workspace_is_empty,
+    "a created workspace holds no state, or an empty one" => created_workspace_is_empty,
     "a write repeated under the same lock succeeds (safe retry)" => repeated_write,
 }
 

@@ -8,7 +8,7 @@ use crate::config::{BackendConfig, Config, GuestSource, Limits, Overrides};
 use crate::guests;
 use crate::loader::{self, Ungranted};
 use crate::policy::Origin;
-use crate::runtime::Runtime;
+use crate::runtime::{GuestBackend, Runtime};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -41,9 +41,31 @@ pub struct GuestUnderTest {
 /// A key no guest knows, to check that unknown keys are reported.
 const UNKNOWN_KEY: &str = "wasmstate-conformance-unknown-key";
 
-/// Load the guest, run every case, then check it reports a bad
-/// configuration as a diagnostic. `Err` when the guest cannot even load.
-pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
+/// A guest loaded for the kit or the bench, through the pipeline `serve`
+/// runs (verified, narrowed to its manifest).
+pub struct LoadedGuest {
+    /// The guest, as the host's storage.
+    pub storage: Arc<GuestBackend>,
+    config: Config,
+    runtime: Runtime,
+    /// Holds the data directory (and the guest's, unless given) until the
+    /// guest is dropped.
+    _scratch: tempfile::TempDir,
+}
+
+impl LoadedGuest {
+    /// The same guest loaded again with one more configuration pair.
+    async fn with_config(&self, key: &str, value: &str) -> anyhow::Result<GuestBackend> {
+        let mut backend = self.config.backends[0].clone();
+        backend
+            .guest_config
+            .push((key.to_string(), value.to_string()));
+        loader::load(&self.config, &backend, &self.runtime, Ungranted::Withhold).await
+    }
+}
+
+/// Load the guest under test with what `subject` grants it.
+pub async fn load_guest(subject: &GuestUnderTest) -> anyhow::Result<LoadedGuest> {
     let scratch = tempfile::Builder::new()
         .prefix("wasmstate-guest-test-")
         .tempdir()?;
@@ -102,12 +124,12 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
         .dir
         .clone()
         .unwrap_or_else(|| scratch.path().join("data"));
-    let backend = |config: Vec<(String, String)>| BackendConfig {
+    let backend = BackendConfig {
         name: "under-test".into(),
         guest: subject.guest.clone(),
         dir: Some(dir.clone()),
         limits: subject.limits,
-        guest_config: config,
+        guest_config: guest_config.clone(),
         allow_http: allow_http.clone(),
         allow_http_addresses: Vec::new(),
         aws: clouds.aws.clone(),
@@ -130,30 +152,40 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
         data_dir: Some(scratch.path().to_path_buf()),
         ..Overrides::default()
     });
-    config.backends = vec![backend(guest_config.clone())];
+    config.backends = vec![backend];
     let runtime = Runtime::new(&config, Arc::new(crate::metrics::Metrics::new([])))?;
     // The same pipeline `serve` runs: verified, narrowed to its manifest
     // (what it asks for beyond the flags is refused where it is used).
     let storage = loader::load(&config, &config.backends[0], &runtime, Ungranted::Withhold).await?;
-    let storage = Arc::new(storage);
+    Ok(LoadedGuest {
+        storage: Arc::new(storage),
+        config,
+        runtime,
+        _scratch: scratch,
+    })
+}
+
+/// Load the guest, run every case, the big state, then check it reports a
+/// bad configuration as a diagnostic. `Err` when the guest cannot even load.
+pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
+    let loaded = load_guest(&subject).await?;
+    let storage = loaded.storage.clone();
     let run_id = super::run_id();
     let mut report = super::run(storage.clone(), &run_id).await;
+    let max_body = loaded.config.max_body_bytes as u64;
     report.outcomes.push(Outcome {
         name: "a state larger than the memory cap round-trips both ways (it streams)",
-        result: if subject.limits.memory_bytes + (1 << 20) > config.max_body_bytes as u64 {
+        result: if subject.limits.memory_bytes + (1 << 20) > max_body {
             Err(format!(
                 "a memory cap of {} MiB leaves no state larger than it below the largest the host takes ({} MiB, max_body_mib); run with a smaller --memory-mib",
                 subject.limits.memory_bytes >> 20,
-                config.max_body_bytes >> 20
+                max_body >> 20
             ))
         } else {
             super::big_state(&*storage, &run_id, subject.limits.memory_bytes).await
         },
     });
-
-    let mut bad = guest_config;
-    bad.push((UNKNOWN_KEY.into(), "1".into()));
-    let result = match loader::load(&config, &backend(bad), &runtime, Ungranted::Withhold).await {
+    let result = match loaded.with_config(UNKNOWN_KEY, "1").await {
         Ok(_) => Err(format!(
             "the guest accepted the unknown key {UNKNOWN_KEY:?}"
         )),

@@ -11,7 +11,7 @@ mod guest;
 mod history;
 mod rules;
 
-pub use guest::{GuestUnderTest, run_guest};
+pub use guest::{GuestUnderTest, LoadedGuest, load_guest, run_guest};
 
 use crate::backend::Storage;
 use std::sync::Arc;

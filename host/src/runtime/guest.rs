@@ -59,6 +59,9 @@ pub(super) struct Shared {
     pub quota: Option<Arc<DirQuota>>,
     /// Most bytes the host lifts out of the guest in one call.
     pub max_lift_bytes: usize,
+    /// The most linear memory one instance used since last taken (for
+    /// `guest bench`).
+    pub memory_peak: std::sync::atomic::AtomicU64,
     pub dir: Option<PathBuf>,
     pub config: Arc<[(String, String)]>,
     pub outbound: Arc<OutboundPolicy>,
@@ -87,6 +90,12 @@ pub struct GuestBackend {
 }
 
 impl GuestBackend {
+    /// The most linear memory one instance used since this was last
+    /// called (or since the backend loaded).
+    pub fn take_memory_peak(&self) -> u64 {
+        self.shared.memory_peak.swap(0, Ordering::Relaxed)
+    }
+
     /// The backend's name.
     pub fn name(&self) -> &str {
         &self.shared.name
@@ -213,6 +222,8 @@ impl Shared {
         }
         .await;
         let sandbox = store.data();
+        self.memory_peak
+            .fetch_max(sandbox.limiter.used(), Ordering::Relaxed);
         match outcome {
             Ok(Ok(value)) => Ok(value),
             // Whatever went wrong once its time was up (a host call cut

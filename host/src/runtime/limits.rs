@@ -156,6 +156,12 @@ impl MemoryLimiter {
         true
     }
 
+    /// Linear memory this instance holds now (its most: memory never
+    /// shrinks).
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
     /// Which cap refused a growth, if one did.
     pub fn refused(&self) -> Option<Refusal> {
         self.refused

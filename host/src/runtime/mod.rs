@@ -243,6 +243,7 @@ impl Runtime {
                 server_memory: self.memory.clone(),
                 quota,
                 max_lift_bytes: self.max_lift_bytes,
+                memory_peak: std::sync::atomic::AtomicU64::new(0),
                 dir,
                 config: backend.guest_config.clone().into(),
                 aws: match &backend.aws {

@@ -394,7 +394,7 @@ fn make_node_modules() -> Result<PathBuf, String> {
             for (name, text) in [("package.json", JS_PACKAGE), ("package-lock.json", JS_LOCK)] {
                 std::fs::write(
                     dir.join(name),
-                    text.replace("NAME", "wasmstate-template-tools"),
+                    text.replace("{{guest-name}}", "wasmstate-template-tools"),
                 )
                 .map_err(|e| format!("cannot write {name}: {e}"))?;
             }
