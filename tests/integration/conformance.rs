@@ -109,3 +109,31 @@ fn guest_bench_measures_latency_and_peak_memory_per_size() {
         assert!(peak > 0.0 && peak < 64.0, "{row}");
     }
 }
+
+/// The `local` guest as the 0.2.0 SDK built it: see `tests/fixtures/v0.2.0/`.
+const V0_2_0_LOCAL_WASM: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../tests/fixtures/v0.2.0/local.wasm"
+);
+
+#[test]
+fn a_guest_built_for_0_2_0_is_served_by_the_0_2_1_bindings_and_passes_everything() {
+    let (ok, out) = wasmstate(&["guest", "test", V0_2_0_LOCAL_WASM]);
+    assert!(ok, "{out}");
+    assert_eq!(summary(&out), "25 passed, 0 failed", "{out}");
+    let (ok, out) = wasmstate(&["guest", "inspect", V0_2_0_LOCAL_WASM]);
+    assert!(ok, "{out}");
+    assert!(out.contains("wit           0.2.0 (supported;"), "{out}");
+    // And a real server takes a state through it.
+    let root = tempdir();
+    let server = Server::with_config(
+        &root.path().join("data"),
+        &format!(
+            "[backends.old]\nguest = {V0_2_0_LOCAL_WASM:?}\ndir = {:?}\n",
+            root.path().join("store")
+        ),
+    );
+    let url = server.state_url("old", "ws");
+    assert_eq!(send("POST", &url, Some(&state(3))).status, 200);
+    assert_eq!(send("GET", &url, None).body, state(3));
+}
