@@ -189,7 +189,7 @@ fn millis(d: Duration) -> String {
 }
 
 fn size_label(kib: u64) -> String {
-    if kib >= 1024 && kib % 1024 == 0 {
+    if kib >= 1024 && kib.is_multiple_of(1024) {
         format!("{} MiB", kib / 1024)
     } else {
         format!("{kib} KiB")
