@@ -142,6 +142,9 @@ impl EtcdBackend {
             }
             None => None,
         };
+        // A transaction that fails (`?` below) leaves the new generation's
+        // chunks behind rather than deleting them: it may have been applied
+        // though its answer was lost. They only waste space.
         for _ in 0..RACE_RETRIES {
             let condition = match self.lock_condition(ws, lock_id) {
                 Ok(c) => c,

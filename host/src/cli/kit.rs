@@ -118,6 +118,16 @@ pub async fn bench(args: &GuestArgs, sizes_kib: &[u64], runs: usize) -> anyhow::
         "state", "write median", "write max", "read median", "read max", "peak memory"
     );
     let mut result = Ok(());
+    let max_body = loaded.max_body_bytes() as u64;
+    if let Some(kib) = sizes_kib
+        .iter()
+        .find(|&&kib| kib.saturating_mul(1024) > max_body)
+    {
+        anyhow::bail!(
+            "--size-kib {kib}: larger than the largest state the host takes ({} KiB, max_body_mib)",
+            max_body >> 10
+        );
+    }
     for &kib in sizes_kib {
         let state = bench_state(kib.saturating_mul(1024));
         loaded.storage.take_memory_peak();
@@ -161,8 +171,7 @@ pub async fn bench(args: &GuestArgs, sizes_kib: &[u64], runs: usize) -> anyhow::
             ),
         );
     }
-    let _ = storage.force_unlock(&workspace).await;
-    let _ = storage.delete_workspace(&workspace).await;
+    crate::conformance::clean_up(&**storage, &workspace).await;
     result
 }
 

@@ -54,6 +54,11 @@ pub struct LoadedGuest {
 }
 
 impl LoadedGuest {
+    /// The largest state the host takes (`max_body_mib`).
+    pub fn max_body_bytes(&self) -> usize {
+        self.config.max_body_bytes
+    }
+
     /// The same guest loaded again with one more configuration pair.
     async fn with_config(&self, key: &str, value: &str) -> anyhow::Result<GuestBackend> {
         let mut backend = self.config.backends[0].clone();
@@ -175,7 +180,12 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
     let max_body = loaded.config.max_body_bytes as u64;
     report.outcomes.push(Outcome {
         name: "a state larger than the memory cap round-trips both ways (it streams)",
-        result: if subject.limits.memory_bytes + (1 << 20) > max_body {
+        result: if subject
+            .limits
+            .memory_bytes
+            .checked_add(1 << 20)
+            .is_none_or(|big| big > max_body)
+        {
             Err(format!(
                 "a memory cap of {} MiB leaves no state larger than it below the largest the host takes ({} MiB, max_body_mib); run with a smaller --memory-mib",
                 subject.limits.memory_bytes >> 20,

@@ -68,8 +68,7 @@ pub async fn run<S: Storage>(storage: Arc<S>, run_id: &str) -> Report {
         let workspace = format!("ck-{run_id}-{index}");
         let result = (case.run)(storage.clone(), workspace.clone()).await;
         // Leave nothing behind, whatever the case did.
-        let _ = storage.force_unlock(&workspace).await;
-        let _ = storage.delete_workspace(&workspace).await;
+        clean_up(&*storage, &workspace).await;
         report.outcomes.push(Outcome {
             name: case.name,
             result,
@@ -87,8 +86,19 @@ pub async fn big_state<S: Storage>(
 ) -> Result<(), String> {
     let workspace = format!("ck-{run_id}-big");
     let result = rules::bigger_than_memory(storage, &workspace, memory_bytes).await;
-    let _ = storage.delete_workspace(&workspace).await;
+    clean_up(storage, &workspace).await;
     result
+}
+
+/// Remove a workspace the kit or the bench wrote, saying so when that
+/// fails (it then stays in the storage under test). Storage that keeps
+/// history (git, S3 with versioning) keeps its versions regardless.
+pub async fn clean_up<S: Storage>(storage: &S, workspace: &str) {
+    let _ = storage.force_unlock(workspace).await;
+    match storage.delete_workspace(workspace).await {
+        Ok(()) | Err(crate::backend::StorageError::NotFound) => {}
+        Err(e) => eprintln!("warning: could not remove workspace {workspace:?} the kit wrote: {e}"),
+    }
 }
 
 /// A random-enough run id for workspace names.

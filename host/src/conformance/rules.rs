@@ -86,6 +86,9 @@ pub(super) async fn bigger_than_memory<S: Storage>(
     ws: &str,
     memory_bytes: u64,
 ) -> Result<(), String> {
-    let len = usize::try_from(memory_bytes + (1 << 20)).map_err(|e| e.to_string())?;
+    let len = memory_bytes
+        .checked_add(1 << 20)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| format!("no state can be larger than {memory_bytes} bytes here"))?;
     expect_round_trip(s, ws, unperiodic(len)).await
 }

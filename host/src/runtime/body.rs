@@ -101,13 +101,40 @@ impl wit::HostStateSink for Sandbox {
 
 impl Sandbox {
     /// Between two steps of a copy: past the deadline the guest is stopped
-    /// (as the epoch would stop its wasm); otherwise others get the core.
+    /// (as the epoch would stop its wasm); otherwise the copy gives up any
+    /// turn on the cores and lets others run. It never waits for a turn: a
+    /// file's stream takes one for its own I/O, and a network stream must
+    /// not hold one while it waits on the remote.
     async fn copy_step(&mut self) -> wasmtime::Result<()> {
+        self.check_deadline()?;
+        self.core.release();
+        tokio::task::yield_now().await;
+        self.check_deadline()
+    }
+
+    fn check_deadline(&self) -> wasmtime::Result<()> {
         if Instant::now() >= self.deadline {
             return Err(wasmtime::Trap::Interrupt.into());
         }
-        self.core.pass().await;
         Ok(())
+    }
+
+    /// Charge `len` bytes a host capability (git, postgres) puts into
+    /// `sink` as the copies do; past the budget the sink is marked failed
+    /// (so no success is believed) and the reason returned, for the
+    /// capability's own error.
+    pub(super) fn charge_capability_sink(
+        &mut self,
+        sink: &Resource<StateSink>,
+        len: usize,
+    ) -> Result<(), String> {
+        if self.charge_sink(sink, len).is_ok() {
+            return Ok(());
+        }
+        if let Ok(sink) = self.table.get_mut(sink) {
+            sink.fail();
+        }
+        Err("the state is past the guest memory budget".into())
     }
 
     /// What the host keeps is memory the guest made it hold: charged to

@@ -124,6 +124,8 @@ impl wit::Host for Sandbox {
         else {
             return Ok(None);
         };
+        self.charge_capability_sink(&into, bytes.len())
+            .map_err(wit::GitError::Unavailable)?;
         let sink = self.table.get_mut(&into).map_err(resource_error)?;
         sink.write(&bytes);
         Ok(Some(bytes.len() as u64))

@@ -411,7 +411,9 @@ impl GuestBackend {
                     None => g.read(s, &ws, &lent).await?,
                 };
                 let sink = s.data_mut().table.delete(lent)?;
-                if sink.failed() && matches!(found, Ok(true)) {
+                // Whatever the guest answers (a state, or none): what the
+                // host holds is partial.
+                if sink.failed() && found.is_ok() {
                     return Ok(Err(super::body::copy_failed("read")));
                 }
                 Ok(found.map(|found| found.then_some(sink)))

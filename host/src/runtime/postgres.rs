@@ -140,11 +140,13 @@ impl wit::Host for Sandbox {
         let Some(data) = until(self.deadline, db.read(&name)).await? else {
             return Ok(None);
         };
+        let bytes = from_text(&data)?;
+        self.charge_capability_sink(&into, bytes.len())
+            .map_err(wit::PgError::Internal)?;
         let sink = self
             .table
             .get_mut(&into)
             .map_err(|e| wit::PgError::Internal(format!("bad resource handle: {e}")))?;
-        let bytes = from_text(&data)?;
         sink.write(&bytes);
         Ok(Some(bytes.len() as u64))
     }
