@@ -109,15 +109,6 @@ pub async fn bench(args: &GuestArgs, sizes_kib: &[u64], runs: usize) -> anyhow::
     let subject = args.subject()?;
     let loaded = load_guest(&subject).await?;
     let storage = &loaded.storage;
-    let workspace = format!("bench-{}", crate::conformance::run_id());
-    println!(
-        "{runs} runs per size, each call a fresh instance (as a request is); storage-level, no HTTP"
-    );
-    println!(
-        "{:>10}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}",
-        "state", "write median", "write max", "read median", "read max", "peak memory"
-    );
-    let mut result = Ok(());
     let max_body = loaded.max_body_bytes() as u64;
     if let Some(kib) = sizes_kib
         .iter()
@@ -128,9 +119,18 @@ pub async fn bench(args: &GuestArgs, sizes_kib: &[u64], runs: usize) -> anyhow::
             max_body >> 10
         );
     }
+    let workspace = format!("bench-{}", crate::conformance::run_id());
+    println!(
+        "{runs} runs per size, each call a fresh instance (as a request is); storage-level, no HTTP"
+    );
+    println!(
+        "{:>10}  {:>12}  {:>12}  {:>12}  {:>12}  {:>12}",
+        "state", "write median", "write max", "read median", "read max", "peak memory"
+    );
+    let mut result = Ok(());
     for &kib in sizes_kib {
         let state = bench_state(kib.saturating_mul(1024));
-        loaded.storage.take_memory_peak();
+        storage.take_memory_peak();
         let (mut writes, mut reads) = (Vec::new(), Vec::new());
         for _ in 0..runs.max(1) {
             let started = Instant::now();

@@ -3,7 +3,8 @@
 
 use super::history::kept_versions;
 use super::rules::{created_workspace_is_empty, repeated_write, write_creates_workspace};
-use crate::backend::{LockInfo, Storage, StorageError};
+use super::steps::{ensure, expect_round_trip, lock, state, step, unperiodic};
+use crate::backend::{Storage, StorageError};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -53,48 +54,6 @@ cases! {
     "a write repeated under the same lock succeeds (safe retry)" => repeated_write,
 }
 
-pub(super) fn ensure(condition: bool, reason: impl FnOnce() -> String) -> Result<(), String> {
-    if condition { Ok(()) } else { Err(reason()) }
-}
-
-pub(super) fn lock(id: &str) -> LockInfo {
-    LockInfo {
-        id: id.to_string(),
-        operation: "OperationTypeApply".into(),
-        who: format!("{id}@conformance"),
-        version: "1.11.4".into(),
-        created: "2026-01-02T15:04:05Z".into(),
-        ..LockInfo::default()
-    }
-}
-
-pub(super) fn state(text: &str) -> bytes::Bytes {
-    format!(r#"{{"version":4,"serial":1,"lineage":"ck","note":"{text}"}}"#).into()
-}
-
-/// Run `op`, describing a failure as `what: error` (and, for a crash,
-/// what the guest wrote to stderr: its traceback or stack).
-pub(super) async fn step<T>(
-    what: &str,
-    op: impl Future<Output = Result<T, StorageError>>,
-) -> Result<T, String> {
-    op.await.map_err(|e| describe(what, &e))
-}
-
-/// `what: error`, with a crashed guest's stderr indented below.
-pub(super) fn describe(what: &str, e: &StorageError) -> String {
-    match e {
-        StorageError::GuestTrapped {
-            detail: Some(detail),
-            ..
-        } => {
-            let indented: Vec<String> = detail.lines().map(|l| format!("      | {l}")).collect();
-            format!("{what}: {e}\n{}", indented.join("\n"))
-        }
-        _ => format!("{what}: {e}"),
-    }
-}
-
 fn holder_of(result: Result<(), StorageError>, expected: &str, what: &str) -> Result<(), String> {
     match result {
         Err(StorageError::Locked(h)) | Err(StorageError::LockMismatch(Some(h)))
@@ -118,35 +77,6 @@ async fn read_missing<S: Storage>(s: Arc<S>, ws: String) -> Result<(), String> {
     })
 }
 
-pub(super) async fn expect_round_trip<S: Storage>(
-    s: &S,
-    ws: &str,
-    bytes: bytes::Bytes,
-) -> Result<(), String> {
-    step("write", s.write(ws, bytes.clone(), None)).await?;
-    let got = step("read", s.read(ws)).await?;
-    match got {
-        None => Err("read returned no state after a write".into()),
-        Some(got) if got == bytes => Ok(()),
-        // The usual bug in a new language: one read call, which may return
-        // fewer bytes than the file holds.
-        Some(got) if got.len() < bytes.len() && bytes.starts_with(&got) => Err(format!(
-            "read stopped after {} of the {} bytes written (the rest is missing; read until end of file, a single read may return fewer bytes)",
-            got.len(),
-            bytes.len()
-        )),
-        Some(got) => Err(format!(
-            "read returned {} bytes differing from the {} written (first difference at byte {})",
-            got.len(),
-            bytes.len(),
-            got.iter()
-                .zip(&bytes)
-                .position(|(a, b)| a != b)
-                .unwrap_or(got.len().min(bytes.len()))
-        )),
-    }
-}
-
 async fn round_trip<S: Storage>(s: Arc<S>, ws: String) -> Result<(), String> {
     expect_round_trip(&*s, &ws, state("hello")).await
 }
@@ -158,20 +88,6 @@ async fn binary_round_trip<S: Storage>(s: Arc<S>, ws: String) -> Result<(), Stri
         .chain([0xff, 0xfe, 0x00, 0xc3])
         .collect();
     expect_round_trip(&*s, &ws, bytes.into()).await
-}
-
-/// `len` bytes of a pattern that is not periodic at any chunk size a
-/// guest might use.
-pub(super) fn unperiodic(len: usize) -> bytes::Bytes {
-    let mut x: u32 = 0x9e37_79b9;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
 }
 
 async fn large_round_trip<S: Storage>(s: Arc<S>, ws: String) -> Result<(), String> {

@@ -10,6 +10,7 @@ mod cases;
 mod guest;
 mod history;
 mod rules;
+mod steps;
 
 pub use guest::{GuestUnderTest, LoadedGuest, load_guest, run_guest};
 
@@ -79,13 +80,15 @@ pub async fn run<S: Storage>(storage: Arc<S>, run_id: &str) -> Report {
 
 /// The big-state rule ([`rules::bigger_than_memory`]) in a workspace of
 /// its own, removed afterwards: only a guest run knows its memory cap.
+/// The state must also fit under `max_body` (what the host takes).
 pub async fn big_state<S: Storage>(
     storage: &S,
     run_id: &str,
     memory_bytes: u64,
+    max_body: usize,
 ) -> Result<(), String> {
     let workspace = format!("ck-{run_id}-big");
-    let result = rules::bigger_than_memory(storage, &workspace, memory_bytes).await;
+    let result = rules::bigger_than_memory(storage, &workspace, memory_bytes, max_body).await;
     clean_up(storage, &workspace).await;
     result
 }

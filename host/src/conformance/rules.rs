@@ -5,7 +5,7 @@
 //! repeated after a lost answer succeeds, and a state larger than the
 //! guest's memory cap moves both ways (it must stream).
 
-use super::cases::{ensure, expect_round_trip, lock, state, step, unperiodic};
+use super::steps::{ensure, expect_round_trip, lock, state, step, unperiodic};
 use crate::backend::Storage;
 use std::sync::Arc;
 
@@ -80,15 +80,24 @@ pub(super) async fn repeated_write<S: Storage>(s: Arc<S>, ws: String) -> Result<
 }
 
 /// A state `memory_bytes` plus 1 MiB long, written and read back
-/// byte-exact: a guest that holds a whole state cannot pass it.
+/// byte-exact: a guest that holds a whole state cannot pass it. Refused
+/// with a reason when that is more than `max_body` (what the host takes).
 pub(super) async fn bigger_than_memory<S: Storage>(
     s: &S,
     ws: &str,
     memory_bytes: u64,
+    max_body: usize,
 ) -> Result<(), String> {
     let len = memory_bytes
         .checked_add(1 << 20)
         .and_then(|n| usize::try_from(n).ok())
-        .ok_or_else(|| format!("no state can be larger than {memory_bytes} bytes here"))?;
+        .filter(|&len| len <= max_body)
+        .ok_or_else(|| {
+            format!(
+                "a memory cap of {} MiB leaves no state larger than it below the largest the host takes ({} MiB, max_body_mib); run with a smaller --memory-mib",
+                memory_bytes >> 20,
+                max_body >> 20
+            )
+        })?;
     expect_round_trip(s, ws, unperiodic(len)).await
 }
