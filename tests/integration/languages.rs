@@ -140,22 +140,24 @@ fn edit_file(file: &Path, from: &str, to: &str) {
     std::fs::write(file, text.replacen(from, to, 1)).unwrap();
 }
 
-#[test]
-fn a_python_guest_from_the_template_passes_the_kit_and_serves_terraform() {
-    let wasm = built("python");
+/// The built template `lang` (named `name`) passes the kit at the 64 MiB
+/// its manifest asks for, carries that manifest, and serves Terraform.
+fn the_template_passes_and_serves(lang: &'static str, name: &str) {
+    let wasm = built(lang);
     let out = passes_the_kit(wasm);
     assert!(out.contains("memory cap: 64 MiB per call"), "{out}");
-    carries_its_manifest(wasm, "py-guest");
+    carries_its_manifest(wasm, name);
     serves_terraform(wasm);
 }
 
 #[test]
+fn a_python_guest_from_the_template_passes_the_kit_and_serves_terraform() {
+    the_template_passes_and_serves("python", "py-guest");
+}
+
+#[test]
 fn a_javascript_guest_from_the_template_passes_the_kit_and_serves_terraform() {
-    let wasm = built("js");
-    let out = passes_the_kit(wasm);
-    assert!(out.contains("memory cap: 64 MiB per call"), "{out}");
-    carries_its_manifest(wasm, "js-guest");
-    serves_terraform(wasm);
+    the_template_passes_and_serves("js", "js-guest");
 }
 
 /// A state four times the memory the template asks for, written and read
