@@ -164,6 +164,10 @@ pub enum StorageError {
     /// The host could not seal or open a state (wrong or missing key).
     #[error("encryption: {0}")]
     Encryption(String),
+    /// A key service (KMS) could not be reached or refused the host's
+    /// credentials: nothing was sealed or opened; a retry may succeed.
+    #[error("encryption key unavailable: {0}")]
+    KeyUnavailable(String),
     /// Neither the host nor the guest keeps versions for this backend.
     #[error(
         "this backend keeps no version history; set history = N (versions per workspace) on it"
@@ -371,6 +375,21 @@ pub trait Storage: Send + Sync + 'static {
         let _ = workspace;
         async { Err(StorageError::NoHistory) }
     }
+    /// Seal the state and kept versions of `workspace` again under the
+    /// sealing key (`wasmstate state reseal`); storage without host-side
+    /// encryption has nothing to re-seal.
+    fn reseal(
+        &self,
+        workspace: &str,
+        request: &crate::resealing::ResealRequest,
+    ) -> impl Future<Output = StorageResult<crate::resealing::ResealReport>> + Send {
+        let _ = (workspace, request);
+        async {
+            Err(StorageError::InvalidInput(
+                "this backend has no host-side encryption: nothing to re-seal".into(),
+            ))
+        }
+    }
     /// One previous version; `None` when there is no such version.
     fn read_version(
         &self,
@@ -498,6 +517,13 @@ impl<S: Storage> Storage for std::sync::Arc<S> {
         workspace: &str,
     ) -> impl Future<Output = StorageResult<Vec<Version>>> + Send {
         (**self).list_versions(workspace)
+    }
+    fn reseal(
+        &self,
+        workspace: &str,
+        request: &crate::resealing::ResealRequest,
+    ) -> impl Future<Output = StorageResult<crate::resealing::ResealReport>> + Send {
+        (**self).reseal(workspace, request)
     }
     fn read_version(
         &self,

@@ -196,6 +196,25 @@ impl Client {
         Ok(response.json().await?)
     }
 
+    /// Seal `workspace`'s state and kept versions again under the
+    /// backend's sealing key (`from_backend`: the name they were bound to
+    /// before a rename); what was done, or would be with `dry_run`.
+    pub async fn reseal(
+        &self,
+        backend: &str,
+        workspace: &str,
+        from_backend: Option<&str>,
+        dry_run: bool,
+    ) -> anyhow::Result<crate::resealing::ResealReport> {
+        let url = format!("{}/reseal", self.state_url(backend, workspace));
+        let mut query = vec![("dry_run", dry_run.to_string())];
+        if let Some(old) = from_backend {
+            query.push(("from_backend", old.to_string()));
+        }
+        let response = self.send(self.http.post(&url).query(&query), &url).await?;
+        Ok(response.json().await?)
+    }
+
     /// The workspaces of `backend`.
     pub async fn list(&self, backend: &str) -> anyhow::Result<Vec<String>> {
         let url = format!("{}/workspaces/{backend}", self.server);

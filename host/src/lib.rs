@@ -44,6 +44,7 @@ pub mod names;
 pub mod policy;
 pub mod protocol;
 pub mod reload;
+pub mod resealing;
 pub mod runtime;
 pub mod server;
 pub mod statefile;

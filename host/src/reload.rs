@@ -164,6 +164,13 @@ impl<S: Storage> Storage for Swappable<S> {
     async fn read_version(&self, workspace: &str, id: &str) -> StorageResult<Option<Vec<u8>>> {
         self.current()?.read_version(workspace, id).await
     }
+    async fn reseal(
+        &self,
+        workspace: &str,
+        request: &crate::resealing::ResealRequest,
+    ) -> StorageResult<crate::resealing::ResealReport> {
+        self.current()?.reseal(workspace, request).await
+    }
 }
 
 /// Where the running configuration came from, to read it again.

@@ -29,6 +29,7 @@ fn store_for(
     guest: GuestBackend,
     marks: &Marks,
     max_stored_bytes: usize,
+    metrics: &Metrics,
 ) -> Store<GuestBackend> {
     let backend = config
         .backends
@@ -40,13 +41,13 @@ fn store_for(
     Store::new(
         guest,
         name,
-        backend.encryption_keys.clone(),
-        backend.encryption_accept_plain,
+        backend.encryption.as_ref(),
         history,
         marks.get(name).cloned().unwrap_or_default(),
         max_stored_bytes,
     )
     .allowing_older_states(backend.allow_force_push)
+    .counting_key_calls(metrics.key_calls(name))
 }
 
 /// The per-backend switches `config` sets: stale-write guards off, lock
@@ -114,7 +115,8 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
     let backends: BTreeMap<String, Arc<Swappable<Store<GuestBackend>>>> = backends
         .into_iter()
         .map(|(name, guest)| {
-            let store = store_for(&config, &name, guest, &marks, runtime.max_stored_bytes());
+            let max_stored = runtime.max_stored_bytes();
+            let store = store_for(&config, &name, guest, &marks, max_stored, &metrics);
             (name, Arc::new(Swappable::new(store)))
         })
         .collect();
@@ -268,8 +270,9 @@ async fn reload_on_sighup(
     restart_only: String,
 ) {
     let max_stored = runtime.max_stored_bytes();
-    let build =
-        |config: &Config, name: &str, guest| store_for(config, name, guest, &marks, max_stored);
+    let build = |config: &Config, name: &str, guest| {
+        store_for(config, name, guest, &marks, max_stored, &metrics)
+    };
     while hangups.recv().await.is_some() {
         tracing::info!(config = %source.path.display(), "SIGHUP: reloading backends");
         match crate::reload::reload(&source, &runtime, &served, build).await {

@@ -21,6 +21,7 @@ mod gcs;
 mod git;
 mod hostile;
 mod isolation;
+mod kms;
 mod languages;
 mod locks;
 mod marketplace;

@@ -41,6 +41,9 @@ pub enum Operation {
     ForceUnlock,
     /// A kept version written back from the console.
     Restore,
+    /// A state and its kept versions sealed again under the newest key
+    /// (`wasmstate state reseal`).
+    Reseal,
     /// A workspace created.
     WorkspaceCreate,
     /// A workspace and its state deleted.
@@ -49,7 +52,7 @@ pub enum Operation {
 
 impl Operation {
     /// Every operation, as filters and pages name them.
-    pub const ALL: [Operation; 9] = [
+    pub const ALL: [Operation; 10] = [
         Operation::Write,
         Operation::Delete,
         Operation::Lock,
@@ -57,6 +60,7 @@ impl Operation {
         Operation::Unlock,
         Operation::ForceUnlock,
         Operation::Restore,
+        Operation::Reseal,
         Operation::WorkspaceCreate,
         Operation::WorkspaceDelete,
     ];
@@ -71,6 +75,7 @@ impl Operation {
             Operation::Unlock => "unlock",
             Operation::ForceUnlock => "force-unlock",
             Operation::Restore => "restore",
+            Operation::Reseal => "reseal",
             Operation::WorkspaceCreate => "workspace-create",
             Operation::WorkspaceDelete => "workspace-delete",
         }

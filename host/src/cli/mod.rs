@@ -4,6 +4,7 @@ mod audit;
 mod guest;
 mod kit;
 mod new;
+mod reseal;
 
 pub use guest::{GuestAction, StoreArgs};
 
@@ -200,6 +201,28 @@ pub enum StateAction {
         /// Version id, from `wasmstate state versions`.
         version: String,
     },
+    /// Seal every state and kept version of a backend again under its
+    /// newest key (the first of encryption.keys), online, so an older key
+    /// can be removed; after a backend rename, re-bind them to the new name
+    /// with --from-backend. Takes each workspace's lock and skips (and
+    /// reports) one whose lock is held; run it again for those. Needs an
+    /// admin. Exits non-zero while anything still needs an older key.
+    ///
+    /// Example, after putting a KMS key first in encryption.keys and
+    /// reloading: `wasmstate state reseal -b prod --dry-run`, then without
+    /// --dry-run, then remove the old key and reload.
+    Reseal {
+        /// Only this workspace [default: every workspace of the backend].
+        #[arg(long, short)]
+        workspace: Option<String>,
+        /// Say what would be re-sealed; change nothing and take no lock.
+        #[arg(long)]
+        dry_run: bool,
+        /// The backend's name before a rename: open states and versions
+        /// bound to it (and move the versions this host kept under it).
+        #[arg(long, value_name = "OLD")]
+        from_backend: Option<String>,
+    },
 }
 
 /// Workspace operations.
@@ -352,6 +375,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                         );
                     }
                 }
+                StateAction::Reseal {
+                    workspace,
+                    dry_run,
+                    from_backend,
+                } => {
+                    let plan = reseal::Plan {
+                        backend: backend.to_string(),
+                        workspace,
+                        dry_run,
+                        from_backend,
+                    };
+                    return reseal::run(&client, plan).await;
+                }
                 StateAction::Restore { workspace, version } => {
                     let serial = client.restore(backend, &workspace, &version).await?;
                     println!(
@@ -363,7 +399,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Audit { filter, remote } => audit::run(filter, remote).await,
         Command::GenerateKey => {
-            println!("{}", crate::store::envelope::EncryptionKey::generate());
+            println!("{}", crate::store::envelope::generate_material());
             Ok(())
         }
     }

@@ -136,11 +136,13 @@ pub(super) fn validate_backend(
         0,
         10_000,
     )? as usize;
-    let encryption_accept_plain = raw.encryption.as_ref().is_some_and(|e| e.accept_plain);
-    let encryption_keys = match raw.encryption {
-        None => Vec::new(),
-        Some(enc) => encryption_keys(enc, base, &key("encryption.keys"), file)?,
-    };
+    let encryption = raw
+        .encryption
+        .map(|raw| {
+            let aws = clouds.aws.as_ref().map(|grant| &grant.settings);
+            super::encryption::encryption(raw, aws, base, &key("encryption"), file)
+        })
+        .transpose()?;
     let auth = match raw.git_auth {
         None => GitAuth::default(),
         Some(a) => {
@@ -252,8 +254,7 @@ pub(super) fn validate_backend(
         secrets,
         allow_git,
         history,
-        encryption_keys,
-        encryption_accept_plain,
+        encryption,
         allow_http,
         allow_http_addresses,
         aws: clouds.aws,
@@ -270,32 +271,4 @@ pub(super) fn validate_backend(
         },
         guest_config,
     })
-}
-
-/// Read each key from the environment variable or file it names.
-pub(super) fn encryption_keys(
-    raw: RawEncryption,
-    base: &Path,
-    key: &str,
-    file: &str,
-) -> Result<Vec<EncryptionKey>, ConfigError> {
-    if raw.keys.is_empty() {
-        return Err(ConfigError(format!(
-            "{file}: {key}: empty; list at least one {{ id = \"…\", env = \"VAR\" }} or remove the encryption table"
-        )));
-    }
-    let mut keys: Vec<EncryptionKey> = Vec::new();
-    for k in raw.keys {
-        let at = format!("{key}[id={:?}]", k.id);
-        check_name("key id", &k.id).map_err(|e| ConfigError(format!("{file}: {at}: {e}")))?;
-        if keys.iter().any(|existing| existing.id == k.id) {
-            return Err(ConfigError(format!("{file}: {at}: the id is used twice")));
-        }
-        let text = env_or_file(k.env, k.file, base, file, &at)?;
-        keys.push(
-            EncryptionKey::parse(&k.id, &text)
-                .map_err(|e| ConfigError(format!("{file}: {at}: {e}")))?,
-        );
-    }
-    Ok(keys)
 }

@@ -24,7 +24,10 @@
 //!                          # (the embedded git guest: its config.repository)
 //! # git_auth = { username_env = "GIT_USER", password_env = "GIT_TOKEN" }  # or ssh_key = "path"
 //! # Encrypt states before the guest sees them; the first key seals, all open.
-//! # encryption = { keys = [{ id = "2026-11", env = "WASMSTATE_KEY" }, { id = "old", file = "old.key" }] }
+//! # encryption = { keys = [{ id = "2026-12", aws_kms = "arn:aws:kms:eu-west-1:…:key/…" },
+//! #                         { id = "2026-11", env = "WASMSTATE_KEY" }, { id = "old", file = "old.key" }] }
+//! # (KMS: the backend's AWS credentials, else encryption.aws = { profile = "…" }, else the
+//! #  standard chain; data_key_cache_seconds = 300; `wasmstate state reseal` after a rotation)
 //! # lock_ttl = "12h"      # a lock this old may be taken over (off by default)
 //! [backends.default.config]
 //! fsync = true             # handed to the guest as strings
@@ -63,7 +66,7 @@ use crate::guests;
 pub use crate::guests::GuestSource;
 use crate::names::check_name;
 use crate::policy::Origin;
-use crate::store::envelope::EncryptionKey;
+use crate::store::keys::EncryptionSpec;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -285,12 +288,11 @@ pub struct BackendConfig {
     /// quarters of the server's `max_instances`, so one busy or hostile
     /// backend cannot take every slot.
     pub max_instances: Option<u32>,
-    /// Keys for encryption at rest; the first seals. Empty: no encryption.
-    pub encryption_keys: Vec<EncryptionKey>,
-    /// With encryption on, still accept states stored before it (plain, or
-    /// sealed by wasmstate before 2026-11 without the backend and workspace
-    /// bound in): a one-time migration mode, off by default.
-    pub encryption_accept_plain: bool,
+    /// Encryption at rest: its keys (the first seals), the migration
+    /// switch (`accept_plain`: also read states stored before encryption,
+    /// or sealed before 2026-11 without backend and workspace bound in),
+    /// how long KMS data keys are cached. `None`: no encryption.
+    pub encryption: Option<EncryptionSpec>,
     /// Linear memory this backend's instances together may hold; `None`:
     /// three quarters of the server's guest memory budget.
     pub memory_budget_bytes: Option<u64>,
@@ -340,6 +342,7 @@ pub struct ConfigError(String);
 
 mod backend;
 pub mod cloud;
+mod encryption;
 mod oidc;
 mod raw;
 #[cfg(test)]
@@ -422,8 +425,7 @@ impl Config {
                 postgres: None,
                 allow_force_push: false,
                 history: DEFAULT_HISTORY as usize,
-                encryption_keys: Vec::new(),
-                encryption_accept_plain: false,
+                encryption: None,
                 allow_git: Vec::new(),
                 secrets: Vec::new(),
                 max_instances: None,

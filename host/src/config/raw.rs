@@ -85,6 +85,8 @@ pub(super) struct RawEncryption {
     pub(super) keys: Vec<RawKey>,
     #[serde(default)]
     pub(super) accept_plain: bool,
+    pub(super) data_key_cache_seconds: Option<u64>,
+    pub(super) aws: Option<toml::Table>,
 }
 
 #[derive(Deserialize)]
@@ -93,6 +95,8 @@ pub(super) struct RawKey {
     pub(super) id: String,
     pub(super) env: Option<String>,
     pub(super) file: Option<PathBuf>,
+    pub(super) aws_kms: Option<String>,
+    pub(super) endpoint: Option<String>,
 }
 
 #[derive(Deserialize)]

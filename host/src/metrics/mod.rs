@@ -6,8 +6,10 @@
 //! `method` one of the protocol's methods or `other`, so no request can
 //! create new series at will.
 
+mod keys;
 mod resources;
 
+pub use keys::KeyCalls;
 pub use resources::Usage;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -97,6 +99,7 @@ pub struct Metrics {
     /// as a hash of its lock ID, whatever the ID's length.
     held: Mutex<HashMap<(String, String), HeldLock>>,
     resources: resources::Resources,
+    keys: keys::KeyServiceMetrics,
     auth_failures: Family<ThrottleLabels, Counter>,
     connections_open: Gauge,
     connections_refused: Family<ReasonLabels, Counter>,
@@ -189,6 +192,7 @@ impl Metrics {
             oldest_lock_seconds.clone(),
         );
         let resources = resources::Resources::new(&mut registry);
+        let keys = keys::KeyServiceMetrics::new(&mut registry);
         let auth_failures = Family::default();
         registry.register(
             "auth_failures",
@@ -233,6 +237,7 @@ impl Metrics {
             connections_refused,
             connection_timeouts,
             resources,
+            keys,
             registry,
             backends: backends.into_iter().collect(),
             requests,
@@ -311,6 +316,11 @@ impl Metrics {
                 kind: fault.label().into(),
             })
             .inc();
+    }
+
+    /// The key service counters of `backend`'s sealer.
+    pub fn key_calls(&self, backend: &str) -> KeyCalls {
+        self.keys.for_backend(self.backend(backend))
     }
 
     /// A LOCK was refused: someone else holds it.

@@ -71,7 +71,7 @@ impl ApiError {
                 );
             }
             InvalidInput(_) => StatusCode::BAD_REQUEST,
-            Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Unavailable(_) | KeyUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Overloaded(_) => {
                 return ApiError::RetryAfter(
                     StatusCode::SERVICE_UNAVAILABLE,

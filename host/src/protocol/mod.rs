@@ -18,6 +18,7 @@ mod locks;
 pub(crate) use locks::force_unlock;
 mod origin;
 mod record;
+mod reseal;
 mod state;
 pub mod versions;
 mod workspaces;
@@ -44,7 +45,7 @@ use axum::extract::{Extension, Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get};
+use axum::routing::{any, get, post};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -326,6 +327,10 @@ pub fn router_with<S: Storage>(app: Arc<App<S>>, more: Router) -> Router {
             "/states/{backend}/{workspace}/versions/{id}",
             get(version_route::<S>),
         )
+        .route(
+            "/states/{backend}/{workspace}/reseal",
+            post(reseal_route::<S>),
+        )
         .route("/workspaces/{backend}", get(list_route::<S>))
         .route("/workspaces/{backend}/{workspace}", any(workspace_route::<S>))
         .route("/audit/{backend}", get(audit::route::<S>))
@@ -381,6 +386,19 @@ async fn version_route<S: Storage>(
     let target = app.target(&backend, &workspace)?;
     caller.may(&backend, Some(&workspace), Role::Read)?;
     versions::read(&app.bodies, target, &id).await
+}
+
+async fn reseal_route<S: Storage>(
+    State(app): State<Arc<App<S>>>,
+    Path((backend, workspace)): Path<(String, String)>,
+    client: Option<Extension<ClientAddr>>,
+    query: Result<Query<reseal::ResealQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let caller = app.identify(&headers, client).await?;
+    let Query(query) =
+        query.map_err(|e| ApiError::bad_request(format!("bad query string: {e}")))?;
+    reseal::reseal(&app, caller, (&backend, &workspace), query).await
 }
 
 async fn list_route<S: Storage>(

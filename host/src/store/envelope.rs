@@ -1,28 +1,25 @@
-//! Encryption at rest: the host seals a state with AES-256-GCM before a
-//! guest stores it and opens it after a guest reads it, so a guest (first
-//! party or a stranger's) only ever holds ciphertext.
-//!
-//! The stored form is a JSON envelope that keeps the state's `serial` and
-//! `lineage` in clear at the top level, as OpenTofu's encrypted state does,
-//! so tools that only compare versions keep working:
+//! The sealed form of a state: AES-256-GCM under a data key, as a JSON
+//! envelope that keeps the state's `serial` and `lineage` in clear at the
+//! top level, as OpenTofu's encrypted state does, so tools that only
+//! compare versions keep working:
 //!
 //! ```json
-//! {"wasmstate_encrypted":{"format":1,"algorithm":"AES-256-GCM","key_id":"2026-11",
+//! {"wasmstate_encrypted":{"format":2,"algorithm":"AES-256-GCM","key_id":"2026-11",
 //!   "nonce":"…","ciphertext":"…"},"serial":7,"lineage":"…"}
 //! ```
+//!
+//! - **Format 2**: sealed directly with a configured key's material.
+//! - **Format 3**: sealed with a fresh data key that a key service (AWS
+//!   KMS) wrapped; the wrapped key travels as `wrapped_key`.
+//! - **Format 1** (wasmstate before 2026-11) bound neither backend nor
+//!   workspace; read only in migration mode.
 //!
 //! The clear `serial` and `lineage`, and the backend and workspace the
 //! state belongs to, are bound to the ciphertext as associated data:
 //! editing them, or moving an envelope to another workspace or backend,
-//! makes the state fail to open. Every write uses a fresh random nonce. The
-//! key id names which configured key sealed it, so keys can rotate: new
-//! writes use the first key, old states open with whichever key they name.
-//!
-//! With encryption on, what storage hands back must be an envelope:
-//! a plain state (which a storage guest could return in place of the real
-//! one) is refused, as is a format-1 envelope (wasmstate before 2026-11,
-//! which bound neither backend nor workspace), unless the backend is in the
-//! one-time migration mode (`encryption.accept_plain`).
+//! makes the state fail to open. Every write uses a fresh random nonce.
+//! The key id names which configured key sealed it, so keys can rotate.
+//! Which key seals and how keys are fetched is [`super::sealer`]'s.
 
 use aes_gcm::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
 use aes_gcm::{Aes256Gcm, Key, Nonce};
@@ -30,57 +27,31 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 
-const FORMAT: u32 = 2;
+/// Sealed directly with a configured key.
+pub const FORMAT_DIRECT: u32 = 2;
+/// Sealed with a data key a key service wrapped.
+pub const FORMAT_WRAPPED: u32 = 3;
 /// Envelopes that bound only serial and lineage; read in migration mode.
-const FORMAT_UNBOUND: u32 = 1;
+pub const FORMAT_UNBOUND: u32 = 1;
 const ALGORITHM: &str = "AES-256-GCM";
 
-/// One AES-256 key and the id stored beside states it seals.
-#[derive(Clone)]
-pub struct EncryptionKey {
-    /// Short name written into every envelope, e.g. `2026-11`.
-    pub id: String,
-    /// The 32-byte key.
-    pub key: [u8; 32],
+/// Parse key material as written by `wasmstate generate-key`: 32 bytes,
+/// base64 (surrounding whitespace ignored). `id` names it in errors.
+pub fn parse_material(id: &str, text: &str) -> Result<[u8; 32], String> {
+    let bytes = BASE64.decode(text.trim()).map_err(|e| {
+        format!("key {id:?} is not base64 ({e}); make one with `wasmstate generate-key`")
+    })?;
+    bytes.try_into().map_err(|b: Vec<u8>| {
+        format!(
+            "key {id:?} is {} bytes; AES-256 needs 32 (make one with `wasmstate generate-key`)",
+            b.len()
+        )
+    })
 }
 
-impl std::fmt::Debug for EncryptionKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never print key material, not even in debug logs.
-        write!(f, "EncryptionKey({:?}, <redacted>)", self.id)
-    }
-}
-
-impl EncryptionKey {
-    /// Parse key material as written by `wasmstate generate-key`: 32 bytes,
-    /// base64 (surrounding whitespace ignored).
-    pub fn parse(id: &str, text: &str) -> Result<Self, String> {
-        let bytes = BASE64.decode(text.trim()).map_err(|e| {
-            format!("key {id:?} is not base64 ({e}); make one with `wasmstate generate-key`")
-        })?;
-        let key: [u8; 32] = bytes.try_into().map_err(|b: Vec<u8>| {
-            format!(
-                "key {id:?} is {} bytes; AES-256 needs 32 (make one with `wasmstate generate-key`)",
-                b.len()
-            )
-        })?;
-        Ok(EncryptionKey {
-            id: id.to_string(),
-            key,
-        })
-    }
-
-    /// A fresh random key, base64-encoded.
-    pub fn generate() -> String {
-        BASE64.encode(Aes256Gcm::generate_key(&mut OsRng))
-    }
-}
-
-/// Seals and opens states with a backend's keys; the first key seals.
-#[derive(Debug, Clone)]
-pub struct Sealer {
-    keys: Vec<EncryptionKey>,
-    accept_plain: bool,
+/// A fresh random key, base64-encoded.
+pub fn generate_material() -> String {
+    BASE64.encode(Aes256Gcm::generate_key(&mut OsRng))
 }
 
 /// Where a state belongs: what an envelope is bound to.
@@ -113,6 +84,9 @@ struct Sealed {
     /// it can only make that check start later, never refuse a state.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     restarts: bool,
+    /// Format 3: the data key, wrapped by the key service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    wrapped_key: Option<String>,
     nonce: String,
     ciphertext: String,
 }
@@ -121,17 +95,7 @@ struct Sealed {
 /// ([`Sealed`]'s `restarts`). Reads the whole envelope: for the rare
 /// history walk that needs it, never for a request's state.
 pub fn restarts(stored: &[u8]) -> bool {
-    #[derive(Deserialize)]
-    struct Flags {
-        #[serde(default)]
-        restarts: bool,
-    }
-    #[derive(Deserialize)]
-    struct Outer {
-        wasmstate_encrypted: Flags,
-    }
-    is_sealed(stored)
-        && serde_json::from_slice::<Outer>(stored).is_ok_and(|o| o.wasmstate_encrypted.restarts)
+    is_sealed(stored) && label(stored).is_some_and(|l| l.restarts)
 }
 
 /// The clear fields of a state (or of an envelope).
@@ -153,6 +117,39 @@ impl StateHeader {
 
 pub use crate::statefile::is_sealed;
 
+/// What an envelope says of itself, without its ciphertext decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Label {
+    /// 1, 2 or 3.
+    pub format: u32,
+    /// The key that sealed it.
+    pub key_id: String,
+    /// Written with `allow_force_push` on.
+    pub restarts: bool,
+}
+
+/// The label of a sealed `stored`; `None` when it is not an envelope.
+pub fn label(stored: &[u8]) -> Option<Label> {
+    #[derive(Deserialize)]
+    struct Fields {
+        format: u32,
+        key_id: String,
+        #[serde(default)]
+        restarts: bool,
+    }
+    #[derive(Deserialize)]
+    struct Outer {
+        wasmstate_encrypted: Fields,
+    }
+    let outer: Outer = serde_json::from_slice(stored).ok()?;
+    let f = outer.wasmstate_encrypted;
+    Some(Label {
+        format: f.format,
+        key_id: f.key_id,
+        restarts: f.restarts,
+    })
+}
+
 fn associated_data(format: u32, place: Place<'_>, header: &StateHeader) -> Vec<u8> {
     let serial = header.serial.map(|s| s.to_string()).unwrap_or_default();
     let lineage = header.lineage.as_deref().unwrap_or("");
@@ -171,104 +168,85 @@ fn associated_data(format: u32, place: Place<'_>, header: &StateHeader) -> Vec<u
     .expect("strings serialise")
 }
 
-impl Sealer {
-    /// One line for the console: which key seals, how many open.
-    pub fn describe(&self) -> String {
-        format!(
-            "AES-256-GCM, sealing with key {:?}, {} key(s) to open{}",
-            self.keys[0].id,
-            self.keys.len(),
-            if self.accept_plain {
-                ", plain states accepted (migration)"
-            } else {
-                ""
-            }
-        )
-    }
+/// The key a state is sealed with, and how it travels.
+pub struct Sealing<'a> {
+    /// The configured key's id, written into the envelope.
+    pub key_id: &'a str,
+    /// The AES-256 key: the material itself, or a fresh data key.
+    pub key: &'a [u8; 32],
+    /// The data key as the key service wrapped it (format 3).
+    pub wrapped: Option<&'a [u8]>,
+}
 
-    /// A sealer using `keys[0]` for new states; `None` without keys.
-    /// With `accept_plain`, states stored before encryption still open.
-    pub fn new(keys: Vec<EncryptionKey>, accept_plain: bool) -> Option<Self> {
-        (!keys.is_empty()).then_some(Sealer { keys, accept_plain })
-    }
-
-    /// Encrypt a plain state of `place`, whose clear fields are `header`,
-    /// into an envelope; `restarts` when written with `allow_force_push`.
-    pub fn seal(
-        &self,
-        place: Place<'_>,
-        state: &[u8],
-        header: &StateHeader,
-        restarts: bool,
-    ) -> Result<Vec<u8>, String> {
-        let key = &self.keys[0];
-        let cipher = Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(&key.key));
-        let nonce = Aes256Gcm::generate_nonce(&mut OsRng);
-        let aad = associated_data(FORMAT, place, header);
-        let ciphertext = cipher
-            .encrypt(
-                &nonce,
-                Payload {
-                    msg: state,
-                    aad: &aad,
-                },
-            )
-            .map_err(|_| "AES-GCM encryption failed".to_string())?;
-        let envelope = Envelope {
-            wasmstate_encrypted: Sealed {
-                format: FORMAT,
-                algorithm: ALGORITHM.into(),
-                key_id: key.id.clone(),
-                restarts,
-                nonce: BASE64.encode(nonce),
-                ciphertext: BASE64.encode(ciphertext),
+/// Encrypt a plain state of `place`, whose clear fields are `header`,
+/// into an envelope; `restarts` when written with `allow_force_push`.
+pub fn seal(
+    sealing: Sealing<'_>,
+    place: Place<'_>,
+    state: &[u8],
+    header: &StateHeader,
+    restarts: bool,
+) -> Result<Vec<u8>, String> {
+    let format = if sealing.wrapped.is_some() {
+        FORMAT_WRAPPED
+    } else {
+        FORMAT_DIRECT
+    };
+    let cipher = Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(sealing.key));
+    let nonce = Aes256Gcm::generate_nonce(&mut OsRng);
+    let aad = associated_data(format, place, header);
+    let ciphertext = cipher
+        .encrypt(
+            &nonce,
+            Payload {
+                msg: state,
+                aad: &aad,
             },
-            serial: header.serial,
-            lineage: header.lineage.clone(),
-        };
-        serde_json::to_vec(&envelope).map_err(|e| e.to_string())
-    }
+        )
+        .map_err(|_| "AES-GCM encryption failed".to_string())?;
+    let envelope = Envelope {
+        wasmstate_encrypted: Sealed {
+            format,
+            algorithm: ALGORITHM.into(),
+            key_id: sealing.key_id.to_string(),
+            restarts,
+            wrapped_key: sealing.wrapped.map(|w| BASE64.encode(w)),
+            nonce: BASE64.encode(nonce),
+            ciphertext: BASE64.encode(ciphertext),
+        },
+        serial: header.serial,
+        lineage: header.lineage.clone(),
+    };
+    serde_json::to_vec(&envelope).map_err(|e| e.to_string())
+}
 
-    /// Decrypt what a guest returned for `place`; with the clear fields
-    /// the envelope carried.
-    pub fn open(
-        &self,
-        place: Place<'_>,
-        stored: Vec<u8>,
-    ) -> Result<(Vec<u8>, StateHeader), String> {
-        if !is_sealed(&stored) {
-            if self.accept_plain {
-                let header = StateHeader::of(&stored);
-                return Ok((stored, header));
-            }
-            return Err(
-                "storage returned a state that is not sealed, though encryption is on for this backend; \
-                 refused (it could be anyone's). To read states written before encryption was enabled, \
-                 set encryption.accept_plain = true once, until each has been written again"
-                    .into(),
-            );
-        }
-        open_with(&self.keys, place, self.accept_plain, stored)
+/// An envelope read and checked, its ciphertext decoded, not yet opened.
+pub struct Parsed {
+    /// 1, 2 or 3.
+    pub format: u32,
+    /// The configured key it names.
+    pub key_id: String,
+    /// Format 3: the wrapped data key.
+    pub wrapped: Option<Vec<u8>>,
+    /// Its clear fields.
+    pub header: StateHeader,
+    nonce: Vec<u8>,
+    ciphertext: Vec<u8>,
+}
+
+impl Parsed {
+    /// How many bytes decrypting it runs over.
+    pub fn ciphertext_len(&self) -> usize {
+        self.ciphertext.len()
     }
 }
 
-/// Decrypt a sealed `stored` for `place` with `keys` (format-1 envelopes
-/// only with `accept_unbound`). A plain state is returned as it is; callers
-/// with encryption on refuse it first ([`Sealer::open`]).
-pub fn open_with(
-    keys: &[EncryptionKey],
-    place: Place<'_>,
-    accept_unbound: bool,
-    stored: Vec<u8>,
-) -> Result<(Vec<u8>, StateHeader), String> {
-    if !is_sealed(&stored) {
-        let header = StateHeader::of(&stored);
-        return Ok((stored, header));
-    }
-    let envelope: Envelope = serde_json::from_slice(&stored).map_err(|e| {
+/// Read a sealed `stored` (format 1 only with `accept_unbound`).
+pub fn parse(stored: &[u8], accept_unbound: bool) -> Result<Parsed, String> {
+    let envelope: Envelope = serde_json::from_slice(stored).map_err(|e| {
         format!("the stored state looks encrypted but its envelope is malformed: {e}")
     })?;
-    let sealed = &envelope.wasmstate_encrypted;
+    let sealed = envelope.wasmstate_encrypted;
     if sealed.format == FORMAT_UNBOUND && !accept_unbound {
         return Err(
             "the stored state is sealed in format 1, which binds neither backend nor workspace; \
@@ -276,23 +254,23 @@ pub fn open_with(
                 .into(),
         );
     }
-    if !(sealed.format == FORMAT || sealed.format == FORMAT_UNBOUND)
-        || sealed.algorithm != ALGORITHM
-    {
+    let known = match sealed.format {
+        FORMAT_UNBOUND | FORMAT_DIRECT => sealed.wrapped_key.is_none(),
+        FORMAT_WRAPPED => sealed.wrapped_key.is_some(),
+        _ => false,
+    };
+    if !known || sealed.algorithm != ALGORITHM {
         return Err(format!(
-            "the stored state is encrypted with format {} / {}, which this wasmstate does not know",
-            sealed.format, sealed.algorithm
+            "the stored state is encrypted with format {} / {}{}, which this wasmstate does not know",
+            sealed.format,
+            sealed.algorithm,
+            if sealed.wrapped_key.is_some() {
+                " with a wrapped key"
+            } else {
+                ""
+            }
         ));
     }
-    let Some(key) = keys.iter().find(|k| k.id == sealed.key_id) else {
-        let known: Vec<&str> = keys.iter().map(|k| k.id.as_str()).collect();
-        return Err(format!(
-            "the stored state is encrypted with key {:?}, which is not configured for this backend \
-             (configured: [{}]); add it to the backend's encryption.keys",
-            sealed.key_id,
-            known.join(", ")
-        ));
-    };
     let decode = |what: &str, text: &str| {
         BASE64
             .decode(text)
@@ -302,36 +280,48 @@ pub fn open_with(
     if nonce.len() != 12 {
         return Err("the stored state's nonce is not 12 bytes".into());
     }
-    let ciphertext = decode("ciphertext", &sealed.ciphertext)?;
-    let header = StateHeader {
-        serial: envelope.serial,
-        lineage: envelope.lineage.clone(),
-    };
-    let cipher = Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(&key.key));
-    let aad = associated_data(sealed.format, place, &header);
-    let state = cipher
-        .decrypt(Nonce::from_slice(&nonce), Payload { msg: &ciphertext, aad: &aad })
+    Ok(Parsed {
+        format: sealed.format,
+        wrapped: sealed
+            .wrapped_key
+            .as_deref()
+            .map(|w| decode("wrapped key", w))
+            .transpose()?,
+        ciphertext: decode("ciphertext", &sealed.ciphertext)?,
+        key_id: sealed.key_id,
+        header: StateHeader {
+            serial: envelope.serial,
+            lineage: envelope.lineage,
+        },
+        nonce,
+    })
+}
+
+/// Decrypt `parsed` for `place` with `key` (the material, or the data key
+/// its wrapped key held).
+pub fn decrypt(parsed: &Parsed, key: &[u8; 32], place: Place<'_>) -> Result<Vec<u8>, String> {
+    let cipher = Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(key));
+    let aad = associated_data(parsed.format, place, &parsed.header);
+    cipher
+        .decrypt(
+            Nonce::from_slice(&parsed.nonce),
+            Payload {
+                msg: &parsed.ciphertext,
+                aad: &aad,
+            },
+        )
         .map_err(|_| {
             format!(
                 "the stored state does not open with key {:?} for {}/{}: it was sealed with other key \
                  material, for another backend or workspace, or its bytes were altered",
-                sealed.key_id, place.backend, place.workspace
+                parsed.key_id, place.backend, place.workspace
             )
-        })?;
-    Ok((state, header))
+        })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn key(id: &str) -> EncryptionKey {
-        EncryptionKey::parse(id, &EncryptionKey::generate()).unwrap()
-    }
-
-    fn sealer(keys: Vec<EncryptionKey>) -> Sealer {
-        Sealer::new(keys, false).unwrap()
-    }
 
     const STATE: &[u8] =
         br#"{"version":4,"serial":7,"lineage":"abc","outputs":{"pw":{"value":"hunter2"}}}"#;
@@ -339,124 +329,122 @@ mod tests {
         backend: "prod",
         workspace: "net",
     };
+    const KEY: [u8; 32] = [7; 32];
 
-    fn seal(sealer: &Sealer, place: Place<'_>) -> Vec<u8> {
-        sealer
-            .seal(place, STATE, &StateHeader::of(STATE), false)
-            .unwrap()
+    fn sealed(wrapped: Option<&[u8]>, place: Place<'_>, restarts: bool) -> Vec<u8> {
+        let sealing = Sealing {
+            key_id: "k1",
+            key: &KEY,
+            wrapped,
+        };
+        seal(sealing, place, STATE, &StateHeader::of(STATE), restarts).unwrap()
+    }
+
+    fn open(stored: &[u8], key: &[u8; 32], place: Place<'_>) -> Result<Vec<u8>, String> {
+        decrypt(&parse(stored, false)?, key, place)
     }
 
     #[test]
     fn round_trip_keeps_serial_and_lineage_readable_and_hides_the_rest() {
-        let sealer = sealer(vec![key("k1")]);
-        let sealed = seal(&sealer, HERE);
-        assert!(is_sealed(&sealed));
-        let text = String::from_utf8(sealed.clone()).unwrap();
-        assert!(!text.contains("hunter2"), "{text}");
-        let clear = StateHeader {
-            serial: Some(7),
-            lineage: Some("abc".into()),
-        };
-        assert_eq!(StateHeader::of(&sealed), clear);
-        // What the history listing reads without parsing the ciphertext.
-        assert_eq!(
-            crate::statefile::version_of_envelope(&sealed),
-            Some(("abc".to_string(), 7))
-        );
+        for wrapped in [None, Some(&b"wrapped by KMS"[..])] {
+            let stored = sealed(wrapped, HERE, false);
+            assert!(is_sealed(&stored));
+            let text = String::from_utf8(stored.clone()).unwrap();
+            assert!(!text.contains("hunter2"), "{text}");
+            let clear = StateHeader {
+                serial: Some(7),
+                lineage: Some("abc".into()),
+            };
+            assert_eq!(StateHeader::of(&stored), clear);
+            // What the history listing reads without parsing the ciphertext.
+            assert_eq!(
+                crate::statefile::version_of_envelope(&stored),
+                Some(("abc".to_string(), 7))
+            );
+            let parsed = parse(&stored, false).unwrap();
+            assert_eq!(parsed.wrapped.as_deref(), wrapped);
+            let format = if wrapped.is_some() { 3 } else { 2 };
+            assert_eq!(parsed.format, format);
+            assert_eq!(
+                label(&stored),
+                Some(Label {
+                    format,
+                    key_id: "k1".into(),
+                    restarts: false
+                })
+            );
+            assert_eq!(open(&stored, &KEY, HERE).unwrap(), STATE);
+        }
         assert_eq!(crate::statefile::version_of_envelope(STATE), None);
-        assert!(!restarts(&sealed));
-        let forced = sealer
-            .seal(HERE, STATE, &StateHeader::of(STATE), true)
-            .unwrap();
-        assert!(restarts(&forced));
-        assert_eq!(sealer.open(HERE, forced).unwrap().0, STATE.to_vec());
-        assert_eq!(sealer.open(HERE, sealed).unwrap(), (STATE.to_vec(), clear));
+        assert!(!restarts(&sealed(None, HERE, false)));
+        assert!(restarts(&sealed(None, HERE, true)));
     }
 
     #[test]
     fn nonces_are_fresh() {
-        let sealer = sealer(vec![key("k1")]);
-        assert_ne!(seal(&sealer, HERE), seal(&sealer, HERE));
+        assert_ne!(sealed(None, HERE, false), sealed(None, HERE, false));
     }
 
     #[test]
-    fn plain_states_are_refused_unless_migrating() {
-        let k = key("k1");
-        let err = sealer(vec![k.clone()])
-            .open(HERE, STATE.to_vec())
-            .unwrap_err();
-        assert!(
-            err.contains("not sealed") && err.contains("accept_plain"),
-            "{err}"
-        );
-        let migrating = Sealer::new(vec![k], true).unwrap();
-        assert_eq!(migrating.open(HERE, STATE.to_vec()).unwrap().0, STATE);
-    }
-
-    #[test]
-    fn an_envelope_opens_only_where_it_was_sealed() {
-        let sealer = sealer(vec![key("k1")]);
-        for elsewhere in [
-            Place {
-                backend: "prod",
-                workspace: "other",
-            },
-            Place {
-                backend: "dev",
-                workspace: "net",
-            },
-        ] {
-            let err = sealer.open(elsewhere, seal(&sealer, HERE)).unwrap_err();
-            assert!(err.contains("for another backend or workspace"), "{err}");
+    fn an_envelope_opens_only_where_it_was_sealed_and_with_its_key() {
+        for wrapped in [None, Some(&b"w"[..])] {
+            let stored = sealed(wrapped, HERE, false);
+            for elsewhere in [
+                Place {
+                    backend: "prod",
+                    workspace: "other",
+                },
+                Place {
+                    backend: "dev",
+                    workspace: "net",
+                },
+            ] {
+                let err = open(&stored, &KEY, elsewhere).unwrap_err();
+                assert!(err.contains("for another backend or workspace"), "{err}");
+            }
+            let err = open(&stored, &[8; 32], HERE).unwrap_err();
+            assert!(err.contains("does not open with key \"k1\""), "{err}");
         }
     }
 
     #[test]
-    fn rotation_opens_old_states_with_the_key_they_name() {
-        let old = key("old");
-        let sealed = seal(&sealer(vec![old.clone()]), HERE);
-        let rotated = sealer(vec![key("new"), old]);
-        assert_eq!(rotated.open(HERE, sealed).unwrap().0, STATE);
+    fn tampering_with_the_clear_serial_or_the_format_is_detected() {
+        let stored = String::from_utf8(sealed(None, HERE, false)).unwrap();
+        let forged = stored.replace("\"serial\":7", "\"serial\":70");
+        assert_ne!(forged, stored);
+        assert!(open(forged.as_bytes(), &KEY, HERE).is_err());
+        // A format-3 envelope relabelled format 2 (dropping its wrapped
+        // key) or the reverse is refused before any key is used.
+        let wrapped = String::from_utf8(sealed(Some(b"w"), HERE, false)).unwrap();
+        let relabelled = wrapped.replace("\"format\":3", "\"format\":2");
+        let err = parse(relabelled.as_bytes(), false).err().unwrap();
+        assert!(err.contains("does not know"), "{err}");
+        let unknown = stored.replace("\"format\":2", "\"format\":9");
+        assert!(parse(unknown.as_bytes(), false).is_err());
     }
 
     #[test]
-    fn wrong_or_missing_key_is_an_error_not_garbage() {
-        let sealed = seal(&sealer(vec![key("k1")]), HERE);
-        let wrong = sealer(vec![key("k1")])
-            .open(HERE, sealed.clone())
-            .unwrap_err();
-        assert!(wrong.contains("does not open with key \"k1\""), "{wrong}");
-        let missing = sealer(vec![key("k2")])
-            .open(HERE, sealed.clone())
-            .unwrap_err();
-        assert!(
-            missing.contains("key \"k1\", which is not configured"),
-            "{missing}"
-        );
-        let none = open_with(&[], HERE, false, sealed).unwrap_err();
-        assert!(none.contains("not configured"), "{none}");
-    }
-
-    #[test]
-    fn tampering_with_the_clear_serial_is_detected() {
-        let sealer = sealer(vec![key("k1")]);
-        let sealed = String::from_utf8(seal(&sealer, HERE)).unwrap();
-        let forged = sealed.replace("\"serial\":7", "\"serial\":70");
-        assert_ne!(forged, sealed);
-        assert!(sealer.open(HERE, forged.into_bytes()).is_err());
+    fn format_one_needs_the_migration_switch() {
+        let stored = String::from_utf8(sealed(None, HERE, false))
+            .unwrap()
+            .replace("\"format\":2", "\"format\":1");
+        let err = parse(stored.as_bytes(), false).err().unwrap();
+        assert!(err.contains("format 1"), "{err}");
+        assert!(parse(stored.as_bytes(), true).is_ok());
     }
 
     #[test]
     fn bad_key_material_is_explained() {
         assert!(
-            EncryptionKey::parse("k", "not base64!")
+            parse_material("k", "not base64!")
                 .unwrap_err()
                 .contains("generate-key")
         );
         assert!(
-            EncryptionKey::parse("k", "AAAA")
+            parse_material("k", "AAAA")
                 .unwrap_err()
                 .contains("needs 32")
         );
+        assert!(parse_material("k", &generate_material()).is_ok());
     }
 }

@@ -116,6 +116,57 @@ impl History {
     }
 }
 
+impl History {
+    /// The history of another backend kept beside this one (the same
+    /// `history` folder): where a renamed backend's versions were kept.
+    pub fn sibling(&self, backend: &str) -> History {
+        let parent = self.root.parent().unwrap_or(&self.root);
+        History::new(parent.join(backend), self.keep)
+    }
+
+    /// Put `stored` in place of version `id` of `workspace`, whole (written
+    /// beside it, then renamed). `create`: also when there is no such
+    /// version yet (moving one in); else `false` when it is gone (pruned
+    /// meanwhile) and nothing was written.
+    pub async fn put(
+        &self,
+        workspace: &str,
+        id: &str,
+        stored: Vec<u8>,
+        create: bool,
+    ) -> io::Result<bool> {
+        if parse_id(id).is_none() {
+            return Err(io::Error::other(format!("{id:?} is not a version id")));
+        }
+        let dir = self.dir(workspace);
+        let path = dir.join(format!("{id}{SUFFIX}"));
+        tokio::task::spawn_blocking(move || {
+            if !create && !path.exists() {
+                return Ok(false);
+            }
+            std::fs::create_dir_all(&dir)?;
+            let mut temp = tempfile::NamedTempFile::new_in(&dir)?;
+            std::io::Write::write_all(&mut temp, &stored)?;
+            temp.as_file().sync_all()?;
+            temp.persist(&path).map_err(|e| e.error)?;
+            Ok(true)
+        })
+        .await
+        .map_err(io::Error::other)?
+    }
+
+    /// Remove version `id` of `workspace` (gone already is fine).
+    pub async fn remove(&self, workspace: &str, id: &str) -> io::Result<()> {
+        if parse_id(id).is_none() {
+            return Ok(());
+        }
+        match tokio::fs::remove_file(self.dir(workspace).join(format!("{id}{SUFFIX}"))).await {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// `(id, path)` of every version file, oldest first.
 fn ids(dir: &Path) -> io::Result<Vec<(String, PathBuf)>> {
     let entries = match std::fs::read_dir(dir) {

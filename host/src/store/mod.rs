@@ -1,5 +1,7 @@
 //! What the host adds around a guest's storage, whatever the guest:
-//! encryption at rest ([`envelope`]) and a version history ([`history`]).
+//! encryption at rest ([`sealer`], with keys from [`keys`], in the form
+//! [`envelope`] writes), a version history ([`history`]), and re-sealing
+//! stored states under the newest key ([`reseal`]).
 //!
 //! [`Store`] wraps any [`Storage`] and is itself a [`Storage`], so the
 //! protocol layer serves it like a bare guest. Order matters: states are
@@ -8,14 +10,19 @@
 
 pub mod envelope;
 pub mod history;
+pub mod keys;
+pub mod reseal;
 pub mod rollback;
+pub mod sealer;
 pub mod seed;
 
 use crate::backend::{HistorySource, LockInfo, Storage, StorageError, StorageResult, Version};
 use bytes::Bytes;
-use envelope::{EncryptionKey, Place, Sealer, StateHeader};
+use envelope::StateHeader;
 use history::History;
+use keys::EncryptionSpec;
 use rollback::{ReadStart, RollbackMarks};
+use sealer::{Opened, Sealer};
 use seed::Seed;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -52,16 +59,15 @@ const SOURCES: [HistorySource; 4] = [
 ];
 
 impl<S: Storage> Store<S> {
-    /// Wrap `inner`, the storage of `backend`. With `keys`, states are
-    /// sealed with the first (`accept_plain`: also read states stored
-    /// before encryption); with a `history`, every write is kept there too.
+    /// Wrap `inner`, the storage of `backend`. With `encryption`, states
+    /// are sealed with its first key; with a `history`, every write is
+    /// kept there too.
     /// `marks` outlive the store (a reload builds a new one). Nothing
     /// larger than `max_stored_bytes` is handed to storage.
     pub fn new(
         inner: S,
         backend: &str,
-        keys: Vec<EncryptionKey>,
-        accept_plain: bool,
+        encryption: Option<&EncryptionSpec>,
         history: Option<History>,
         marks: Arc<RollbackMarks>,
         max_stored_bytes: usize,
@@ -69,7 +75,7 @@ impl<S: Storage> Store<S> {
         Store {
             max_stored_bytes,
             older_states_allowed: false,
-            sealer: Sealer::new(keys, accept_plain).map(Arc::new),
+            sealer: encryption.and_then(Sealer::new).map(Arc::new),
             inner,
             backend: Arc::from(backend),
             history,
@@ -118,62 +124,66 @@ impl<S: Storage> Store<S> {
         self
     }
 
+    /// Count this backend's key service calls in `calls` (the metrics).
+    pub fn counting_key_calls(mut self, calls: crate::metrics::KeyCalls) -> Self {
+        self.sealer = self
+            .sealer
+            .take()
+            .map(|sealer| match Arc::try_unwrap(sealer) {
+                Ok(sealer) => Arc::new(sealer.counting(calls)),
+                Err(shared) => shared,
+            });
+        self
+    }
+
     /// The wrapped storage.
     pub fn inner(&self) -> &S {
         &self.inner
     }
 
-    /// Open what storage returned for `workspace`. Without keys a plain
-    /// state passes and a sealed one says which key it needs, instead of
-    /// reaching Terraform as ciphertext. A big state is opened as the
-    /// backend's host work, off the async workers. `Ok(Err(why))`: it does
-    /// not open.
-    async fn open(
+    /// Open what storage returned for `workspace` of `backend` (this
+    /// backend's name, or the one it had before a rename). Without keys a
+    /// plain state passes and a sealed one says which key it needs,
+    /// instead of reaching Terraform as ciphertext. A big state is opened
+    /// as the backend's host work, off the async workers.
+    async fn open_as(
         &self,
+        backend: &str,
         workspace: &str,
         stored: Vec<u8>,
-    ) -> StorageResult<Result<(Vec<u8>, StateHeader), String>> {
-        let (sealer, backend) = (self.sealer.clone(), self.backend.clone());
-        let workspace = workspace.to_string();
-        let work = self.inner.host_work();
-        let opened = work.run(stored.len(), move || {
-            let place = Place {
-                backend: &backend,
-                workspace: &workspace,
-            };
-            match &sealer {
-                Some(sealer) => sealer.open(place, stored),
-                None => envelope::open_with(&[], place, false, stored),
+    ) -> StorageResult<Opened> {
+        match &self.sealer {
+            Some(sealer) => {
+                let work = self.inner.host_work();
+                sealer.open(&work, backend, workspace, stored).await
             }
-        });
-        Ok(opened.await?)
+            None => Ok(sealer::open_unkeyed(stored)),
+        }
+    }
+
+    async fn open(&self, workspace: &str, stored: Vec<u8>) -> StorageResult<Opened> {
+        self.open_as(&self.backend, workspace, stored).await
     }
 
     /// The clear fields of a state to write and what to store for it
     /// (sealed, with keys), computed as the backend's host work.
     async fn seal(&self, workspace: &str, state: Bytes) -> StorageResult<(StateHeader, Bytes)> {
-        if self.sealer.is_none() && self.history.is_none() {
-            return Ok((StateHeader::default(), state));
+        match &self.sealer {
+            Some(sealer) => {
+                let work = self.inner.host_work();
+                let restarts = self.older_states_allowed;
+                sealer
+                    .seal(&work, &self.backend, workspace, state, restarts)
+                    .await
+            }
+            None if self.history.is_none() => Ok((StateHeader::default(), state)),
+            None => {
+                let work = self.inner.host_work();
+                let read = state.clone();
+                let header = work.run(read.len(), move || StateHeader::of(&read)).await?;
+                Ok((header, state))
+            }
         }
-        let (sealer, backend) = (self.sealer.clone(), self.backend.clone());
-        let restarts = self.older_states_allowed;
-        let workspace = workspace.to_string();
-        let work = self.inner.host_work();
-        let sealed = work.run(state.len(), move || {
-            let header = StateHeader::of(&state);
-            let place = Place {
-                backend: &backend,
-                workspace: &workspace,
-            };
-            let stored = match &sealer {
-                Some(sealer) => sealer
-                    .seal(place, &state, &header, restarts)
-                    .map(Bytes::from),
-                None => Ok(state),
-            };
-            stored.map(|stored| (header, stored))
-        });
-        sealed.await?.map_err(StorageError::Encryption)
     }
 
     /// A state was deleted: a new one may start its serials afresh.
@@ -237,17 +247,19 @@ impl<S: Storage> Store<S> {
         }
     }
 
-    /// Open what storage returned as the current state of `workspace`,
-    /// refusing an envelope older than one of its lineage seen here before
+    /// Open what storage returned as the current state of `workspace`
+    /// (bound to backend `bound_to`: this one, or its name before a
+    /// rename), refusing an envelope older than one of its lineage seen here before
     /// the read began (`start`).
     async fn open_current(
         &self,
+        bound_to: &str,
         workspace: &str,
         stored: Vec<u8>,
         start: Option<ReadStart>,
     ) -> StorageResult<Vec<u8>> {
         let (state, header) = self
-            .open(workspace, stored)
+            .open_as(bound_to, workspace, stored)
             .await?
             .map_err(|e| StorageError::Encryption(format!("state of {workspace:?}: {e}")))?;
         let (Some(start), Some(serial)) = (start, header.serial) else {
@@ -301,7 +313,10 @@ impl<S: Storage> Storage for Store<S> {
     async fn read(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
         let start = self.read_start(workspace).await;
         match self.inner.read(workspace).await? {
-            Some(stored) => self.open_current(workspace, stored, start).await.map(Some),
+            Some(stored) => self
+                .open_current(&self.backend, workspace, stored, start)
+                .await
+                .map(Some),
             None => Ok(None),
         }
     }
@@ -414,6 +429,14 @@ impl<S: Storage> Storage for Store<S> {
             (Ok(versions), _) => Ok(versions.into_iter().filter(|v| v.bytes > 0).collect()),
             (listed, _) => listed,
         }
+    }
+
+    async fn reseal(
+        &self,
+        workspace: &str,
+        request: &crate::resealing::ResealRequest,
+    ) -> StorageResult<crate::resealing::ResealReport> {
+        self.reseal_workspace(workspace, request).await
     }
 
     async fn read_version(&self, workspace: &str, id: &str) -> StorageResult<Option<Vec<u8>>> {

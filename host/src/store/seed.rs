@@ -182,20 +182,21 @@ mod tests {
     /// before it does not count, whether it is the newest or in between.
     #[tokio::test]
     async fn a_force_pushed_version_starts_the_check_over() {
-        let key = crate::store::envelope::EncryptionKey::parse(
-            "k",
-            &crate::store::envelope::EncryptionKey::generate(),
-        )
-        .unwrap();
-        let sealer = crate::store::envelope::Sealer::new(vec![key], false).unwrap();
-        let place = crate::store::envelope::Place {
+        use crate::store::envelope;
+        let key = envelope::parse_material("k", &envelope::generate_material()).unwrap();
+        let place = envelope::Place {
             backend: "b",
             workspace: "w",
         };
         let sealed = |serial: u64, forced: bool| {
             let plain = state("L", serial);
-            let header = crate::store::envelope::StateHeader::of(&plain);
-            sealer.seal(place, &plain, &header, forced).unwrap()
+            let header = envelope::StateHeader::of(&plain);
+            let sealing = envelope::Sealing {
+                key_id: "k",
+                key: &key,
+                wrapped: None,
+            };
+            envelope::seal(sealing, place, &plain, &header, forced).unwrap()
         };
         let versions = [
             version("after", Some(31), 10),

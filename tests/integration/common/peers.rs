@@ -1,5 +1,5 @@
 //! The real programs the tests talk to, each on a free loopback port and
-//! stopped on drop: moto (S3, DynamoDB), etcd, `git daemon`, `git
+//! stopped on drop: moto (S3, DynamoDB, IAM, STS, KMS), etcd, `git daemon`, `git
 //! http-backend` behind lighttpd, an OCI registry and a static file server.
 //! Each is installed and version-checked by [`super::tools`] and supervised
 //! by [`Helper`], so a peer that cannot start says why in one line. None can
@@ -109,6 +109,23 @@ impl Moto {
                 ("X-Amz-Target", &format!("DynamoDB_20120810.{operation}")),
                 ("Content-Type", "application/x-amz-json-1.0"),
                 ("Authorization", &moto_auth("dynamodb")),
+            ],
+        );
+        assert_eq!(answer.status, 200, "{operation}: {}", answer.text());
+        answer.json()
+    }
+
+    /// Call a KMS operation (`CreateKey`, …) on moto directly, before it
+    /// checks signatures.
+    pub fn kms(&self, operation: &str, body: serde_json::Value) -> serde_json::Value {
+        let answer = send_with(
+            "POST",
+            &format!("{}/", self.url),
+            Some(&serde_json::to_vec(&body).unwrap()),
+            &[
+                ("X-Amz-Target", &format!("TrentService.{operation}")),
+                ("Content-Type", "application/x-amz-json-1.1"),
+                ("Authorization", &moto_auth("kms")),
             ],
         );
         assert_eq!(answer.status, 200, "{operation}: {}", answer.text());

@@ -1,0 +1,392 @@
+//! `wasmstate state reseal`, one workspace at a time, on the server that
+//! holds the keys: the current state and every version this host keeps
+//! are opened and sealed again under the sealing key (and for this
+//! backend's name, after a rename), so an older key can be removed.
+//!
+//! Online: the workspace's lock is taken in storage first, as Terraform
+//! takes it, so no write can come between the read and the re-sealed
+//! write; a workspace whose lock is held is skipped and reported, never
+//! waited for or broken. The state read goes through the same rollback
+//! check as a request's, so an older state handed back by storage is
+//! refused, not sealed again as the newest. The state keeps its serial
+//! and lineage; it is the same state under a new seal.
+//!
+//! Versions kept by the storage itself (S3 object versions, git commits,
+//! GCS generations) cannot be rewritten: they are reported with the key
+//! they still need.
+
+use super::Store;
+use super::history::History;
+use crate::backend::{Storage, StorageError, StorageResult, own_lock};
+use crate::resealing::{Outcome, ResealReport, ResealRequest, VersionOutcome};
+use bytes::Bytes;
+
+/// What a stored state is: which backend name it opens under, and what
+/// it would be sealed again from (`None`: current).
+struct Standing {
+    bound_to: String,
+    stale: Option<String>,
+}
+
+impl<S: Storage> Store<S> {
+    /// Re-seal `workspace` as `request` says; see the module.
+    pub async fn reseal_workspace(
+        &self,
+        workspace: &str,
+        request: &ResealRequest,
+    ) -> StorageResult<ResealReport> {
+        let Some(sealer) = &self.sealer else {
+            return Err(StorageError::InvalidInput(
+                "encryption is off for this backend: nothing to re-seal (add encryption.keys first)"
+                    .into(),
+            ));
+        };
+        let mut report = ResealReport {
+            workspace: workspace.to_string(),
+            sealing_key: sealer.sealing_key().to_string(),
+            state: Outcome::Absent,
+            versions: Vec::new(),
+        };
+        let lock_id = if request.dry_run {
+            if let Some(holder) = self.inner.current_lock(workspace).await? {
+                report.state = Outcome::Skipped {
+                    reason: held(&holder),
+                };
+                return Ok(report);
+            }
+            None
+        } else {
+            let info = own_lock(
+                "wasmstate-state-reseal",
+                "re-sealing under the newest key".into(),
+                request.who.clone(),
+            );
+            let id = info.id.clone();
+            match self.inner.lock(workspace, info).await {
+                Ok(()) => Some(id),
+                Err(StorageError::Locked(holder)) => {
+                    report.state = Outcome::Skipped {
+                        reason: held(&holder),
+                    };
+                    return Ok(report);
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let done = self
+            .reseal_locked(workspace, request, lock_id.as_deref(), &mut report)
+            .await;
+        if let Some(id) = &lock_id
+            && let Err(e) = self.inner.unlock(workspace, id).await
+        {
+            // Whatever was re-sealed stays re-sealed; the lock is the
+            // operator's to release.
+            let unlock = format!(
+                "re-sealed, but releasing the lock {id} failed ({e}); release it with \
+                 `terraform force-unlock {id}`"
+            );
+            return match done {
+                Ok(()) => Err(StorageError::Unavailable(unlock)),
+                Err(e) => Err(e),
+            };
+        }
+        done.map(|()| report)
+    }
+
+    async fn reseal_locked(
+        &self,
+        workspace: &str,
+        request: &ResealRequest,
+        lock_id: Option<&str>,
+        report: &mut ResealReport,
+    ) -> StorageResult<()> {
+        let old = request
+            .from_backend
+            .as_deref()
+            .filter(|old| **old != *self.backend);
+        // Read through the rollback check, as a request would.
+        let start = self.read_start(workspace).await;
+        if let Some(stored) = self.inner.read(workspace).await? {
+            report.state = match self.standing(workspace, &stored, old).await? {
+                Err(reason) => Outcome::Failed { reason },
+                Ok(Standing { stale: None, .. }) => Outcome::Current,
+                Ok(Standing {
+                    stale: Some(from), ..
+                }) if request.dry_run => Outcome::WouldReseal { from },
+                Ok(Standing {
+                    bound_to,
+                    stale: Some(from),
+                }) => {
+                    let state = self
+                        .open_current(&bound_to, workspace, stored, start)
+                        .await?;
+                    self.write_resealed(workspace, Bytes::from(state), lock_id)
+                        .await?;
+                    Outcome::Resealed { from }
+                }
+            };
+        }
+        let listed = self.inner.list_versions(workspace).await;
+        self.learned(&listed);
+        match listed {
+            Ok(versions) => {
+                for version in versions.into_iter().filter(|v| v.bytes > 0) {
+                    let outcome = self.storage_version(workspace, &version.id, old).await?;
+                    report.versions.push(VersionOutcome {
+                        id: version.id,
+                        outcome,
+                    });
+                }
+            }
+            Err(StorageError::NoHistory) => {
+                if let Some(history) = &self.history {
+                    if let Some(old) = old {
+                        let left = self
+                            .adopt_versions(workspace, &history.sibling(old), history, request)
+                            .await?;
+                        report.versions.extend(left);
+                    }
+                    for version in history
+                        .list(workspace)
+                        .await
+                        .map_err(super::history_error)?
+                    {
+                        let outcome = self
+                            .host_version(workspace, history, &version.id, old, request.dry_run)
+                            .await?;
+                        report.versions.push(VersionOutcome {
+                            id: version.id,
+                            outcome,
+                        });
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    /// Which name `stored` opens under (this backend's, else `old`), and
+    /// what it would be sealed again from. `Ok(Err)`: it opens under
+    /// neither. Opening costs a key service call when the key is one.
+    async fn standing(
+        &self,
+        workspace: &str,
+        stored: &[u8],
+        old: Option<&str>,
+    ) -> StorageResult<Result<Standing, String>> {
+        let sealer = self
+            .sealer
+            .as_ref()
+            .expect("reseal checks encryption is on");
+        let stale = sealer.stale_key(stored);
+        if stale.as_deref() == Some("plain") && sealer.accepts_plain() {
+            return Ok(Ok(Standing {
+                bound_to: self.backend.to_string(),
+                stale,
+            }));
+        }
+        let here = self
+            .open_as(&self.backend, workspace, stored.to_vec())
+            .await?;
+        let refusal = match here {
+            Ok(_) => {
+                return Ok(Ok(Standing {
+                    bound_to: self.backend.to_string(),
+                    stale,
+                }));
+            }
+            Err(refusal) => refusal,
+        };
+        let Some(old) = old else {
+            return Ok(Err(refusal));
+        };
+        Ok(match self.open_as(old, workspace, stored.to_vec()).await? {
+            Ok(_) => Ok(Standing {
+                bound_to: old.to_string(),
+                stale: Some(stale.unwrap_or_else(|| format!("bound to backend {old:?}"))),
+            }),
+            Err(refusal) => Err(format!(
+                "opens neither as {:?} nor as {old:?}: {refusal}",
+                &*self.backend
+            )),
+        })
+    }
+
+    /// Seal `state` again and write it under the reseal's lock; it keeps
+    /// its serial, so the rollback marks stay as they are.
+    async fn write_resealed(
+        &self,
+        workspace: &str,
+        state: Bytes,
+        lock_id: Option<&str>,
+    ) -> StorageResult<()> {
+        let (header, stored) = self.seal(workspace, state).await?;
+        if stored.len() > self.max_stored_bytes {
+            return Err(StorageError::TooLarge(format!(
+                "the state of {workspace:?} is {} bytes sealed again, more than the {} this server \
+                 reads back (raise max_body_mib)",
+                stored.len(),
+                self.max_stored_bytes
+            )));
+        }
+        self.inner.write(workspace, stored, lock_id).await?;
+        if let Some(serial) = header.serial {
+            self.marks
+                .wrote(workspace, header.lineage.as_deref(), serial);
+        }
+        Ok(())
+    }
+
+    /// A version the storage keeps: it cannot be rewritten, so say whether
+    /// it still needs another key (or the old name).
+    async fn storage_version(
+        &self,
+        workspace: &str,
+        id: &str,
+        old: Option<&str>,
+    ) -> StorageResult<Outcome> {
+        let Some(stored) = self.inner.read_version(workspace, id).await? else {
+            return Ok(Outcome::Absent);
+        };
+        Ok(match self.standing(workspace, &stored, old).await? {
+            Ok(Standing { stale: None, .. }) => Outcome::Current,
+            Ok(Standing {
+                stale: Some(from), ..
+            }) => Outcome::Skipped {
+                reason: format!(
+                    "kept by the storage, which cannot rewrite old versions: still sealed with {from} \
+                     (keep that key, or name, while these versions matter)"
+                ),
+            },
+            Err(reason) => Outcome::Failed { reason },
+        })
+    }
+
+    /// A version this host keeps: sealed again in place.
+    async fn host_version(
+        &self,
+        workspace: &str,
+        history: &History,
+        id: &str,
+        old: Option<&str>,
+        dry_run: bool,
+    ) -> StorageResult<Outcome> {
+        let Some(stored) = history
+            .read(workspace, id)
+            .await
+            .map_err(super::history_error)?
+        else {
+            return Ok(Outcome::Absent);
+        };
+        let (bound_to, from) = match self.standing(workspace, &stored, old).await? {
+            Err(reason) => return Ok(Outcome::Failed { reason }),
+            Ok(Standing { stale: None, .. }) => return Ok(Outcome::Current),
+            Ok(Standing {
+                bound_to,
+                stale: Some(from),
+            }) => (bound_to, from),
+        };
+        if dry_run {
+            return Ok(Outcome::WouldReseal { from });
+        }
+        let resealed = self.reseal_bytes(&bound_to, workspace, stored).await?;
+        let resealed = match resealed {
+            Ok(bytes) => bytes,
+            Err(reason) => return Ok(Outcome::Failed { reason }),
+        };
+        match history
+            .put(workspace, id, resealed, false)
+            .await
+            .map_err(super::history_error)?
+        {
+            true => Ok(Outcome::Resealed { from }),
+            // Pruned meanwhile: nothing left that needs the old key.
+            false => Ok(Outcome::Absent),
+        }
+    }
+
+    /// Open `stored` as `bound_to`'s and seal it again for this backend
+    /// (no rollback check: a version is old by design).
+    async fn reseal_bytes(
+        &self,
+        bound_to: &str,
+        workspace: &str,
+        stored: Vec<u8>,
+    ) -> StorageResult<Result<Vec<u8>, String>> {
+        let (state, _) = match self.open_as(bound_to, workspace, stored).await? {
+            Ok(opened) => opened,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        let (_, sealed) = self.seal(workspace, Bytes::from(state)).await?;
+        Ok(Ok(sealed.to_vec()))
+    }
+
+    /// After a rename: move the versions kept under the old name into
+    /// this backend's history, sealed again for the new name, each
+    /// removed from the old place once its copy is written. What is not
+    /// moved (a dry run, a version that does not open) is reported here;
+    /// what is moved is reported with this backend's versions.
+    async fn adopt_versions(
+        &self,
+        workspace: &str,
+        from: &History,
+        into: &History,
+        request: &ResealRequest,
+    ) -> StorageResult<Vec<VersionOutcome>> {
+        let old = request.from_backend.as_deref().unwrap_or_default();
+        let mut left = Vec::new();
+        for version in from.list(workspace).await.map_err(super::history_error)? {
+            let outcome = if request.dry_run {
+                Outcome::WouldReseal {
+                    from: format!("kept under backend {old:?}"),
+                }
+            } else {
+                let Some(stored) = from
+                    .read(workspace, &version.id)
+                    .await
+                    .map_err(super::history_error)?
+                else {
+                    continue;
+                };
+                match self.reseal_bytes(old, workspace, stored).await? {
+                    Ok(resealed) => {
+                        into.put(workspace, &version.id, resealed, true)
+                            .await
+                            .map_err(super::history_error)?;
+                        from.remove(workspace, &version.id)
+                            .await
+                            .map_err(super::history_error)?;
+                        continue;
+                    }
+                    // It stays in the old folder for a later run.
+                    Err(reason) => Outcome::Failed {
+                        reason: format!("kept under backend {old:?}: {reason}"),
+                    },
+                }
+            };
+            left.push(VersionOutcome {
+                id: version.id,
+                outcome,
+            });
+        }
+        Ok(left)
+    }
+}
+
+fn held(holder: &crate::backend::LockInfo) -> String {
+    format!(
+        "locked by {} ({}, since {}); run again once it is released",
+        if holder.who.is_empty() {
+            "someone"
+        } else {
+            &holder.who
+        },
+        if holder.operation.is_empty() {
+            "no operation given"
+        } else {
+            &holder.operation
+        },
+        holder.created
+    )
+}
