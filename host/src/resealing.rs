@@ -41,6 +41,13 @@ pub enum Outcome {
         /// One line.
         reason: String,
     },
+    /// A version the storage keeps (an S3 object version, a git commit):
+    /// it cannot be rewritten and still needs `still` (a key id, or the
+    /// name it is bound to). Not pending: no run can change it.
+    KeptByStorage {
+        /// What it still needs.
+        still: String,
+    },
     /// Could not be opened or written, and why.
     Failed {
         /// One line.
@@ -66,6 +73,7 @@ impl Outcome {
             Outcome::Current => "current".into(),
             Outcome::Absent => "no state".into(),
             Outcome::Skipped { reason } => format!("skipped: {reason}"),
+            Outcome::KeptByStorage { still } => format!("kept by the storage, still needs {still}"),
             Outcome::Failed { reason } => format!("FAILED: {reason}"),
         }
     }
@@ -92,6 +100,12 @@ pub struct ResealReport {
     pub state: Outcome,
     /// Every kept version, newest first.
     pub versions: Vec<VersionOutcome>,
+    /// Who keeps those versions: `storage` (every replica sees the same),
+    /// `replica` (the data directory of the replica that answered: others
+    /// that do not share it keep their own, to re-seal against each), or
+    /// `none`.
+    #[serde(default)]
+    pub versions_kept_by: String,
 }
 
 impl ResealReport {
@@ -111,6 +125,7 @@ impl ResealReport {
                 Outcome::Current => "current",
                 Outcome::Absent => "gone",
                 Outcome::Skipped { .. } => "skipped",
+                Outcome::KeptByStorage { .. } => "kept by the storage (read-only)",
                 Outcome::Failed { .. } => "FAILED",
             };
             match counts.iter_mut().find(|(n, _)| n == name) {
@@ -151,6 +166,7 @@ mod tests {
             workspace: "net".into(),
             sealing_key: "2026-12".into(),
             state: Outcome::Resealed { from: "k1".into() },
+            versions_kept_by: "replica".into(),
             versions: vec![
                 VersionOutcome {
                     id: "1".into(),

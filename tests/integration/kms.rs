@@ -384,3 +384,67 @@ fn a_renamed_backend_keeps_every_state_and_version_after_reseal_from_backend() {
         "{out}"
     );
 }
+
+#[test]
+fn a_rename_reseal_refuses_a_rolled_back_state_and_a_served_name() {
+    let data = tempdir();
+    let store = data.path().join("store");
+    let keys = format!(
+        "keys = [{{ id = \"k1\", file = {:?} }}]",
+        key_file(data.path())
+    );
+    let server = Server::with_config(data.path(), &config(&store, "old", &keys));
+    let url = server.state_url("old", "net");
+    for serial in 1..=3 {
+        assert_eq!(send("POST", &url, Some(&state(serial, "net"))).status, 200);
+    }
+    drop(server);
+    // Storage hands back serial 2 in place of 3 (a rollback the seal
+    // alone cannot tell): the kept version, copied over the state.
+    let kept = files_under(&data.path().join("history/old/net"));
+    let (_, second) = kept
+        .iter()
+        .find(|(path, _)| path.to_string_lossy().ends_with("-2.tfstate"))
+        .expect("serial 2 is kept");
+    std::fs::write(store.join("net/terraform.tfstate"), second).unwrap();
+
+    let renamed = format!(
+        "{}[backends.other]\nguest = \"local\"\n",
+        config(&store, "new", &keys)
+    );
+    let server = Server::with_config(data.path(), &renamed);
+    // A name served here is not a former name.
+    let (ok, out) = wasmstate(&[
+        "state",
+        "reseal",
+        "-b",
+        "new",
+        "--from-backend",
+        "other",
+        "--server",
+        &server.url,
+    ]);
+    assert!(!ok && out.contains("is served here"), "{out}");
+    // The old name's kept versions say serial 3 was seen: refused.
+    let (ok, out) = wasmstate(&[
+        "state",
+        "reseal",
+        "-b",
+        "new",
+        "--from-backend",
+        "old",
+        "--server",
+        &server.url,
+    ]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("refused as a rollback"), "{out}");
+    assert_eq!(
+        send("GET", &server.state_url("new", "net"), None).status,
+        500
+    );
+    // Nothing was re-sealed: the stored state is still the rolled-back one.
+    assert_eq!(
+        &std::fs::read(store.join("net/terraform.tfstate")).unwrap(),
+        second
+    );
+}

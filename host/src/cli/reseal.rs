@@ -70,6 +70,10 @@ struct Summary {
     versions: BTreeMap<&'static str, usize>,
     /// Why something was left: the reason and how many.
     left: BTreeMap<String, usize>,
+    /// What read-only versions still need, and how many.
+    still: BTreeMap<String, usize>,
+    /// Versions kept by the data directory of the replica that answered.
+    by_replica: bool,
 }
 
 fn kind(outcome: &Outcome) -> &'static str {
@@ -79,6 +83,7 @@ fn kind(outcome: &Outcome) -> &'static str {
         Outcome::Current => "already current",
         Outcome::Absent => "absent",
         Outcome::Skipped { .. } => "skipped",
+        Outcome::KeptByStorage { .. } => "kept by the storage (read-only)",
         Outcome::Failed { .. } => "failed",
     }
 }
@@ -91,6 +96,7 @@ impl Summary {
         };
         for report in reports {
             summary.sealing_key = Some(report.sealing_key.clone());
+            summary.by_replica |= report.versions_kept_by == "replica";
             *summary.states.entry(kind(&report.state)).or_default() += 1;
             summary.note(&report.workspace, &report.state);
             for version in &report.versions {
@@ -102,11 +108,15 @@ impl Summary {
     }
 
     fn note(&mut self, workspace: &str, outcome: &Outcome) {
-        if let Outcome::Skipped { reason } | Outcome::Failed { reason } = outcome {
-            *self
-                .left
-                .entry(format!("{workspace}: {reason}"))
-                .or_default() += 1;
+        match outcome {
+            Outcome::Skipped { reason } | Outcome::Failed { reason } => {
+                *self
+                    .left
+                    .entry(format!("{workspace}: {reason}"))
+                    .or_default() += 1;
+            }
+            Outcome::KeptByStorage { still } => *self.still.entry(still.clone()).or_default() += 1,
+            _ => {}
         }
     }
 
@@ -135,6 +145,18 @@ impl Summary {
         }
         for (workspace, error) in errors {
             text.push_str(&format!("\n  error: {workspace}: {error}"));
+        }
+        for (still, n) in &self.still {
+            text.push_str(&format!(
+                "\n  note: {n} version(s) kept by the storage still need {still}; storage cannot \
+                 rewrite them: keep it while they matter"
+            ));
+        }
+        if self.by_replica {
+            text.push_str(
+                "\n  note: versions are kept in the data directory of the replica that answered; \
+                 replicas that do not share it keep their own: run this against each (--server)",
+            );
         }
         text
     }

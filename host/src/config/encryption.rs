@@ -72,12 +72,12 @@ pub(super) fn encryption(
                     ));
                 }
                 let region = AwsKmsKey::region_of(&arn).map_err(|e| fail(&here, e))?;
-                KeySource::AwsKms(AwsKmsKey {
+                KeySource::AwsKms(Box::new(AwsKmsKey {
                     arn,
                     region,
                     endpoint: k.endpoint,
                     settings: aws.clone(),
-                })
+                }))
             }
             None => {
                 if k.endpoint.is_some() {

@@ -43,6 +43,11 @@ pub async fn reseal<S: Storage>(
                 "backend {old:?} is served here: --from-backend takes the name a backend had before a rename"
             )));
         }
+        // Its states and kept versions become this backend's: the caller
+        // must be an admin of the old name too (a grant that still names
+        // it, or one for every backend), not of this one alone.
+        app.permit(&caller, (old, workspace), Role::Admin, Operation::Reseal)
+            .await?;
     }
     app.permit(
         &caller,

@@ -126,8 +126,10 @@ impl History {
 
     /// Put `stored` in place of version `id` of `workspace`, whole (written
     /// beside it, then renamed). `create`: also when there is no such
-    /// version yet (moving one in); else `false` when it is gone (pruned
-    /// meanwhile) and nothing was written.
+    /// version yet (moving one in); else `false` when it is gone (pruned)
+    /// and nothing was written. The check and the rename are not one step:
+    /// a prune between them leaves the version back, one above `keep`,
+    /// until the next prune.
     pub async fn put(
         &self,
         workspace: &str,

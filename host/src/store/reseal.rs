@@ -46,6 +46,7 @@ impl<S: Storage> Store<S> {
             sealing_key: sealer.sealing_key().to_string(),
             state: Outcome::Absent,
             versions: Vec::new(),
+            versions_kept_by: self.history_source().name().to_string(),
         };
         let lock_id = if request.dry_run {
             if let Some(holder) = self.inner.current_lock(workspace).await? {
@@ -70,27 +71,49 @@ impl<S: Storage> Store<S> {
                     };
                     return Ok(report);
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // The lock may have been taken all the same (a lost
+                    // answer): do not leave it behind.
+                    return Err(match self.release(workspace, &id).await {
+                        Ok(()) => e,
+                        Err(left) => StorageError::Unavailable(format!("{e}; {left}")),
+                    });
+                }
             }
         };
         let done = self
             .reseal_locked(workspace, request, lock_id.as_deref(), &mut report)
             .await;
-        if let Some(id) = &lock_id
-            && let Err(e) = self.inner.unlock(workspace, id).await
-        {
-            // Whatever was re-sealed stays re-sealed; the lock is the
-            // operator's to release.
-            let unlock = format!(
-                "re-sealed, but releasing the lock {id} failed ({e}); release it with \
-                 `terraform force-unlock {id}`"
-            );
-            return match done {
-                Ok(()) => Err(StorageError::Unavailable(unlock)),
-                Err(e) => Err(e),
-            };
+        let Some(id) = &lock_id else {
+            return done.map(|()| report);
+        };
+        // Whatever was re-sealed stays re-sealed; a lock left behind is
+        // always named, with what to do.
+        match (done, self.release(workspace, id).await) {
+            (Ok(()), Ok(())) => Ok(report),
+            (Err(e), Ok(())) => Err(e),
+            (Ok(()), Err(left)) => Err(StorageError::Unavailable(format!("re-sealed, but {left}"))),
+            (Err(e), Err(left)) => Err(StorageError::Unavailable(format!("{e}; {left}"))),
         }
-        done.map(|()| report)
+    }
+
+    /// Release the reseal's own lock `id`, trying a few times; `Err` says
+    /// it may still be held and how to release it.
+    async fn release(&self, workspace: &str, id: &str) -> Result<(), String> {
+        let mut last = None;
+        for _ in 0..3 {
+            match self.inner.unlock(workspace, id).await {
+                Ok(()) => return Ok(()),
+                // Someone else holds it now (a force-unlock came first).
+                Err(StorageError::LockMismatch(_)) => return Ok(()),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(format!(
+            "releasing the reseal's lock {id} of {workspace:?} failed ({}); if it is still held by \
+             wasmstate-state-reseal, release it with `terraform force-unlock {id}`",
+            last.map(|e| e.to_string()).unwrap_or_default()
+        ))
     }
 
     async fn reseal_locked(
@@ -104,6 +127,16 @@ impl<S: Storage> Store<S> {
             .from_backend
             .as_deref()
             .filter(|old| **old != *self.backend);
+        // After a rename, the versions kept under the old name come first:
+        // the rollback check below seeds from them (this name's marks and
+        // history are empty), so an older state storage hands back is
+        // refused here as it would have been under the old name.
+        let mut left_behind = Vec::new();
+        if let (Some(old), Some(history)) = (old, &self.history) {
+            left_behind = self
+                .adopt_versions(workspace, &history.sibling(old), history, request)
+                .await?;
+        }
         // Read through the rollback check, as a request would.
         let start = self.read_start(workspace).await;
         if let Some(stored) = self.inner.read(workspace).await? {
@@ -128,6 +161,7 @@ impl<S: Storage> Store<S> {
         }
         let listed = self.inner.list_versions(workspace).await;
         self.learned(&listed);
+        report.versions_kept_by = self.history_source().name().to_string();
         match listed {
             Ok(versions) => {
                 for version in versions.into_iter().filter(|v| v.bytes > 0) {
@@ -139,13 +173,8 @@ impl<S: Storage> Store<S> {
                 }
             }
             Err(StorageError::NoHistory) => {
+                report.versions.append(&mut left_behind);
                 if let Some(history) = &self.history {
-                    if let Some(old) = old {
-                        let left = self
-                            .adopt_versions(workspace, &history.sibling(old), history, request)
-                            .await?;
-                        report.versions.extend(left);
-                    }
                     for version in history
                         .list(workspace)
                         .await
@@ -238,8 +267,9 @@ impl<S: Storage> Store<S> {
         Ok(())
     }
 
-    /// A version the storage keeps: it cannot be rewritten, so say whether
-    /// it still needs another key (or the old name).
+    /// A version the storage keeps: it cannot be rewritten, so say which
+    /// key (or name) it still needs. Read from its label, without a key
+    /// service call, unless a rename asks which name it is bound to.
     async fn storage_version(
         &self,
         workspace: &str,
@@ -249,18 +279,22 @@ impl<S: Storage> Store<S> {
         let Some(stored) = self.inner.read_version(workspace, id).await? else {
             return Ok(Outcome::Absent);
         };
-        Ok(match self.standing(workspace, &stored, old).await? {
-            Ok(Standing { stale: None, .. }) => Outcome::Current,
-            Ok(Standing {
-                stale: Some(from), ..
-            }) => Outcome::Skipped {
-                reason: format!(
-                    "kept by the storage, which cannot rewrite old versions: still sealed with {from} \
-                     (keep that key, or name, while these versions matter)"
-                ),
+        let sealer = self
+            .sealer
+            .as_ref()
+            .expect("reseal checks encryption is on");
+        let still = match (sealer.stale_key(&stored), old) {
+            (Some(key), _) => key,
+            (None, None) => return Ok(Outcome::Current),
+            (None, Some(old)) => match self.standing(workspace, &stored, Some(old)).await? {
+                Ok(Standing { stale: None, .. }) => return Ok(Outcome::Current),
+                Ok(Standing {
+                    stale: Some(from), ..
+                }) => from,
+                Err(reason) => return Ok(Outcome::Failed { reason }),
             },
-            Err(reason) => Outcome::Failed { reason },
-        })
+        };
+        Ok(Outcome::KeptByStorage { still })
     }
 
     /// A version this host keeps: sealed again in place.
@@ -301,7 +335,9 @@ impl<S: Storage> Store<S> {
             .map_err(super::history_error)?
         {
             true => Ok(Outcome::Resealed { from }),
-            // Pruned meanwhile: nothing left that needs the old key.
+            // Pruned meanwhile: nothing left that needs the old key. (A
+            // prune by another replica between the check and the rename
+            // can bring a pruned version back; the next prune takes it.)
             false => Ok(Outcome::Absent),
         }
     }
@@ -390,3 +426,7 @@ fn held(holder: &crate::backend::LockInfo) -> String {
         holder.created
     )
 }
+
+#[cfg(test)]
+#[path = "reseal_tests.rs"]
+mod tests;

@@ -220,21 +220,22 @@ impl Sealer {
                         self.calls.cached.inc();
                         key
                     }
-                    None => match {
+                    None => {
                         self.calls.unwrap.inc();
-                        provider.unwrap(wrapped, &context).await
-                    } {
-                        Ok(key) => {
-                            self.cache.put(id, wrapped, &context, key);
-                            key
+                        let unwrapped = provider.unwrap(wrapped, &context).await;
+                        match unwrapped {
+                            Ok(key) => {
+                                self.cache.put(id, wrapped, &context, key);
+                                key
+                            }
+                            Err(e) => {
+                                return match key_error(id, e) {
+                                    Ok(unavailable) => Err(unavailable),
+                                    Err(refusal) => Ok(Err(refusal)),
+                                };
+                            }
                         }
-                        Err(e) => {
-                            return match key_error(id, e) {
-                                Ok(unavailable) => Err(unavailable),
-                                Err(refusal) => Ok(Err(refusal)),
-                            };
-                        }
-                    },
+                    }
                 }
             }
             (Key::Material(_), Some(_)) => {

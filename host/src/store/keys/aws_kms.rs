@@ -28,7 +28,9 @@ const ATTEMPTS: u32 = 3;
 /// A KMS key as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AwsKmsKey {
-    /// `arn:aws:kms:REGION:ACCOUNT:key/ID` (or `…:alias/NAME`).
+    /// `arn:aws:kms:REGION:ACCOUNT:key/ID`. Not an alias: a data key must
+    /// be unwrapped by the key that wrapped it, and an alias can be
+    /// pointed at another key (KMS's own rotation keeps the key's ARN).
     pub arn: String,
     /// The key's region, from its ARN.
     pub region: String,
@@ -47,12 +49,19 @@ impl AwsKmsKey {
                 if partition.starts_with("aws")
                     && !region.is_empty()
                     && !account.is_empty()
-                    && (resource.starts_with("key/") || resource.starts_with("alias/")) =>
+                    && resource.len() > 4
+                    && resource.starts_with("key/") =>
             {
                 Ok(region.to_string())
             }
+            ["arn", _, "kms", _, _, resource] if resource.starts_with("alias/") => Err(format!(
+                "aws_kms: {arn:?} is an alias; give the key's own ARN (…:key/KEY-ID): states sealed \
+                 through an alias stop opening once it points at another key (KMS's automatic \
+                 rotation keeps the key's ARN; to move to a new key, add it in front and run \
+                 `wasmstate state reseal`)"
+            )),
             _ => Err(format!(
-                "aws_kms: {arn:?} is not a KMS key ARN; write \"arn:aws:kms:REGION:ACCOUNT:key/KEY-ID\" (or …:alias/NAME)"
+                "aws_kms: {arn:?} is not a KMS key ARN; write \"arn:aws:kms:REGION:ACCOUNT:key/KEY-ID\""
             )),
         }
     }
@@ -227,14 +236,20 @@ mod tests {
             "eu-west-1"
         );
         assert_eq!(
-            AwsKmsKey::region_of("arn:aws-us-gov:kms:us-gov-west-1:1:alias/state").unwrap(),
+            AwsKmsKey::region_of("arn:aws-us-gov:kms:us-gov-west-1:1:key/abc").unwrap(),
             "us-gov-west-1"
+        );
+        let alias = AwsKmsKey::region_of("arn:aws:kms:eu-west-1:1:alias/state").unwrap_err();
+        assert!(
+            alias.contains("is an alias") && alias.contains("key/KEY-ID"),
+            "{alias}"
         );
         for bad in [
             "1234abcd-12ab",
             "arn:aws:s3:eu-west-1:1:key/x",
             "arn:aws:kms::1:key/x",
             "arn:aws:kms:eu-west-1:1:grant/x",
+            "arn:aws:kms:eu-west-1:1:key/",
         ] {
             let err = AwsKmsKey::region_of(bad).unwrap_err();
             assert!(err.contains("not a KMS key ARN"), "{bad}: {err}");

@@ -7,10 +7,13 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+/// A data key and the context it was wrapped for.
+type Wrapped = ([u8; 32], Context);
+
 /// The fake service.
 #[derive(Default)]
 pub struct FakeService {
-    wrapped: Mutex<HashMap<Vec<u8>, ([u8; 32], Context)>>,
+    wrapped: Mutex<HashMap<Vec<u8>, Wrapped>>,
     /// `generate` calls so far.
     pub generated: AtomicUsize,
     /// `unwrap` calls so far.

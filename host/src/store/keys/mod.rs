@@ -108,8 +108,8 @@ impl Context {
 pub enum KeySource {
     /// 32 bytes of AES-256 key from a file or the environment.
     Material([u8; 32]),
-    /// A key in AWS KMS.
-    AwsKms(aws_kms::AwsKmsKey),
+    /// A key in AWS KMS (boxed: its credential settings are large).
+    AwsKms(Box<aws_kms::AwsKmsKey>),
     /// A key service given in code (tests, embedders).
     Provider(Arc<dyn KeyProvider>),
 }
@@ -177,7 +177,7 @@ impl Key {
     pub fn new(source: &KeySource) -> Key {
         match source {
             KeySource::Material(material) => Key::Material(*material),
-            KeySource::AwsKms(key) => Key::Service(Arc::new(aws_kms::AwsKms::new(key.clone()))),
+            KeySource::AwsKms(key) => Key::Service(Arc::new(aws_kms::AwsKms::new((**key).clone()))),
             KeySource::Provider(provider) => Key::Service(provider.clone()),
         }
     }
