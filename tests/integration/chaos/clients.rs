@@ -24,7 +24,7 @@ impl Hosts {
     }
 
     /// A host that is up, at random: (index, base URL).
-    fn pick(&self, rng: &mut Rng) -> (usize, String) {
+    pub fn pick(&self, rng: &mut Rng) -> (usize, String) {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let hosts = self.0.read().unwrap().clone();
@@ -317,4 +317,41 @@ fn answer(sent: reqwest::Result<reqwest::blocking::Response>, is_get: bool) -> O
 
 fn one_line(error: &dyn std::fmt::Display) -> String {
     error.to_string().replace('\n', " ")
+}
+
+/// `wasmstate state reseal`'s calls, one workspace at a time, against
+/// random hosts until `until`; how many were answered 200, and in how
+/// many the state was sealed again. Its writes are not in the history: a
+/// re-seal writes the same state, so any older or lost state a client
+/// then reads is an anomaly of the run.
+pub fn reseal_along(
+    hosts: &Hosts,
+    mut rng: Rng,
+    workspaces: &[String],
+    backend: &str,
+    until: Instant,
+) -> (usize, usize) {
+    let http = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let (mut answered, mut resealed) = (0, 0);
+    while Instant::now() < until {
+        let workspace = &workspaces[rng.below(workspaces.len())];
+        let (_, url) = hosts.pick(&mut rng);
+        let answer = http
+            .post(format!("{url}/states/{backend}/{workspace}/reseal"))
+            .send();
+        // Hosts are killed under it: a lost answer is a fault, not a finding.
+        let Ok(answer) = answer else { continue };
+        if !answer.status().is_success() {
+            continue;
+        }
+        answered += 1;
+        let report: serde_json::Value = answer.json().unwrap_or_default();
+        if report["state"]["outcome"] == "resealed" {
+            resealed += 1;
+        }
+    }
+    (answered, resealed)
 }

@@ -44,6 +44,12 @@ struct Setup {
     seed: u64,
     /// Environment of every host (credentials a config names by variable).
     env: Vec<(&'static str, &'static str)>,
+    /// Host `i` serves `per_host[i % len]` instead of `config` (a rolling
+    /// change of keys: hosts that seal with different keys).
+    per_host: Vec<String>,
+    /// Whether a `wasmstate state reseal` runs against random hosts all
+    /// along, racing the clients.
+    resealer: bool,
 }
 
 impl Setup {
@@ -61,6 +67,8 @@ impl Setup {
             kills: true,
             seed: seed(),
             env: Vec::new(),
+            per_host: Vec::new(),
+            resealer: false,
         }
     }
 }
@@ -146,7 +154,7 @@ fn seed() -> u64 {
 /// key), all serving one config, so they share only the guest's storage.
 struct Cluster {
     dir: PathBuf,
-    config: PathBuf,
+    configs: Vec<PathBuf>,
     env: Vec<(&'static str, &'static str)>,
     servers: Vec<Option<Server>>,
     hosts: Arc<Hosts>,
@@ -154,11 +162,23 @@ struct Cluster {
 
 impl Cluster {
     fn start(dir: &Path, setup: &Setup) -> Cluster {
-        let config = dir.join("wasmstate.toml");
-        std::fs::write(&config, &setup.config).unwrap();
+        let texts = if setup.per_host.is_empty() {
+            vec![setup.config.clone()]
+        } else {
+            setup.per_host.clone()
+        };
+        let configs = texts
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                let config = dir.join(format!("wasmstate-{i}.toml"));
+                std::fs::write(&config, text).unwrap();
+                config
+            })
+            .collect();
         let mut cluster = Cluster {
             dir: dir.to_path_buf(),
-            config,
+            configs,
             env: setup.env.clone(),
             servers: (0..setup.hosts).map(|_| None).collect(),
             hosts: Arc::new(Hosts::new(setup.hosts)),
@@ -171,8 +191,9 @@ impl Cluster {
 
     /// Start host `i` (again).
     fn restart(&mut self, i: usize) {
+        let config = &self.configs[i % self.configs.len()];
         let server =
-            Server::with_config_env(&self.dir.join(format!("host-{i}")), &self.config, &self.env);
+            Server::with_config_env(&self.dir.join(format!("host-{i}")), config, &self.env);
         self.hosts.set(i, Some(server.url.clone()));
         self.servers[i] = Some(server);
     }
@@ -328,11 +349,26 @@ fn run(setup: Setup) -> Report {
         let kills = setup.kills;
         let cluster = &mut cluster;
         let stop = &stop;
+        let resealer = setup.resealer.then(|| {
+            let (hosts, rng, workspaces) = (
+                cluster.hosts.clone(),
+                Rng::new(rng.next()),
+                workspace_names(&setup),
+            );
+            scope.spawn(move || clients::reseal_along(&hosts, rng, &workspaces, BACKEND, until))
+        });
         let faults = setup
             .faults
             .then(|| scope.spawn(move || inject_faults(cluster, kills, fault_rng, stop)));
         for client in clients {
             client.join().unwrap();
+        }
+        if let Some(resealer) = resealer {
+            let (answered, resealed) = resealer.join().unwrap();
+            println!(
+                "resealer: {answered} re-seals answered 200, {resealed} of them sealed a state again"
+            );
+            assert!(resealed > 0, "the resealer never sealed a state again");
         }
         stop.store(true, Ordering::Release);
         faults.map(|f| f.join().unwrap()).unwrap_or_default()
@@ -370,6 +406,36 @@ fn chaos_local_on_a_shared_directory_sealed_and_plain() {
             "[backends.{BACKEND}]\nguest = \"local\"\ndir = {store:?}\n{encryption}"
         )));
     }
+}
+
+/// A key rotation under way on a shared directory: the hosts seal with
+/// different first keys (as while replicas are reloaded one by one), and
+/// `reseal` runs against random hosts all along, so states are sealed
+/// again, back and forth, while clients lock, write and read, and hosts
+/// are killed. A re-seal must never lose a write, bring an older state
+/// back, or leave a workspace stuck.
+#[test]
+fn chaos_local_sealed_while_keys_rotate_and_reseal_runs() {
+    let dir = tempdir();
+    let k1 = key_file(dir.path());
+    let second = dir.path().join("second");
+    std::fs::create_dir_all(&second).unwrap();
+    let k2 = key_file(&second);
+    let store = dir.path().join("store");
+    let with = |first: (&str, &Path), then: (&str, &Path)| {
+        format!(
+            "[backends.{BACKEND}]\nguest = \"local\"\ndir = {store:?}\n\
+             encryption = {{ keys = [{{ id = \"{}\", file = {:?} }}, {{ id = \"{}\", file = {:?} }}] }}\n",
+            first.0, first.1, then.0, then.1
+        )
+    };
+    let mut setup = Setup::new(with(("k1", &k1), ("k2", &k2)));
+    setup.per_host = vec![
+        with(("k2", &k2), ("k1", &k1)),
+        with(("k1", &k1), ("k2", &k2)),
+    ];
+    setup.resealer = true;
+    run_clean(setup);
 }
 
 /// Both AWS guests on moto, behind a proxy that throttles, fails, and
