@@ -19,7 +19,11 @@ struct Kms {
     arn: String,
     sealer: (String, String),
     reader: (String, String),
+    /// May also use the bucket [`BUCKET`].
+    storer: (String, String),
 }
+
+const BUCKET: &str = "kms-states";
 
 fn user(moto: &Moto, name: &str, actions: &[&str]) -> (String, String) {
     moto.query("iam", "CreateUser", &[("UserName", name)]);
@@ -54,12 +58,19 @@ impl Kms {
         let arn = created["KeyMetadata"]["Arn"].as_str().unwrap().to_string();
         let sealer = user(&moto, "sealer", &["kms:GenerateDataKey", "kms:Decrypt"]);
         let reader = user(&moto, "reader", &["kms:Decrypt"]);
+        let storer = user(
+            &moto,
+            "storer",
+            &["s3:*", "kms:GenerateDataKey", "kms:Decrypt"],
+        );
+        moto.create_bucket(BUCKET);
         moto.check_signatures();
         Kms {
             moto,
             arn,
             sealer,
             reader,
+            storer,
         }
     }
 
@@ -91,6 +102,22 @@ fn state(serial: u64, note: &str) -> Vec<u8> {
         r#"{{"version":4,"serial":{serial},"lineage":"kms-lineage","outputs":{{"note":{{"value":"secret-{note}","type":"string"}}}}}}"#
     )
     .into_bytes()
+}
+
+/// The entry of a fresh file key `k1` kept in `dir`.
+fn file_key(dir: &Path) -> String {
+    format!("{{ id = \"k1\", file = {:?} }}", key_file(dir))
+}
+
+/// Serials 1 to 3 of each of `workspaces`, written through `server`.
+fn three_serials(server: &Server, backend: &str, workspaces: &[&str]) {
+    for workspace in workspaces {
+        let url = server.state_url(backend, workspace);
+        for serial in 1..=3 {
+            let body = state(serial, &format!("{workspace}-{serial}"));
+            assert_eq!(send("POST", &url, Some(&body)).status, 200);
+        }
+    }
 }
 
 fn calls(server: &Server, backend: &str, call: &str) -> f64 {
@@ -184,6 +211,56 @@ fn a_kms_sealed_backend_round_trips_terraform_through_moto_with_iam_enforced() {
     );
 }
 
+/// The host's KMS calls use the backend's own credentials (an S3 backend's
+/// keys), or the standard chain (the environment) when it has none.
+#[test]
+fn kms_calls_use_the_backends_own_credentials_or_the_standard_chain() {
+    let kms = Kms::start();
+    let data = tempdir();
+    let (access, secret) = &kms.storer;
+    let s3_config = format!(
+        "[backends.s3]\nguest = \"s3-lockfile\"\nencryption = {{ keys = [{}] }}\n\
+         [backends.s3.config]\nbucket = {BUCKET:?}\nkey = \"app/terraform.tfstate\"\n\
+         region = \"us-east-1\"\nuse_path_style = true\nendpoints = {{ s3 = {:?} }}\n\
+         access_key = {access:?}\nsecret_key = {secret:?}\n",
+        kms.key(),
+        kms.moto.url
+    );
+    let server = Server::with_config(data.path(), &s3_config);
+    let url = server.state_url("s3", "default");
+    let posted = send("POST", &url, Some(&state(1, "s3")));
+    assert_eq!(posted.status, 200, "{}", posted.text());
+    assert_eq!(send("GET", &url, None).body, state(1, "s3"));
+    assert_eq!(calls(&server, "s3", "generate"), 1.0);
+    drop(server);
+
+    // A local backend, no credentials in the config: the environment's.
+    let store = data.path().join("store");
+    let config_path = data.path().join("env.toml");
+    let keys = format!("keys = [{}]", kms.key());
+    std::fs::write(&config_path, config(&store, "default", &keys)).unwrap();
+    let (access, secret) = &kms.sealer;
+    let env = [
+        ("AWS_ACCESS_KEY_ID", access.as_str()),
+        ("AWS_SECRET_ACCESS_KEY", secret.as_str()),
+    ];
+    let server = Server::with_config_env(data.path(), &config_path, &env);
+    let url = server.state_url("default", "default");
+    let posted = send("POST", &url, Some(&state(1, "env")));
+    assert_eq!(posted.status, 200, "{}", posted.text());
+    assert_eq!(send("GET", &url, None).body, state(1, "env"));
+    drop(server);
+    // Without them, the same config cannot reach the key: a 503 naming it.
+    let server = Server::with_config_file(data.path(), &config_path);
+    let refused = send(
+        "POST",
+        &server.state_url("default", "default"),
+        Some(&state(2, "env")),
+    );
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(refused.text().contains(KMS_KEY_ID), "{}", refused.text());
+}
+
 #[test]
 fn kms_refusals_and_outages_are_503s_naming_the_key_and_nothing_is_written() {
     let kms = Kms::start();
@@ -259,18 +336,12 @@ fn rotating_from_a_file_key_to_kms_and_resealing_leaves_nothing_for_the_old_key(
     let kms = Kms::start();
     let data = tempdir();
     let store = data.path().join("store");
-    let k1 = format!("{{ id = \"k1\", file = {:?} }}", key_file(data.path()));
+    let k1 = file_key(data.path());
     let server = Server::with_config(
         data.path(),
         &config(&store, "default", &format!("keys = [{k1}]")),
     );
-    for workspace in ["default", "net", "app", "busy"] {
-        let url = server.state_url("default", workspace);
-        for serial in 1..=3 {
-            let body = state(serial, &format!("{workspace}-{serial}"));
-            assert_eq!(send("POST", &url, Some(&body)).status, 200);
-        }
-    }
+    three_serials(&server, "default", &["default", "net", "app", "busy"]);
     let before = everything(&server, "default");
     assert_eq!(before.len(), 4 * 4, "4 states and 3 versions of each");
     drop(server);
@@ -343,18 +414,9 @@ fn rotating_from_a_file_key_to_kms_and_resealing_leaves_nothing_for_the_old_key(
 fn a_renamed_backend_keeps_every_state_and_version_after_reseal_from_backend() {
     let data = tempdir();
     let store = data.path().join("store");
-    let keys = format!(
-        "keys = [{{ id = \"k1\", file = {:?} }}]",
-        key_file(data.path())
-    );
+    let keys = format!("keys = [{}]", file_key(data.path()));
     let server = Server::with_config(data.path(), &config(&store, "old", &keys));
-    for workspace in ["default", "net"] {
-        let url = server.state_url("old", workspace);
-        for serial in 1..=3 {
-            let body = state(serial, &format!("{workspace}-{serial}"));
-            assert_eq!(send("POST", &url, Some(&body)).status, 200);
-        }
-    }
+    three_serials(&server, "old", &["default", "net"]);
     let before = everything(&server, "old");
     drop(server);
 
@@ -389,15 +451,9 @@ fn a_renamed_backend_keeps_every_state_and_version_after_reseal_from_backend() {
 fn a_rename_reseal_refuses_a_rolled_back_state_and_a_served_name() {
     let data = tempdir();
     let store = data.path().join("store");
-    let keys = format!(
-        "keys = [{{ id = \"k1\", file = {:?} }}]",
-        key_file(data.path())
-    );
+    let keys = format!("keys = [{}]", file_key(data.path()));
     let server = Server::with_config(data.path(), &config(&store, "old", &keys));
-    let url = server.state_url("old", "net");
-    for serial in 1..=3 {
-        assert_eq!(send("POST", &url, Some(&state(serial, "net"))).status, 200);
-    }
+    three_serials(&server, "old", &["net"]);
     drop(server);
     // Storage hands back serial 2 in place of 3 (a rollback the seal
     // alone cannot tell): the kept version, copied over the state.

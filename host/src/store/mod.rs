@@ -186,6 +186,26 @@ impl<S: Storage> Store<S> {
         }
     }
 
+    /// [`Self::seal`], refusing what storage could not hand back: stored,
+    /// a state larger than a read brings back would leave the workspace
+    /// stuck until the operator raised the limit.
+    async fn seal_to_store(
+        &self,
+        workspace: &str,
+        state: Bytes,
+    ) -> StorageResult<(StateHeader, Bytes)> {
+        let (header, stored) = self.seal(workspace, state).await?;
+        if stored.len() > self.max_stored_bytes {
+            return Err(StorageError::TooLarge(format!(
+                "the state is {} bytes as stored (sealed), more than the {} this server reads back \
+                 (raise max_body_mib, which sizes both)",
+                stored.len(),
+                self.max_stored_bytes
+            )));
+        }
+        Ok((header, stored))
+    }
+
     /// A state was deleted: a new one may start its serials afresh.
     fn forget(&self, workspace: &str) {
         if self.sealer.is_some() {
@@ -347,17 +367,7 @@ impl<S: Storage> Storage for Store<S> {
         lock_id: Option<&str>,
     ) -> StorageResult<()> {
         // Read the clear fields once, for the envelope and the history both.
-        let (header, stored) = self.seal(workspace, state).await?;
-        if stored.len() > self.max_stored_bytes {
-            // Stored, it could never be read back: the workspace would be
-            // stuck until the operator raised the limit.
-            return Err(StorageError::TooLarge(format!(
-                "the state is {} bytes as stored (sealed), more than the {} this server reads back \
-                 (raise max_body_mib, which sizes both)",
-                stored.len(),
-                self.max_stored_bytes
-            )));
-        }
+        let (header, stored) = self.seal_to_store(workspace, state).await?;
         // Storage that keeps versions itself needs no copy here.
         let kept = (self.history_source() != HistorySource::Storage)
             .then(|| self.history.as_ref().map(|_| stored.clone()))

@@ -250,15 +250,7 @@ impl<S: Storage> Store<S> {
         state: Bytes,
         lock_id: Option<&str>,
     ) -> StorageResult<()> {
-        let (header, stored) = self.seal(workspace, state).await?;
-        if stored.len() > self.max_stored_bytes {
-            return Err(StorageError::TooLarge(format!(
-                "the state of {workspace:?} is {} bytes sealed again, more than the {} this server \
-                 reads back (raise max_body_mib)",
-                stored.len(),
-                self.max_stored_bytes
-            )));
-        }
+        let (header, stored) = self.seal_to_store(workspace, state).await?;
         self.inner.write(workspace, stored, lock_id).await?;
         if let Some(serial) = header.serial {
             self.marks

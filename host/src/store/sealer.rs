@@ -114,25 +114,9 @@ impl Sealer {
     ) -> StorageResult<(StateHeader, Bytes)> {
         let (id, key) = &self.keys[0];
         let (backend, workspace, id_owned) = (backend.clone(), workspace.to_string(), id.clone());
-        match key {
-            Key::Material(material) => {
-                let material = *material;
-                let sealed = work.run(state.len(), move || {
-                    let header = StateHeader::of(&state);
-                    let sealing = Sealing {
-                        key_id: &id_owned,
-                        key: &material,
-                        wrapped: None,
-                    };
-                    let place = Place {
-                        backend: &backend,
-                        workspace: &workspace,
-                    };
-                    envelope::seal(sealing, place, &state, &header, restarts)
-                        .map(|stored| (header, Bytes::from(stored)))
-                });
-                sealed.await?.map_err(StorageError::Encryption)
-            }
+        let (material, header, wrapped) = match key {
+            // The clear fields are read in the same piece of work.
+            Key::Material(material) => (*material, None, None),
             Key::Service(provider) => {
                 let read = state.clone();
                 let header = work.run(read.len(), move || StateHeader::of(&read)).await?;
@@ -150,22 +134,24 @@ impl Sealer {
                 // Reading back this replica's own write asks KMS nothing.
                 self.cache
                     .put(id, &data_key.wrapped, &context, data_key.plain);
-                let sealed = work.run(state.len(), move || {
-                    let sealing = Sealing {
-                        key_id: &id_owned,
-                        key: &data_key.plain,
-                        wrapped: Some(&data_key.wrapped),
-                    };
-                    let place = Place {
-                        backend: &backend,
-                        workspace: &workspace,
-                    };
-                    envelope::seal(sealing, place, &state, &header, restarts)
-                        .map(|stored| (header, Bytes::from(stored)))
-                });
-                sealed.await?.map_err(StorageError::Encryption)
+                (data_key.plain, Some(header), Some(data_key.wrapped))
             }
-        }
+        };
+        let sealed = work.run(state.len(), move || {
+            let header = header.unwrap_or_else(|| StateHeader::of(&state));
+            let sealing = Sealing {
+                key_id: &id_owned,
+                key: &material,
+                wrapped: wrapped.as_deref(),
+            };
+            let place = Place {
+                backend: &backend,
+                workspace: &workspace,
+            };
+            envelope::seal(sealing, place, &state, &header, restarts)
+                .map(|stored| (header, Bytes::from(stored)))
+        });
+        sealed.await?.map_err(StorageError::Encryption)
     }
 
     /// Open what storage returned for `backend`/`workspace`. `Ok(Err)`:
@@ -476,6 +462,9 @@ mod tests {
         );
         assert!(open_unkeyed(by_k1.to_vec()).unwrap_err().contains("\"k1\""));
         assert_eq!(open_unkeyed(STATE.to_vec()).unwrap().0, STATE);
-        assert_eq!(open_unkeyed(STATE.to_vec()).unwrap().1, StateHeader::default());
+        assert_eq!(
+            open_unkeyed(STATE.to_vec()).unwrap().1,
+            StateHeader::default()
+        );
     }
 }
