@@ -469,6 +469,24 @@ fn a_rename_reseal_refuses_a_rolled_back_state_and_a_served_name() {
         config(&store, "new", &keys)
     );
     let server = Server::with_config(data.path(), &renamed);
+    // Reads of the new name before the re-seal (a plan, the console, a dry
+    // run) fail, and must not switch the rollback check off.
+    assert_eq!(
+        send("GET", &server.state_url("new", "net"), None).status,
+        500
+    );
+    let (ok, out) = wasmstate(&[
+        "state",
+        "reseal",
+        "-b",
+        "new",
+        "--from-backend",
+        "old",
+        "--dry-run",
+        "--server",
+        &server.url,
+    ]);
+    assert!(ok && out.contains("would be re-sealed"), "{out}");
     // A name served here is not a former name.
     let (ok, out) = wasmstate(&[
         "state",

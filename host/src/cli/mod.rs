@@ -206,7 +206,11 @@ pub enum StateAction {
     /// can be removed; after a backend rename, re-bind them to the new name
     /// with --from-backend. Takes each workspace's lock and skips (and
     /// reports) one whose lock is held; run it again for those. Needs an
-    /// admin. Exits non-zero while anything still needs an older key.
+    /// admin. Exits non-zero while a workspace was skipped or failed;
+    /// versions the storage keeps (S3 versions, git commits) cannot be
+    /// rewritten and are listed with the key they still need. Versions the
+    /// host keeps are each replica's: unless replicas share a data
+    /// directory, run it against each (--server).
     ///
     /// Example, after putting a KMS key first in encryption.keys and
     /// reloading: `wasmstate state reseal -b prod --dry-run`, then without

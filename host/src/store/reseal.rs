@@ -73,11 +73,18 @@ impl<S: Storage> Store<S> {
                 }
                 Err(e) => {
                     // The lock may have been taken all the same (a lost
-                    // answer): do not leave it behind.
-                    return Err(match self.release(workspace, &id).await {
-                        Ok(()) => e,
-                        Err(left) => StorageError::Unavailable(format!("{e}; {left}")),
-                    });
+                    // answer): do not leave it behind, and name it, for a
+                    // lock storage applies later still appears.
+                    let left = match self.release(workspace, &id).await {
+                        Ok(()) => format!(
+                            "if a lock {id} held by wasmstate-state-reseal appears, release it with \
+                             `terraform force-unlock {id}`"
+                        ),
+                        Err(left) => left,
+                    };
+                    return Err(StorageError::Unavailable(format!(
+                        "taking the lock failed ({e}); {left}"
+                    )));
                 }
             }
         };
@@ -131,17 +138,39 @@ impl<S: Storage> Store<S> {
         // the rollback check below seeds from them (this name's marks and
         // history are empty), so an older state storage hands back is
         // refused here as it would have been under the old name.
-        let mut left_behind = Vec::new();
         if let (Some(old), Some(history)) = (old, &self.history) {
-            left_behind = self
+            let mut left_behind = self
                 .adopt_versions(workspace, &history.sibling(old), history, request)
                 .await?;
+            report.versions.append(&mut left_behind);
+            // A read of the new name before now left a fresh start, which
+            // would never consult what was just moved in: raise it.
+            if !request.dry_run
+                && let Some((lineage, serial)) = history.newest_version(workspace).await
+            {
+                self.marks.adopt(workspace, lineage.as_deref(), serial);
+            }
         }
-        // Read through the rollback check, as a request would.
-        let start = self.read_start(workspace).await;
+        // Read through the rollback check, as a request would; a dry run
+        // leaves the marks alone.
+        let start = match request.dry_run {
+            true => None,
+            false => self.read_start(workspace).await,
+        };
         if let Some(stored) = self.inner.read(workspace).await? {
             report.state = match self.standing(workspace, &stored, old).await? {
                 Err(reason) => Outcome::Failed { reason },
+                // After a rename, another replica may have re-bound it
+                // against its own history: this one's must agree.
+                Ok(Standing { stale: None, .. }) if old.is_some() && !request.dry_run => match self
+                    .open_current(&self.backend, workspace, stored, start)
+                    .await
+                {
+                    Ok(_) => Outcome::Current,
+                    Err(e) => Outcome::Failed {
+                        reason: e.to_string(),
+                    },
+                },
                 Ok(Standing { stale: None, .. }) => Outcome::Current,
                 Ok(Standing {
                     stale: Some(from), ..
@@ -173,7 +202,6 @@ impl<S: Storage> Store<S> {
                 }
             }
             Err(StorageError::NoHistory) => {
-                report.versions.append(&mut left_behind);
                 if let Some(history) = &self.history {
                     for version in history
                         .list(workspace)
@@ -280,9 +308,9 @@ impl<S: Storage> Store<S> {
             (None, None) => return Ok(Outcome::Current),
             (None, Some(old)) => match self.standing(workspace, &stored, Some(old)).await? {
                 Ok(Standing { stale: None, .. }) => return Ok(Outcome::Current),
-                Ok(Standing {
-                    stale: Some(from), ..
-                }) => from,
+                Ok(Standing { .. }) => format!(
+                    "the backend name {old:?}: such versions open only under that name, not this one"
+                ),
                 Err(reason) => return Ok(Outcome::Failed { reason }),
             },
         };

@@ -180,6 +180,7 @@ async fn a_lock_taken_behind_a_lost_answer_is_released() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("answer was lost"), "{err}");
+    assert!(err.to_string().contains("force-unlock"), "{err}");
     assert!(
         store.inner.lock.lock().unwrap().is_none(),
         "lock left behind"

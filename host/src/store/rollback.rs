@@ -149,6 +149,31 @@ impl RollbackMarks {
         );
     }
 
+    /// A renamed backend's kept versions were moved in (`reseal
+    /// --from-backend`), the newest at `lineage` and `serial`: the mark
+    /// rises to it, replacing a fresh start (reads of the new name before
+    /// the move opened nothing and knew nothing), but never lowers or
+    /// replaces a mark of a state this host saw under the new name.
+    pub fn adopt(&self, workspace: &str, lineage: Option<&str>, serial: u64) {
+        let mut marks = self.marks();
+        let replace = match marks.get(workspace) {
+            None => true,
+            Some(mark) => mark.deleted || (mark.lineage == digest(lineage) && mark.serial < serial),
+        };
+        if replace {
+            let set_at = self.tick();
+            marks.insert(
+                workspace.to_string(),
+                Mark {
+                    lineage: digest(lineage),
+                    serial,
+                    set_at,
+                    deleted: false,
+                },
+            );
+        }
+    }
+
     /// Start afresh where a history holds no state of the workspace's
     /// current life, unless this host has seen it since: the next state
     /// read becomes the mark, as after a delete here.
@@ -189,6 +214,26 @@ fn digest(lineage: Option<&str>) -> Option<LineageDigest> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rename's moved history raises a fresh start (a read of the new
+    /// name before the move) but never lowers what this host saw.
+    #[test]
+    fn adopted_history_replaces_a_fresh_start_and_never_lowers_a_mark() {
+        let marks = RollbackMarks::default();
+        marks.start_fresh("w");
+        marks.adopt("w", Some("a"), 3);
+        assert_eq!(
+            marks.read("w", Some("a"), 2, marks.read_start()),
+            Err(Rollback { newest: 3 })
+        );
+        marks.wrote("v", Some("a"), 9);
+        marks.adopt("v", Some("a"), 3);
+        marks.adopt("v", Some("b"), 30);
+        assert_eq!(
+            marks.read("v", Some("a"), 8, marks.read_start()),
+            Err(Rollback { newest: 9 })
+        );
+    }
 
     #[test]
     fn an_older_serial_of_the_same_lineage_is_refused() {
