@@ -79,6 +79,11 @@ pub struct Runtime {
     quotas: quota::DirQuotas,
     /// One database store (and lock session) per backend, across reloads.
     databases: crate::capabilities::postgres::PgStores,
+    /// Each distinct guest compiled and linked once, by its sha256: the
+    /// backends of one guest share its machine code and memory image, so a
+    /// backend costs its settings, not a copy of its guest. Kept for the
+    /// server's life (a reload that pins a new guest adds one).
+    compiled: std::sync::Mutex<std::collections::HashMap<String, Linked>>,
     _ticker: engine::EpochTicker,
 }
 
@@ -123,6 +128,7 @@ impl Runtime {
             tasks: tokio_util::task::TaskTracker::new(),
             quotas: quota::DirQuotas::default(),
             databases: Default::default(),
+            compiled: Default::default(),
             longest_call: config
                 .backends
                 .iter()
@@ -181,25 +187,7 @@ impl Runtime {
         let name = &backend.name;
         let context = || format!("backend {name:?} (guest {})", backend.guest);
         let sha256 = crate::digest::sha256_hex(wasm);
-        let component = cache::compile(
-            &self.engine,
-            wasm,
-            &sha256,
-            &self.cache_dir,
-            &self.cache_key,
-        )
-        .with_context(context)?;
-        let exports: Vec<String> = component
-            .component_type()
-            .exports(&self.engine)
-            .map(|(n, _)| n.to_string())
-            .collect();
-        let version = crate::contract::check_version(&exports).with_context(context)?;
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(anyhow::Error::from)
-            .with_context(|| format!("{}: cannot link the guest", context()))?;
+        let (version, pre) = self.linked(wasm, &sha256).with_context(context)?;
         let quota = match &dir {
             Some(dir) => {
                 std::fs::create_dir_all(dir)
@@ -301,6 +289,44 @@ impl Runtime {
             crate::backend::Storage::host_work(&guest),
         );
         Ok(guest)
+    }
+}
+
+/// A guest compiled, its contract checked, and linked.
+type Linked = (
+    crate::contract::ContractVersion,
+    wasmtime::component::InstancePre<Sandbox>,
+);
+
+impl Runtime {
+    /// The guest `wasm` (whose digest is `sha256`) compiled (or loaded
+    /// from the cache), its contract checked and linked: once per distinct
+    /// guest, shared by every backend that runs it.
+    fn linked(&self, wasm: &[u8], sha256: &str) -> anyhow::Result<Linked> {
+        let known =
+            |compiled: &std::collections::HashMap<String, Linked>| compiled.get(sha256).cloned();
+        if let Some(linked) = known(&self.compiled.lock().unwrap_or_else(|e| e.into_inner())) {
+            return Ok(linked);
+        }
+        let component =
+            cache::compile(&self.engine, wasm, sha256, &self.cache_dir, &self.cache_key)?;
+        let exports: Vec<String> = component
+            .component_type()
+            .exports(&self.engine)
+            .map(|(n, _)| n.to_string())
+            .collect();
+        let version = crate::contract::check_version(&exports)?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(anyhow::Error::from)
+            .context("cannot link the guest")?;
+        let linked = (version, pre);
+        self.compiled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(sha256.to_string(), linked.clone());
+        Ok(linked)
     }
 }
 
