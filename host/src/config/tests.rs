@@ -343,6 +343,17 @@ fn a_backend_directory_may_not_overlap_the_hosts_or_another_backends() {
     .unwrap_err()
     .to_string();
     assert!(shared.contains("backend \"b\"'s directory"), "{shared}");
+    // Found between neighbours in path order, whatever lies between in
+    // config order: s/z and s/y are both inside c's s; two equal dirs.
+    for dirs in [["s/z", "s", "s/y"], ["t", "u", "t"]] {
+        let tables: String = ["a", "b", "c"]
+            .iter()
+            .zip(dirs)
+            .map(|(name, dir)| format!("[backends.{name}]\nguest = \"local\"\ndir = \"{dir}\"\n"))
+            .collect();
+        let err = config(&tables).unwrap_err().to_string();
+        assert!(err.contains("'s directory"), "{dirs:?}: {err}");
+    }
     // The default layout (data/backends/NAME) and dirs elsewhere are fine.
     assert!(config("[backends.a]\nguest = \"local\"\n[backends.b]\nguest = \"local\"\ndir = \"elsewhere\"\n").is_ok());
 }

@@ -82,7 +82,9 @@ pub struct Runtime {
     /// Each distinct guest compiled and linked once, by its sha256: the
     /// backends of one guest share its machine code and memory image, so a
     /// backend costs its settings, not a copy of its guest. Kept for the
-    /// server's life (a reload that pins a new guest adds one).
+    /// server's life: a reload that pins a new guest adds one, and a guest
+    /// no backend runs any more stays compiled until a restart (bounded by
+    /// the guests the operator ever pinned; pruning on reload is to do).
     compiled: std::sync::Mutex<std::collections::HashMap<String, Linked>>,
     _ticker: engine::EpochTicker,
 }
