@@ -156,22 +156,14 @@ impl RollbackMarks {
     /// replaces a mark of a state this host saw under the new name.
     pub fn adopt(&self, workspace: &str, lineage: Option<&str>, serial: u64) {
         let mut marks = self.marks();
-        let replace = match marks.get(workspace) {
-            None => true,
-            Some(mark) => mark.deleted || (mark.lineage == digest(lineage) && mark.serial < serial),
-        };
-        if replace {
-            let set_at = self.tick();
-            marks.insert(
-                workspace.to_string(),
-                Mark {
-                    lineage: digest(lineage),
-                    serial,
-                    set_at,
-                    deleted: false,
-                },
-            );
+        // A live mark of another lineage is a state seen here: kept.
+        if let Some(mark) = marks.get(workspace)
+            && !mark.deleted
+            && mark.lineage != digest(lineage)
+        {
+            return;
         }
+        self.raise(&mut marks, workspace, lineage, serial);
     }
 
     /// Start afresh where a history holds no state of the workspace's
