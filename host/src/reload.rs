@@ -200,7 +200,7 @@ pub async fn reload<S: Storage>(
     source: &ConfigSource,
     runtime: &Runtime,
     served: &BTreeMap<String, Arc<Swappable<S>>>,
-    build: impl Fn(&Config, &str, crate::runtime::GuestBackend) -> S,
+    build: impl Fn(&Config, &crate::config::BackendConfig, crate::runtime::GuestBackend) -> S,
 ) -> anyhow::Result<Reloaded> {
     let config = Config::load(Some(&source.path), source.overrides.clone())?;
     let mut outcome = Reloaded {
@@ -208,16 +208,17 @@ pub async fn reload<S: Storage>(
         replaced: Vec::new(),
         stopped: Vec::new(),
     };
+    let mut pass = crate::loader::Pass::default();
     for backend in &config.backends {
         let Some(slot) = served.get(&backend.name) else {
             tracing::warn!(backend = %backend.name, "new backend in the config: restart the server to serve it");
             continue;
         };
-        match crate::loader::load(&config, backend, runtime, crate::loader::Ungranted::Refuse).await
-        {
+        let ungranted = crate::loader::Ungranted::Refuse;
+        match crate::loader::load_in(&mut pass, &config, backend, runtime, ungranted).await {
             Ok(guest) => {
                 tracing::info!(backend = %backend.name, guest = %backend.guest, sha256 = guest.sha256(), "backend reloaded");
-                slot.replace(build(&config, &backend.name, guest));
+                slot.replace(build(&config, backend, guest));
                 outcome.replaced.push(backend.name.clone());
             }
             Err(e) => {

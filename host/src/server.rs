@@ -25,17 +25,13 @@ type Marks = Arc<BTreeMap<String, Arc<RollbackMarks>>>;
 /// The host's layers around one backend's guest: encryption and history.
 fn store_for(
     config: &Config,
-    name: &str,
+    backend: &crate::config::BackendConfig,
     guest: GuestBackend,
     marks: &Marks,
     max_stored_bytes: usize,
     metrics: &Metrics,
 ) -> Store<GuestBackend> {
-    let backend = config
-        .backends
-        .iter()
-        .find(|b| b.name == name)
-        .expect("every loaded backend is configured");
+    let name = backend.name.as_str();
     let history = (backend.history > 0)
         .then(|| History::new(config.data_dir.join("history").join(name), backend.history));
     Store::new(
@@ -112,11 +108,17 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
             .map(|name| (name.clone(), Arc::default()))
             .collect(),
     );
+    let configured: std::collections::HashMap<&str, &crate::config::BackendConfig> = config
+        .backends
+        .iter()
+        .map(|b| (b.name.as_str(), b))
+        .collect();
     let backends: BTreeMap<String, Arc<Swappable<Store<GuestBackend>>>> = backends
         .into_iter()
         .map(|(name, guest)| {
             let max_stored = runtime.max_stored_bytes();
-            let store = store_for(&config, &name, guest, &marks, max_stored, &metrics);
+            let backend = configured[name.as_str()];
+            let store = store_for(&config, backend, guest, &marks, max_stored, &metrics);
             (name, Arc::new(Swappable::new(store)))
         })
         .collect();
@@ -270,8 +272,8 @@ async fn reload_on_sighup(
     restart_only: String,
 ) {
     let max_stored = runtime.max_stored_bytes();
-    let build = |config: &Config, name: &str, guest| {
-        store_for(config, name, guest, &marks, max_stored, &metrics)
+    let build = |config: &Config, backend: &crate::config::BackendConfig, guest| {
+        store_for(config, backend, guest, &marks, max_stored, &metrics)
     };
     while hangups.recv().await.is_some() {
         tracing::info!(config = %source.path.display(), "SIGHUP: reloading backends");

@@ -22,6 +22,11 @@ pub const GRANTED_DIR: &str = "/data";
 
 /// The most bytes asked for in one read call; the host caps each at 64 KiB.
 const READ_CHUNK: u64 = 1 << 20;
+/// The least asked for: enough to find a file's end in one call.
+const SMALL_READ: u64 = 4 << 10;
+/// The first buffer for copying into a new file, grown 4x at a time (to
+/// [`READ_CHUNK`]) while the source fills it.
+const SMALL_WRITE: usize = 16 << 10;
 
 /// A directory handle.
 pub struct Dir {
@@ -89,12 +94,17 @@ impl Dir {
     fn read_chunks(
         file: &Descriptor,
         path: &str,
+        size: u64,
         mut each: impl FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
         let mut offset = 0u64;
         loop {
+            // Ask for what the file holds, not a whole chunk: the host
+            // sets aside what is asked for, and a lock file is a few
+            // hundred bytes. Past the size, a small read finds the end.
+            let want = size.saturating_sub(offset).clamp(SMALL_READ, READ_CHUNK);
             let (chunk, eof) = file
-                .read(READ_CHUNK, offset)
+                .read(want, offset)
                 .map_err(|e| io_error(e, "reading", path))?;
             each(&chunk)?;
             offset += chunk.len() as u64;
@@ -110,7 +120,7 @@ impl Dir {
             return Ok(None);
         };
         let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-        Self::read_chunks(&file, path, |chunk| {
+        Self::read_chunks(&file, path, size, |chunk| {
             bytes.extend_from_slice(chunk);
             Ok(())
         })?;
@@ -120,10 +130,10 @@ impl Dir {
     /// Copy the file into `out` chunk by chunk, never holding it whole;
     /// `false` when it does not exist.
     pub fn read_to(&self, path: &str, out: &mut dyn std::io::Write) -> Result<bool> {
-        let Some((file, _)) = self.open_read(path)? else {
+        let Some((file, size)) = self.open_read(path)? else {
             return Ok(false);
         };
-        Self::read_chunks(&file, path, |chunk| out.write_all(chunk))?;
+        Self::read_chunks(&file, path, size, |chunk| out.write_all(chunk))?;
         Ok(true)
     }
 
@@ -147,7 +157,10 @@ impl Dir {
             OpenFlags::CREATE | OpenFlags::EXCLUSIVE,
             DescriptorFlags::WRITE,
         )?;
-        let mut buffer = vec![0u8; READ_CHUNK as usize];
+        // Small first, growing while the source fills it: every page of
+        // it is memory the host must clean after the request, and most
+        // files written are a lock or a small state.
+        let mut buffer = vec![0u8; SMALL_WRITE];
         let mut offset = 0u64;
         loop {
             let filled = match source.read(&mut buffer) {
@@ -169,6 +182,9 @@ impl Dir {
                 }
                 written += n as usize;
                 offset += n;
+            }
+            if filled == buffer.len() && buffer.len() < READ_CHUNK as usize {
+                buffer.resize(buffer.len() * 4, 0);
             }
         }
         if sync {

@@ -196,3 +196,37 @@ fn a_flood_to_one_backend_leaves_instance_slots_for_the_others() {
         assert_eq!(spinner.join().unwrap(), 504);
     }
 }
+
+/// A FIFO left where a state should be (by an operator or another
+/// program: a guest cannot make one) is refused at once, not waited on.
+/// A guest's file calls run inline on a worker thread, where no deadline
+/// reaches them, so opening it would hold that worker until a writer came;
+/// more such requests than workers would stall the whole server.
+#[test]
+fn a_fifo_in_a_backends_directory_is_refused_not_waited_on() {
+    let root = tempdir();
+    let dir = root.path().join("granted");
+    let server = Server::with_config(
+        &root.path().join("data"),
+        &format!("[backends.b]\nguest = \"local\"\ndir = {dir:?}\ntimeout_ms = 120000\n"),
+    );
+    std::fs::create_dir_all(dir.join("ws")).unwrap();
+    let fifo = dir.join("ws").join("terraform.tfstate");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.unwrap().success(), "mkfifo {}", fifo.display());
+    // More readers than the server has workers: each would block one.
+    let readers: Vec<_> = (0..6)
+        .map(|_| {
+            let url = server.state_url("b", "ws");
+            std::thread::spawn(move || send("GET", &url, None))
+        })
+        .collect();
+    for reader in readers {
+        let answer = reader.join().unwrap();
+        assert_eq!(answer.status, 500, "{}", answer.text());
+        assert!(answer.text().contains("reading state"), "{}", answer.text());
+    }
+    let other = server.state_url("b", "other");
+    assert_eq!(send("POST", &other, Some(&state(1))).status, 200);
+    assert_eq!(send("GET", &other, None).body, state(1));
+}

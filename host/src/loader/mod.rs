@@ -24,6 +24,7 @@ pub use source::resolve;
 use crate::config::{BackendConfig, Config};
 use crate::runtime::{GuestBackend, Runtime};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// What happens to a guest whose manifest asks for more than its backend
 /// grants.
@@ -36,6 +37,68 @@ pub enum Ungranted {
     Withhold,
 }
 
+/// Guests already resolved, verified and inspected in one load pass (a
+/// start, a reload), by source: thousands of backends of one guest read,
+/// hash and parse it once, not once each. A pass is short and every start
+/// or reload makes a new one, so an installed guest is still verified on
+/// every load. It keeps each guest's digest and manifest, not its bytes:
+/// once the runtime has linked a guest, its other backends need none.
+#[derive(Default)]
+pub struct Pass {
+    guests: std::collections::HashMap<String, Known>,
+    /// The installed guests' signers, read from the store once.
+    signers: Option<Vec<(String, Option<String>)>>,
+}
+
+/// One guest's digest and manifest.
+#[derive(Clone)]
+struct Known {
+    sha256: String,
+    info: Arc<crate::marketplace::manifest::ComponentInfo>,
+}
+
+impl Pass {
+    /// The guest of `backend`: its bytes (empty when `runtime` has it
+    /// linked already), digest and manifest.
+    fn resolve(
+        &mut self,
+        config: &Config,
+        backend: &BackendConfig,
+        runtime: &Runtime,
+    ) -> anyhow::Result<(std::borrow::Cow<'static, [u8]>, Known)> {
+        // Config paths are TOML strings, so this key is the source exactly.
+        let key = backend.guest.to_string();
+        if let Some(known) = self.guests.get(&key)
+            && runtime.has_linked(&known.sha256)
+        {
+            return Ok((std::borrow::Cow::Borrowed(&[]), known.clone()));
+        }
+        let wasm = source::resolve(&backend.guest, config)?;
+        let info = crate::marketplace::manifest::inspect(&wasm)
+            .map_err(|e| anyhow::anyhow!("backend {:?}: {e}", backend.name))?;
+        let known = Known {
+            sha256: crate::digest::sha256_hex(&wasm),
+            info: Arc::new(info),
+        };
+        self.guests.insert(key, known.clone());
+        Ok((wasm, known))
+    }
+
+    /// Who signed the installed guest `sha256`, if it is installed signed.
+    fn signer(&mut self, config: &Config, sha256: &str) -> Option<String> {
+        let installed = self.signers.get_or_insert_with(|| {
+            crate::marketplace::store::GuestStore::new(&config.data_dir)
+                .list()
+                .map(|all| all.into_iter().map(|i| (i.sha256, i.signed_by)).collect())
+                .unwrap_or_default()
+        });
+        installed
+            .iter()
+            .find(|(sha, _)| sha == sha256)
+            .and_then(|(_, signer)| signer.clone())
+    }
+}
+
 /// Load one backend's guest through every stage.
 pub async fn load(
     config: &Config,
@@ -43,41 +106,44 @@ pub async fn load(
     runtime: &Runtime,
     ungranted: Ungranted,
 ) -> anyhow::Result<GuestBackend> {
-    let wasm = source::resolve(&backend.guest, config)?;
-    let (backend, dir) = narrow::to_manifest(config, backend, &wasm, ungranted)?;
-    let guest = runtime.load_backend(&backend, &wasm, dir.clone()).await?;
-    let description = describe(config, &backend, &wasm, &guest, dir.as_deref());
+    load_in(&mut Pass::default(), config, backend, runtime, ungranted).await
+}
+
+/// [`load`], sharing what `pass` already resolved.
+pub async fn load_in(
+    pass: &mut Pass,
+    config: &Config,
+    backend: &BackendConfig,
+    runtime: &Runtime,
+    ungranted: Ungranted,
+) -> anyhow::Result<GuestBackend> {
+    let (wasm, guest) = pass.resolve(config, backend, runtime)?;
+    let (backend, dir) = narrow::to_manifest(config, backend, &guest.info, ungranted)?;
+    let loaded = runtime
+        .load_backend(&backend, &wasm, &guest.sha256, dir.clone())
+        .await?;
+    let signer = pass.signer(config, &guest.sha256);
+    let description = describe(&backend, &guest.info, signer, &loaded, dir.as_deref());
     tracing::info!(
         backend = %backend.name,
         guest = %backend.guest,
-        sha256 = guest.sha256(),
+        sha256 = loaded.sha256(),
         dir = ?dir,
         "backend ready"
     );
-    Ok(guest.described(description))
+    Ok(loaded.described(description))
 }
 
 /// What the console shows of a loaded backend: its origin, its manifest's
 /// asks beside the grants it was given (already narrowed to them).
 fn describe(
-    config: &Config,
     backend: &BackendConfig,
-    wasm: &[u8],
+    info: &crate::marketplace::manifest::ComponentInfo,
+    signer: Option<String>,
     guest: &GuestBackend,
     dir: Option<&std::path::Path>,
 ) -> crate::backend::Description {
-    let manifest = crate::marketplace::manifest::inspect(wasm)
-        .ok()
-        .and_then(|info| info.manifest);
-    let signer = crate::marketplace::store::GuestStore::new(&config.data_dir)
-        .list()
-        .ok()
-        .and_then(|installed| {
-            installed
-                .into_iter()
-                .find(|i| i.sha256 == guest.sha256())
-                .and_then(|i| i.signed_by)
-        });
+    let manifest = info.manifest.clone();
     let asked = manifest.as_ref().map_or_else(
         || vec!["no manifest: everything the operator grants".to_string()],
         |m| {
@@ -134,8 +200,9 @@ pub async fn load_all(
     runtime: &Runtime,
 ) -> anyhow::Result<BTreeMap<String, GuestBackend>> {
     let mut backends = BTreeMap::new();
+    let mut pass = Pass::default();
     for backend in &config.backends {
-        let guest = load(config, backend, runtime, Ungranted::Refuse).await?;
+        let guest = load_in(&mut pass, config, backend, runtime, Ungranted::Refuse).await?;
         backends.insert(backend.name.clone(), guest);
     }
     Ok(backends)

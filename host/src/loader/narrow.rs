@@ -13,13 +13,11 @@ use std::path::PathBuf;
 pub fn to_manifest(
     config: &Config,
     backend: &BackendConfig,
-    wasm: &[u8],
+    info: &manifest::ComponentInfo,
     ungranted: Ungranted,
 ) -> anyhow::Result<(BackendConfig, Option<PathBuf>)> {
     let dir = config.granted_dir(backend);
-    let info =
-        manifest::inspect(wasm).map_err(|e| anyhow::anyhow!("backend {:?}: {e}", backend.name))?;
-    let Some(manifest) = info.manifest else {
+    let Some(manifest) = &info.manifest else {
         anyhow::ensure!(
             !matches!(backend.guest, GuestSource::Installed { .. }),
             "backend {:?}: installed guest {} carries no manifest",

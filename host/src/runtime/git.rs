@@ -34,6 +34,7 @@ impl Sandbox {
         let access = self.git.clone();
         let backend = self.backend.clone();
         let deadline = self.deadline;
+        let slots = self.core.keep_slots();
         async move {
             let Some(access) = access else {
                 tracing::warn!(backend = %backend, %url, "git call refused: the backend has no git grant");
@@ -41,7 +42,7 @@ impl Sandbox {
                     "backend {backend:?} may not use git; the operator must add allow_git = [\"{url}\"] to it"
                 )));
             };
-            run(access, backend, url, deadline, call).await
+            run(access, backend, url, deadline, slots, call).await
         }
     }
 }
@@ -54,9 +55,13 @@ async fn run<T: Send + 'static>(
     backend: Arc<str>,
     url: String,
     deadline: std::time::Instant,
+    slots: Option<super::turns::Slots>,
     call: impl FnOnce(&RepoHandle<'_>) -> Result<T, GitError> + Send + 'static,
 ) -> Result<T, wit::GitError> {
     tokio::task::spawn_blocking(move || {
+            // The call's instance slots stay taken until this ends, even
+            // if the call is dropped first.
+            let _slots = slots;
             let repo = access.host.repo(&access.grants, &url).inspect_err(|e| {
                 if let GitError::Denied(_) = e {
                     tracing::warn!(backend = %backend, %url, "git call refused: repository not granted");

@@ -6,13 +6,14 @@ use super::chunks::{StateSink, StateSource};
 use super::limits::{Budget, MemoryLimiter, Refusal};
 use super::quota::DirQuota;
 use super::sandbox::{STDERR_CAPACITY, Sandbox};
-use super::turns::{Core, TurnHook, Turns};
+use super::turns::{Core, Slots, TurnHook, Turns};
 use super::versions::{Answer, Guest, GuestPre};
 use super::{GUEST_DATA_DIR, OUTER_GRACE, outbound};
 use crate::backend::{Diagnostic, LockInfo, Storage, StorageError, StorageResult};
 use crate::config::Limits;
 use crate::metrics::{Fault, Metrics};
 use crate::policy::OutboundPolicy;
+use futures_util::FutureExt;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -132,10 +133,19 @@ impl GuestBackend {
         self.shared.quota.as_ref()
     }
 
-    /// Run one call in a fresh instance, as a task of its own, lifting at
-    /// most `max_lift` bytes out of it; the answer comes by the deadline
-    /// (plus a grace for a guest stuck in a host call) whatever the guest
-    /// does.
+    /// Run one call in a fresh instance, lifting at most `max_lift` bytes
+    /// out of it; the answer comes by the deadline (plus a grace for a
+    /// guest stuck in a host call) whatever the guest does.
+    ///
+    /// The call runs in the caller's task: no task of its own, so no
+    /// thread wake-ups on the way in and out. That is safe because nothing
+    /// here can hold a worker past the deadline: wasm is interrupted at an
+    /// epoch tick, every host call the guest awaits (network, git, a turn,
+    /// `sync` on the blocking pool) is dropped with this future, and the
+    /// file calls it makes inline are short (only regular files and
+    /// directories can be opened, see [`super::fs`]). A change whose
+    /// client hangs up still completes: the protocol runs every change as a
+    /// task of its own ([`crate::protocol::App::change`]).
     async fn run<T: Send + 'static>(
         &self,
         max_lift: usize,
@@ -158,30 +168,25 @@ impl GuestBackend {
             .acquire_owned()
             .await
             .map_err(shutting_down)?;
-        // A task of its own: the deadline below holds whatever the guest
-        // does, and a call whose client went away still completes (a write
-        // is never left half-done).
-        let task = shared.tasks.spawn({
-            let shared = shared.clone();
-            async move {
-                let _slots = (own, slot);
-                shared.call(max_lift, call).await
-            }
-        });
-        let abort = task.abort_handle();
-        match tokio::time::timeout(shared.limits.timeout + OUTER_GRACE, task).await {
+        let slots = Arc::new((own, slot));
+        // Tracked, so a server that stops waits for the calls under way.
+        let called = std::panic::AssertUnwindSafe(shared.call(max_lift, call, slots));
+        let called = shared.tasks.track_future(called.catch_unwind());
+        match tokio::time::timeout(shared.limits.timeout + OUTER_GRACE, called).await {
             Ok(Ok(result)) => result,
-            Ok(Err(e)) => {
+            Ok(Err(panic)) => {
                 shared.metrics.fault(&shared.name, Fault::Trap);
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
                 Err(StorageError::GuestTrapped {
-                    reason: format!("the host's call into the guest failed: {e}"),
+                    reason: format!("the host's call into the guest failed: {what}"),
                     detail: None,
                 })
             }
             Err(_elapsed) => {
-                // Stuck in a host call: drop the instance at its next
-                // await; the answer does not wait for it.
-                abort.abort();
                 shared.metrics.fault(&shared.name, Fault::Timeout);
                 Err(StorageError::GuestTimedOut(shared.limits.timeout))
             }
@@ -207,9 +212,10 @@ impl Shared {
         &self,
         max_lift: usize,
         call: impl for<'a> FnOnce(&'a Guest, &'a mut Store<Sandbox>) -> GuestCall<'a, T>,
+        slots: Slots,
     ) -> StorageResult<T> {
         let deadline = Instant::now() + self.limits.timeout;
-        let mut store = self.new_store(deadline)?;
+        let mut store = self.new_store(deadline, slots)?;
         store.set_hostcall_fuel(max_lift);
         let outcome = async {
             let started = Instant::now();
@@ -249,8 +255,8 @@ impl Shared {
     /// A store for one request: fresh WASI context granting only this
     /// backend's directory, memory limiter, epoch deadline, and a turn on
     /// the cores while it runs wasm.
-    fn new_store(&self, deadline: Instant) -> StorageResult<Store<Sandbox>> {
-        let core = Core::new(self.turns.clone(), deadline);
+    fn new_store(&self, deadline: Instant, slots: Slots) -> StorageResult<Store<Sandbox>> {
+        let core = Core::new(self.turns.clone(), deadline, Some(slots));
         let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
         let mut wasi = WasiCtxBuilder::new();
         // File operations on a local disk are short; running them inline

@@ -63,6 +63,8 @@ pub struct Runtime {
     instances: Arc<Semaphore>,
     max_instances: u32,
     cores: usize,
+    /// How many backends the config serves (fixed until a restart).
+    backends: usize,
     memory: Budget,
     max_lift_bytes: usize,
     cache_dir: PathBuf,
@@ -123,6 +125,7 @@ impl Runtime {
             instances: Arc::new(Semaphore::new(config.max_instances as usize)),
             max_instances: config.max_instances,
             cores,
+            backends: config.backends.len(),
             memory,
             max_lift_bytes: config.max_stored_bytes() + LIFT_MARGIN_BYTES,
             cache_dir: config.cache_dir(),
@@ -178,18 +181,19 @@ impl Runtime {
         &self.memory
     }
 
-    /// Compile (or load from cache), check and link `backend`'s guest, then
+    /// Compile (or load from cache), check and link `backend`'s guest
+    /// `wasm` (whose digest is `sha256`), then
     /// have it validate its configuration. Every failure names the backend.
     pub async fn load_backend(
         &self,
         backend: &BackendConfig,
         wasm: &[u8],
+        sha256: &str,
         dir: Option<PathBuf>,
     ) -> anyhow::Result<GuestBackend> {
         let name = &backend.name;
         let context = || format!("backend {name:?} (guest {})", backend.guest);
-        let sha256 = crate::digest::sha256_hex(wasm);
-        let (version, pre) = self.linked(wasm, &sha256).with_context(context)?;
+        let (version, pre) = self.linked(wasm, sha256).with_context(context)?;
         let quota = match &dir {
             Some(dir) => {
                 std::fs::create_dir_all(dir)
@@ -210,10 +214,17 @@ impl Runtime {
             .unwrap_or((self.max_instances * 3).div_ceil(4))
             .min(self.max_instances) as usize;
         // Its guests' wasm and its heavy host work each take at most this
-        // many cores, so its requests leave the others a worker.
-        let cores = backend
-            .max_cores
-            .map_or(self.cores.saturating_sub(1), |n| n as usize);
+        // many cores, so its requests leave the others a worker. A server
+        // of one backend has no others to leave one for (adding a backend
+        // takes a restart): it gets every core.
+        let cores = backend.max_cores.map_or(
+            if self.backends > 1 {
+                self.cores.saturating_sub(1)
+            } else {
+                self.cores
+            },
+            |n| n as usize,
+        );
         let guest = GuestBackend {
             description: Arc::default(),
             shared: Arc::new(guest::Shared {
@@ -266,7 +277,7 @@ impl Runtime {
                     grants: backend.allow_git.clone().into(),
                 }),
                 secrets: backend.secrets.clone().into(),
-                sha256,
+                sha256: sha256.to_owned(),
             }),
         };
         let diagnostics = guest
@@ -301,6 +312,15 @@ type Linked = (
 );
 
 impl Runtime {
+    /// Whether the guest with digest `sha256` is compiled and linked: its
+    /// bytes are not needed again to load another backend of it.
+    pub fn has_linked(&self, sha256: &str) -> bool {
+        self.compiled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(sha256)
+    }
+
     /// The guest `wasm` (whose digest is `sha256`) compiled (or loaded
     /// from the cache), its contract checked and linked: once per distinct
     /// guest, shared by every backend that runs it.

@@ -1,11 +1,11 @@
 //! How the cores are shared between backends.
 //!
-//! Each guest call runs as a task of its own on the server's tokio
-//! runtime, so the request's deadline is enforced from outside it; a
-//! guest's file I/O runs inline on the worker thread (half a small read's
-//! latency, measured). Each backend has at most `max_cores` instances
-//! occupying a worker at once ([`Turns`]): running wasm, or in a file call
-//! ([`super::fs`]). A guest gives its turn back whenever it calls into the
+//! Each guest call runs in its request's task on the server's tokio
+//! runtime (no task of its own: two thread wake-ups per call, measured at
+//! half of an empty call's time); a guest's file I/O runs inline on the
+//! worker thread (half a small read's latency, measured). Each backend has
+//! at most `max_cores` instances occupying a worker at once ([`Turns`]):
+//! running wasm, or in a file call other than `sync` ([`super::fs`]). A guest gives its turn back whenever it calls into the
 //! host for anything else (network, git, clocks; a call hook) and at every
 //! epoch tick (10 ms), and queues for it again, FIFO, before running more
 //! wasm. So a backend whose guests spin until their deadlines, in wasm or
@@ -89,24 +89,39 @@ impl crate::metrics::Usage for Turns {
     }
 }
 
+/// The instance slots one call holds: its backend's share and the
+/// server's. Every piece of blocking host work the call starts keeps a
+/// clone, so a call dropped early (its client hung up, its deadline
+/// passed) counts against both until that work has ended too: a backend
+/// never has more blocking work running than it has instances.
+pub type Slots = Arc<(OwnedSemaphorePermit, OwnedSemaphorePermit)>;
+
 /// One instance's place on the cores: its backend's turns, its own turn,
-/// and when its time is up.
+/// when its time is up, and the instance slots it holds.
 #[derive(Debug, Clone)]
 pub struct Core {
     turns: Turns,
     turn: Turn,
     deadline: Instant,
+    slots: Option<Slots>,
 }
 
 impl Core {
-    /// An instance of a backend with `turns`, until `deadline`; it holds
-    /// no turn yet.
-    pub fn new(turns: Turns, deadline: Instant) -> Self {
+    /// An instance of a backend with `turns`, until `deadline`, holding
+    /// `slots`; it holds no turn yet.
+    pub fn new(turns: Turns, deadline: Instant, slots: Option<Slots>) -> Self {
         Core {
             turns,
             turn: Turn::default(),
             deadline,
+            slots,
         }
+    }
+
+    /// Keep this instance's slots taken while the returned value lives:
+    /// moved into blocking work that may outlive the call.
+    pub fn keep_slots(&self) -> Option<Slots> {
+        self.slots.clone()
     }
 
     /// Hold the turn (waiting for it, until the deadline): for running
@@ -181,6 +196,30 @@ mod tests {
         Turns::release(&second);
         back.await.unwrap();
         assert!(lock(&first).is_some());
+    }
+
+    #[tokio::test]
+    async fn blocking_work_keeps_the_instance_slots_after_the_call_is_gone() {
+        let (own, server) = (Arc::new(Semaphore::new(1)), Arc::new(Semaphore::new(1)));
+        let slots = Arc::new((
+            own.clone().acquire_owned().await.unwrap(),
+            server.clone().acquire_owned().await.unwrap(),
+        ));
+        let later = Instant::now() + Duration::from_secs(30);
+        let core = Core::new(Turns::new(1), later, Some(slots));
+        let sync_under_way = core.keep_slots();
+        // The call is dropped (its client hung up): the work it started
+        // still counts against both.
+        drop(core);
+        assert_eq!(
+            (own.available_permits(), server.available_permits()),
+            (0, 0)
+        );
+        drop(sync_under_way);
+        assert_eq!(
+            (own.available_permits(), server.available_permits()),
+            (1, 1)
+        );
     }
 
     #[tokio::test]

@@ -4,7 +4,9 @@
 //! - **Cores.** File I/O runs inline on the guest threads (half a small
 //!   read's latency, measured), so it occupies a core the way wasm does:
 //!   every filesystem call, and every blocking read or write through a
-//!   file stream, holds the instance's turn ([`super::turns`]). A backend
+//!   file stream, holds the instance's turn ([`super::turns`]), except
+//!   `sync`, which waits for the disk on the blocking pool. Only files and
+//!   directories open: a FIFO or device would block a worker for ever. A backend
 //!   whose guests spin in file I/O keeps at most its share of the guest
 //!   threads, as one spinning in wasm does. (A file call never waits on
 //!   another guest, so holding a turn through it cannot deadlock.)
@@ -75,6 +77,56 @@ pub fn add_to_linker(linker: &mut wasmtime::component::Linker<Sandbox>) -> anyho
     Ok(added?)
 }
 
+/// A descriptor to flush to stable storage.
+enum SyncTarget {
+    File(Arc<std::fs::File>),
+    Dir(Arc<std::fs::File>),
+}
+
+/// How much of it: `sync` or `sync-data`.
+#[derive(Clone, Copy)]
+enum Flush {
+    All,
+    Data,
+}
+
+/// Flush `target` on the blocking pool, holding no turn. An `fsync` waits
+/// for the disk, not a core: inline under the turn it made every other
+/// request of the backend wait for the disk too (and the disk serves
+/// concurrent flushes in one journal commit). A backend still flushes at
+/// most once per instance at a time, and the guest's deadline holds: the
+/// call is awaited, so dropped with the request at its deadline; the
+/// flush itself finishes on its thread, holding the instance's slots
+/// until then.
+async fn sync_off_the_turn(target: SyncTarget, how: Flush, core: &Core) -> FsResult<()> {
+    let slots = core.keep_slots();
+    let flushed = tokio::task::spawn_blocking(move || {
+        let _slots = slots;
+        let file = match target {
+            SyncTarget::File(file) => file,
+            // A directory is flushed through a descriptor of its own, as
+            // wasmtime-wasi does (the granted one may not be readable).
+            SyncTarget::Dir(dir) => {
+                use rustix::fs::{Mode, OFlags, openat};
+                let own = openat(
+                    &*dir,
+                    ".",
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )?;
+                Arc::new(std::fs::File::from(own))
+            }
+        };
+        match how {
+            Flush::All => file.sync_all(),
+            Flush::Data => file.sync_data(),
+        }
+    })
+    .await
+    .map_err(|e| FsError::trap(wasmtime::Error::msg(format!("sync stopped: {e}"))))?;
+    flushed.map_err(io_error)
+}
+
 fn io_error(e: std::io::Error) -> FsError {
     ErrorCode::from(e).into()
 }
@@ -84,6 +136,36 @@ fn borrow(fd: &Resource<types::Descriptor>) -> Resource<types::Descriptor> {
 }
 
 impl GuestFs<'_> {
+    /// Refuse to open anything but a file or a directory. Opening or
+    /// reading a FIFO or a device can block for ever, and file calls run
+    /// inline on a worker, where no deadline reaches them. A guest cannot
+    /// make such files (WASI has no `mknod`); this stops one an operator
+    /// or another program left in the directory from stalling the server.
+    async fn refuse_special(
+        &mut self,
+        fd: &Resource<types::Descriptor>,
+        path_flags: types::PathFlags,
+        path: &str,
+    ) -> FsResult<()> {
+        use types::DescriptorType as Type;
+        match HostDescriptor::stat_at(&mut self.fs, borrow(fd), path_flags, path.to_owned()).await {
+            Ok(stat) => match stat.type_ {
+                Type::RegularFile | Type::Directory | Type::SymbolicLink => Ok(()),
+                _ => Err(ErrorCode::Unsupported.into()),
+            },
+            // Absent (about to be created) or unreachable: the open says.
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// What `sync` on `fd` flushes: the file, or the directory.
+    fn sync_target(&self, fd: &Resource<types::Descriptor>) -> FsResult<SyncTarget> {
+        Ok(match self.fs.table.get(fd)? {
+            Descriptor::File(f) => SyncTarget::File(f.file.clone()),
+            Descriptor::Dir(d) => SyncTarget::Dir(d.dir.clone()),
+        })
+    }
+
     fn file_of(&self, fd: &Resource<types::Descriptor>) -> FsResult<Option<Arc<std::fs::File>>> {
         Ok(match self.fs.table.get(fd)? {
             Descriptor::File(f) => Some(f.file.clone()),
@@ -249,6 +331,7 @@ impl HostDescriptor for GuestFs<'_> {
         flags: types::DescriptorFlags,
     ) -> FsResult<Resource<types::Descriptor>> {
         self.core.hold().await.map_err(FsError::trap)?;
+        self.refuse_special(&fd, path_flags, &path).await?;
         match self.quota {
             Some(quota) => self.open_charged(quota, fd, path_flags, path, oflags, flags),
             None => {
@@ -359,8 +442,8 @@ impl HostDescriptor for GuestFs<'_> {
     }
 
     async fn sync_data(&mut self, fd: Resource<types::Descriptor>) -> FsResult<()> {
-        self.core.hold().await.map_err(FsError::trap)?;
-        HostDescriptor::sync_data(&mut self.fs, fd).await
+        let target = self.sync_target(&fd)?;
+        sync_off_the_turn(target, Flush::Data, self.core).await
     }
 
     async fn get_flags(
@@ -408,8 +491,8 @@ impl HostDescriptor for GuestFs<'_> {
     }
 
     async fn sync(&mut self, fd: Resource<types::Descriptor>) -> FsResult<()> {
-        self.core.hold().await.map_err(FsError::trap)?;
-        HostDescriptor::sync(&mut self.fs, fd).await
+        let target = self.sync_target(&fd)?;
+        sync_off_the_turn(target, Flush::All, self.core).await
     }
 
     async fn stat(&mut self, fd: Resource<types::Descriptor>) -> FsResult<types::DescriptorStat> {

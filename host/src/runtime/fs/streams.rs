@@ -170,7 +170,10 @@ impl OutputStream for GuestOutput {
         }
         let at = self.advance(bytes.len());
         let target = self.target.clone();
+        let slots = self.core.keep_slots();
         self.state = Output::Writing(tokio::task::spawn_blocking(move || {
+            // The instance's slots stay taken until the write ends.
+            let _slots = slots;
             target.write(&bytes, at)
         }));
         Ok(())
