@@ -85,6 +85,10 @@ impl Deletes {
     }
 }
 
+/// How long after a forced write ended a request begun before it may still
+/// write: a backend's default deadline (`timeout_ms`) and the host's grace.
+const FORCED_WRITE_LINGER_MICROS: u64 = 11_000_000;
+
 /// Writes under a lock that a force-unlock may have broken while they ran
 /// (the force-unlock ended after the lock was granted, or after an
 /// unlocked write began and the server locked for it, and began before
@@ -171,15 +175,32 @@ fn older_states(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
     let deletes = Deletes::new(events);
     let overridden = overridden(events);
     let forced_states = digest_of(events, &overridden);
+    let mut forced_ends = std::collections::HashMap::new();
+    for e in events.iter().filter(|e| overridden.contains(&e.index)) {
+        if let Op::Post(w) = &e.op {
+            let end = forced_ends.entry(w.digest.as_str()).or_insert(e.end);
+            *end = (*end).max(e.end);
+        }
+    }
     for get in events {
         let Some(now) = seen(get) else { continue };
         if forced_states.contains(now.digest.as_str()) {
             continue;
         }
-        for before in events
-            .iter()
-            .filter(|e| e.end < get.start && !overridden.contains(&e.index))
-        {
+        // A write whose lock was forced open may be landed over, so having
+        // read it promises nothing about what a request already under way
+        // when it landed writes next (a re-seal writes back the state it
+        // read, serial and all). Only such a request: one begun before the
+        // forced write ended lasts at most its deadline.
+        let promised = |e: &&&Event| {
+            !overridden.contains(&e.index)
+                && !seen(e).is_some_and(|s| {
+                    forced_ends
+                        .get(s.digest.as_str())
+                        .is_some_and(|&end| get.start < end + FORCED_WRITE_LINGER_MICROS)
+                })
+        };
+        for before in events.iter().filter(|e| e.end < get.start).filter(promised) {
             let (lineage, serial) = match (&before.op, &before.outcome) {
                 (Op::Post(w), outcome) if outcome.is(200) => (&w.lineage, w.serial),
                 _ => match seen(before) {
@@ -313,6 +334,16 @@ mod tests {
         }
     }
 
+    /// A POST of `serial` under lock "a".
+    fn locked(serial: u64, digest: &str) -> Op {
+        Op::Post(Written {
+            lineage: "l".into(),
+            serial,
+            digest: digest.into(),
+            lock_id: Some("a".into()),
+        })
+    }
+
     fn post(serial: u64, digest: &str) -> Op {
         Op::Post(Written {
             lineage: "l".into(),
@@ -395,14 +426,6 @@ mod tests {
 
     #[test]
     fn a_write_whose_lock_was_forced_open_may_land_either_way() {
-        let locked = |serial, digest: &str| {
-            Op::Post(Written {
-                lineage: "l".into(),
-                serial,
-                digest: digest.into(),
-                lock_id: Some("a".into()),
-            })
-        };
         let raced = |force_end| {
             [
                 event(0, 0, 5, Op::Lock("a".into()), OK),
@@ -421,6 +444,32 @@ mod tests {
             event(4, 20, 30, Op::Get, got(2, "b")),
         ];
         assert!(!check(&clean).is_empty());
+    }
+
+    #[test]
+    fn reading_a_forced_write_promises_nothing_about_what_follows_it_closely() {
+        // Serial 2 landed under a lock forced open while it ran; it was
+        // read, then the state before it (serial 1, written back by the
+        // next lock's holder, as a re-seal does) came back.
+        let history = |force: bool, last_get: u64| {
+            let mut events = vec![
+                event(0, 0, 5, post(1, "one"), OK),
+                event(1, 6, 7, Op::Lock("a".into()), OK),
+                event(3, 8, 12, locked(2, "two"), OK),
+                event(4, 13, 14, Op::Get, got(2, "two")),
+                event(5, last_get, last_get + 10, Op::Get, got(1, "one")),
+            ];
+            if force {
+                events.insert(2, event(2, 9, 10, Op::ForceUnlock, OK));
+            }
+            events
+        };
+        assert!(check(&history(true, 20)).is_empty());
+        // Without the force-unlock both the write and the read bind.
+        assert!(!check(&history(false, 20)).is_empty());
+        // Long after it (past any deadline) the read binds again: storage
+        // handing back the older state then is a rollback.
+        assert!(!check(&history(true, FORCED_WRITE_LINGER_MICROS + 100)).is_empty());
     }
 
     #[test]
