@@ -143,8 +143,8 @@ fn describe(
     guest: &GuestBackend,
     dir: Option<&std::path::Path>,
 ) -> crate::backend::Description {
-    let manifest = info.manifest.clone();
-    let asked = manifest.as_ref().map_or_else(
+    let manifest = info.manifest.as_ref();
+    let asked = manifest.map_or_else(
         || vec!["no manifest: everything the operator grants".to_string()],
         |m| {
             let c = &m.capabilities;

@@ -55,7 +55,7 @@ async fn run<T: Send + 'static>(
     backend: Arc<str>,
     url: String,
     deadline: std::time::Instant,
-    slots: Option<super::turns::Slots>,
+    slots: super::turns::Slots,
     call: impl FnOnce(&RepoHandle<'_>) -> Result<T, GitError> + Send + 'static,
 ) -> Result<T, wit::GitError> {
     tokio::task::spawn_blocking(move || {

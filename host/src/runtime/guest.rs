@@ -256,7 +256,7 @@ impl Shared {
     /// backend's directory, memory limiter, epoch deadline, and a turn on
     /// the cores while it runs wasm.
     fn new_store(&self, deadline: Instant, slots: Slots) -> StorageResult<Store<Sandbox>> {
-        let core = Core::new(self.turns.clone(), deadline, Some(slots));
+        let core = Core::new(self.turns.clone(), deadline, slots);
         let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
         let mut wasi = WasiCtxBuilder::new();
         // File operations on a local disk are short; running them inline

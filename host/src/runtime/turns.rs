@@ -5,8 +5,9 @@
 //! half of an empty call's time); a guest's file I/O runs inline on the
 //! worker thread (half a small read's latency, measured). Each backend has
 //! at most `max_cores` instances occupying a worker at once ([`Turns`]):
-//! running wasm, or in a file call other than `sync` ([`super::fs`]). A guest gives its turn back whenever it calls into the
-//! host for anything else (network, git, clocks; a call hook) and at every
+//! running wasm, or in a file call other than `sync` ([`super::fs`]). A
+//! guest gives its turn back whenever it calls into the host for anything
+//! else (network, git, clocks; a call hook) and at every
 //! epoch tick (10 ms), and queues for it again, FIFO, before running more
 //! wasm. So a backend whose guests spin until their deadlines, in wasm or
 //! in file I/O, keeps at most its share of the workers busy, the other
@@ -103,13 +104,13 @@ pub struct Core {
     turns: Turns,
     turn: Turn,
     deadline: Instant,
-    slots: Option<Slots>,
+    slots: Slots,
 }
 
 impl Core {
     /// An instance of a backend with `turns`, until `deadline`, holding
     /// `slots`; it holds no turn yet.
-    pub fn new(turns: Turns, deadline: Instant, slots: Option<Slots>) -> Self {
+    pub fn new(turns: Turns, deadline: Instant, slots: Slots) -> Self {
         Core {
             turns,
             turn: Turn::default(),
@@ -120,7 +121,7 @@ impl Core {
 
     /// Keep this instance's slots taken while the returned value lives:
     /// moved into blocking work that may outlive the call.
-    pub fn keep_slots(&self) -> Option<Slots> {
+    pub fn keep_slots(&self) -> Slots {
         self.slots.clone()
     }
 
@@ -206,7 +207,7 @@ mod tests {
             server.clone().acquire_owned().await.unwrap(),
         ));
         let later = Instant::now() + Duration::from_secs(30);
-        let core = Core::new(Turns::new(1), later, Some(slots));
+        let core = Core::new(Turns::new(1), later, slots);
         let sync_under_way = core.keep_slots();
         // The call is dropped (its client hung up): the work it started
         // still counts against both.

@@ -174,7 +174,7 @@ fn torn_or_unknown_states(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
 fn older_states(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
     let deletes = Deletes::new(events);
     let overridden = overridden(events);
-    let forced_states = digest_of(events, &overridden);
+    // Each forced state, by digest, with when its write last ended.
     let mut forced_ends = std::collections::HashMap::new();
     for e in events.iter().filter(|e| overridden.contains(&e.index)) {
         if let Op::Post(w) = &e.op {
@@ -184,7 +184,7 @@ fn older_states(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
     }
     for get in events {
         let Some(now) = seen(get) else { continue };
-        if forced_states.contains(now.digest.as_str()) {
+        if forced_ends.contains_key(now.digest.as_str()) {
             continue;
         }
         // A write whose lock was forced open may be landed over, so having

@@ -6,9 +6,9 @@
 //!   every filesystem call, and every blocking read or write through a
 //!   file stream, holds the instance's turn ([`super::turns`]), except
 //!   `sync`, which waits for the disk on the blocking pool. Only files and
-//!   directories open: a FIFO or device would block a worker for ever. A backend
-//!   whose guests spin in file I/O keeps at most its share of the guest
-//!   threads, as one spinning in wasm does. (A file call never waits on
+//!   directories open: a FIFO or device would block a worker for ever. A
+//!   backend whose guests spin in file I/O keeps at most its share of the
+//!   guest threads, as one spinning in wasm does. (A file call never waits on
 //!   another guest, so holding a turn through it cannot deadlock.)
 //! - **Disk.** Every growth is charged to the directory's quota
 //!   ([`super::quota`]) before it happens; a refusal is "no space"
