@@ -137,6 +137,24 @@ impl Dir {
         Ok(true)
     }
 
+    /// Copy the file into the state `out` without it passing through this
+    /// guest's memory: the host copies from the file's stream (a read
+    /// that stops early, wanting only a prefix, stops the copy too).
+    /// `false` when it does not exist.
+    pub fn read_to_state(&self, path: &str, out: &mut crate::StateWriter<'_>) -> Result<bool> {
+        let file = match self.open(path, OpenFlags::empty(), DescriptorFlags::READ) {
+            Ok(file) => file,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let stream = file
+            .read_via_stream(0)
+            .map_err(|e| io_error(e, "reading", path))?;
+        out.copy_from(&stream)
+            .map_err(|e| IoError::other(format!("reading {path}: {e}")))?;
+        Ok(true)
+    }
+
     /// Create `path`, which must not exist, holding `bytes`; with `sync`,
     /// flushed to stable storage before returning.
     pub fn create_new(&self, path: &str, bytes: &[u8], sync: bool) -> Result<()> {

@@ -33,6 +33,7 @@ mod postgres;
 mod production;
 mod protocol;
 mod quota_races;
+mod ready_instances;
 mod safety;
 mod sandbox;
 mod shared_history;

@@ -4,7 +4,7 @@ use crate::common::*;
 use std::collections::HashMap;
 
 /// Parse the Prometheus text exposition into `series -> value`.
-fn scrape(server: &Server) -> HashMap<String, f64> {
+pub fn scrape(server: &Server) -> HashMap<String, f64> {
     let answer = send("GET", &format!("{}/metrics", server.url), None);
     assert_eq!(answer.status, 200);
     assert!(
@@ -31,7 +31,7 @@ fn scrape(server: &Server) -> HashMap<String, f64> {
         .collect()
 }
 
-fn value(samples: &HashMap<String, f64>, series: &str) -> f64 {
+pub fn value(samples: &HashMap<String, f64>, series: &str) -> f64 {
     *samples.get(series).unwrap_or_else(|| {
         panic!(
             "no series {series}; have: {:#?}",

@@ -173,8 +173,10 @@ impl Backend for Local {
     }
 
     fn read_into(&self, workspace: &str, out: &mut StateWriter<'_>) -> Result<bool, Error> {
+        // The host copies the file into the state: it never passes
+        // through this instance's memory.
         self.root
-            .read_to(&state_path(workspace), out)
+            .read_to_state(&state_path(workspace), out)
             .map_err(|e| Error::io("reading state", e))
     }
 
@@ -184,14 +186,26 @@ impl Backend for Local {
         state: &mut StateReader<'_>,
         lock_id: Option<&str>,
     ) -> Result<(), Error> {
+        // Checked first so a refused write costs nothing (no temp file, no
+        // workspace made, no quota taken)...
         self.check_lock(workspace, lock_id)?;
         let temp = self.write_temp(workspace, state)?;
-        self.root
-            .rename(&temp, &state_path(workspace))
-            .map_err(|e| {
-                let _ = self.root.remove_file(&temp);
-                Error::io("replacing state", e)
-            })?;
+        // ...and again once the body is written and synced, just before
+        // the rename: a force-unlock that landed while a slow body was
+        // written then refuses this write instead of letting it replace
+        // what the new holder wrote meanwhile. What stays open is the gap
+        // between this check and the rename (two host calls; longer only
+        // if the guest loses its turn on the cores in between), as in
+        // Terraform's own backends.
+        let replaced = self.check_lock(workspace, lock_id).and_then(|()| {
+            self.root
+                .rename(&temp, &state_path(workspace))
+                .map_err(|e| Error::io("replacing state", e))
+        });
+        if let Err(e) = replaced {
+            let _ = self.root.remove_file(&temp);
+            return Err(e);
+        }
         // The rename is what makes the new state the state: durable only
         // once the directory holding both names is.
         self.sync_dir(workspace)

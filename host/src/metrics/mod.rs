@@ -421,6 +421,16 @@ impl Metrics {
         self.resources.set_server(std::sync::Arc::new(budget));
     }
 
+    /// The server's slots for instances made ahead, read at every scrape.
+    pub fn set_ready_slots(&self, slots: impl Usage + 'static) {
+        self.resources.set_ready_slots(std::sync::Arc::new(slots));
+    }
+
+    /// A guest call found its instance made ahead.
+    pub fn called_on_ready(&self, backend: &str) {
+        self.resources.called_on_ready(self.backend(backend));
+    }
+
     /// A backend's memory share, disk quota, cores and host work, read at
     /// every scrape (a reloaded backend's replace its old ones).
     pub fn set_backend_limits(

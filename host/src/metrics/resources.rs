@@ -47,7 +47,11 @@ pub(super) struct Resources {
     cores: Family<BackendLabels, Gauge>,
     cores_peak: Family<BackendLabels, Gauge>,
     host_work_peak: Family<BackendLabels, Gauge>,
+    ready: Gauge,
+    ready_limit: Gauge,
+    ready_calls: Family<BackendLabels, Counter>,
     server: Mutex<Option<Arc<dyn Usage>>>,
+    ready_slots: Mutex<Option<Arc<dyn Usage>>>,
     backends: Mutex<BTreeMap<String, BackendSources>>,
 }
 
@@ -69,7 +73,11 @@ impl Resources {
             cores: Family::default(),
             cores_peak: Family::default(),
             host_work_peak: Family::default(),
+            ready: Gauge::default(),
+            ready_limit: Gauge::default(),
+            ready_calls: Family::default(),
             server: Mutex::new(None),
+            ready_slots: Mutex::new(None),
             backends: Mutex::new(BTreeMap::new()),
         };
         registry.register(
@@ -123,6 +131,21 @@ impl Resources {
             r.host_work_peak.clone(),
         );
         registry.register(
+            "guest_ready_instances",
+            "Guest instances made ahead for the next calls of backends in use, ready now",
+            r.ready.clone(),
+        );
+        registry.register(
+            "guest_ready_instances_limit",
+            "The most guest instances the server keeps made ahead at once (an eighth of max_instances)",
+            r.ready_limit.clone(),
+        );
+        registry.register(
+            "guest_calls_on_ready_instance",
+            "Guest calls that found their instance made ahead, off the request's path",
+            r.ready_calls.clone(),
+        );
+        registry.register(
             "disk_quota_refusals",
             "Requests that stopped at their directory's disk quota",
             r.disk_refusals.clone(),
@@ -132,6 +155,16 @@ impl Resources {
 
     pub(super) fn set_server(&self, budget: Arc<dyn Usage>) {
         *lock(&self.server) = Some(budget);
+    }
+
+    pub(super) fn set_ready_slots(&self, slots: Arc<dyn Usage>) {
+        *lock(&self.ready_slots) = Some(slots);
+    }
+
+    pub(super) fn called_on_ready(&self, backend: String) {
+        self.ready_calls
+            .get_or_create(&BackendLabels { backend })
+            .inc();
     }
 
     pub(super) fn set_backend(
@@ -171,6 +204,10 @@ impl Resources {
         if let Some(server) = &*lock(&self.server) {
             self.memory_budget.set(bytes(server.limit()));
             self.memory_used.set(bytes(server.used()));
+        }
+        if let Some(ready) = &*lock(&self.ready_slots) {
+            self.ready.set(bytes(ready.used()));
+            self.ready_limit.set(bytes(ready.limit()));
         }
         for (name, sources) in lock(&self.backends).iter() {
             let BackendSources {

@@ -8,7 +8,8 @@ use std::time::Instant;
 use wasmtime::component::Resource;
 use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, StreamError};
 
-/// Bytes one step of a host-side copy moves: between steps the copy checks
+/// Most bytes one step of a host-side copy moves (a file's stream gives at
+/// most 64 KiB a read, wasmtime-wasi's cap): between steps the copy checks
 /// the deadline and passes its turn on the cores, so a long copy neither
 /// outlives the request nor holds a core (a file's stream does its I/O
 /// inline while it holds the turn).

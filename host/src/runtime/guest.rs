@@ -2,13 +2,14 @@
 //! on the guest threads, within the backend's limits, with every way it can
 //! end turned into a [`StorageResult`].
 
+use super::OUTER_GRACE;
 use super::chunks::{StateSink, StateSource};
-use super::limits::{Budget, MemoryLimiter, Refusal};
+use super::instance::Next;
+use super::limits::{Budget, Refusal};
 use super::quota::DirQuota;
-use super::sandbox::{STDERR_CAPACITY, Sandbox};
-use super::turns::{Core, Slots, TurnHook, Turns};
+use super::sandbox::Sandbox;
+use super::turns::{Slots, Turns};
 use super::versions::{Answer, Guest, GuestPre};
-use super::{GUEST_DATA_DIR, OUTER_GRACE, outbound};
 use crate::backend::{Diagnostic, LockInfo, Storage, StorageError, StorageResult};
 use crate::config::Limits;
 use crate::metrics::{Fault, Metrics};
@@ -18,21 +19,15 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 use tokio::sync::Semaphore;
-use wasmtime::component::ResourceTable;
-use wasmtime::{Engine, Store, Trap, UpdateDeadline};
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
-use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
-use wasmtime_wasi_http::WasiHttpCtx;
+use wasmtime::{Engine, Store, Trap};
 
 /// Most bytes a guest may hand the host in one workspace list: far more
 /// names than any backend has, far less than the memory a flood of huge
 /// lists would cost.
 const MAX_LIST_BYTES: usize = 16 << 20;
-/// Most resource handles (files, streams, requests) one instance holds.
-const MAX_HANDLES: usize = 4096;
 
 /// A future returned by one guest call, borrowing the instance and store.
 pub type GuestCall<'a, T> = Pin<Box<dyn Future<Output = Answer<T>> + Send + 'a>>;
@@ -79,6 +74,8 @@ pub(super) struct Shared {
     pub sha256: String,
     /// The contract version the guest was built for.
     pub contract: crate::contract::ContractVersion,
+    /// The instance made ready for its next call.
+    pub ready: super::ready::Ready<super::instance::Prepared>,
 }
 
 /// One backend served by a guest component. Cheap to share; every call runs
@@ -123,6 +120,11 @@ impl GuestBackend {
         self
     }
 
+    /// Whether an instance is ready for its next call (for benchmarks).
+    pub fn has_ready_instance(&self) -> bool {
+        self.shared.ready.is_ready()
+    }
+
     /// Its turns on the guest threads.
     pub fn turns(&self) -> &Turns {
         &self.shared.turns
@@ -146,12 +148,20 @@ impl GuestBackend {
     /// directories can be opened, see [`super::fs`]). A change whose
     /// client hangs up still completes: the protocol runs every change as a
     /// task of its own ([`crate::protocol::App::change`]).
-    async fn run<T: Send + 'static>(
+    async fn run<T: Send>(
         &self,
         max_lift: usize,
-        call: impl for<'a> FnOnce(&'a Guest, &'a mut Store<Sandbox>) -> GuestCall<'a, T>
-        + Send
-        + 'static,
+        call: impl for<'a> FnOnce(&'a Guest, &'a mut Store<Sandbox>) -> GuestCall<'a, T> + Send,
+    ) -> StorageResult<T> {
+        self.run_then(max_lift, Next::MakeReady, call).await
+    }
+
+    /// [`GuestBackend::run`], then prepare for the `next` call.
+    async fn run_then<T: Send>(
+        &self,
+        max_lift: usize,
+        next: Next,
+        call: impl for<'a> FnOnce(&'a Guest, &'a mut Store<Sandbox>) -> GuestCall<'a, T> + Send,
     ) -> StorageResult<T> {
         let shared = &self.shared;
         // Waiting for a free instance slot is not the guest's time.
@@ -168,9 +178,9 @@ impl GuestBackend {
             .acquire_owned()
             .await
             .map_err(shutting_down)?;
-        let slots = Arc::new((own, slot));
+        let slots = Arc::new(vec![own, slot]);
         // Tracked, so a server that stops waits for the calls under way.
-        let called = std::panic::AssertUnwindSafe(shared.call(max_lift, call, slots));
+        let called = std::panic::AssertUnwindSafe(shared.call(max_lift, call, slots, next));
         let called = shared.tasks.track_future(called.catch_unwind());
         match tokio::time::timeout(shared.limits.timeout + OUTER_GRACE, called).await {
             Ok(Ok(result)) => result,
@@ -193,10 +203,21 @@ impl GuestBackend {
         }
     }
 
-    /// Ask the guest to check its configuration.
+    /// Ask the guest to check its configuration (the emptiest call there
+    /// is, which is why benchmarks time it).
     pub async fn validate_config(&self) -> StorageResult<Vec<Diagnostic>> {
+        self.validate_then(Next::MakeReady).await
+    }
+
+    /// [`GuestBackend::validate_config`] as a backend loads: loading is
+    /// not using it, so no instance is made ready for it.
+    pub(super) async fn validate_on_load(&self) -> StorageResult<Vec<Diagnostic>> {
+        self.validate_then(Next::Nothing).await
+    }
+
+    async fn validate_then(&self, next: Next) -> StorageResult<Vec<Diagnostic>> {
         let lift = self.shared.max_lift_bytes;
-        self.run(lift, |g, s| {
+        self.run_then(lift, next, |g, s| {
             Box::pin(async move {
                 let diagnostics = g.validate(s).await?;
                 Ok(Ok(diagnostics.into_iter().map(Into::into).collect()))
@@ -207,26 +228,54 @@ impl GuestBackend {
 }
 
 impl Shared {
-    /// Take a turn on the cores, instantiate, call, classify the outcome.
+    /// Take the ready instance (or make one), take a turn on the cores,
+    /// call, classify the outcome; then make the next call's instance.
     async fn call<T>(
-        &self,
+        self: &Arc<Self>,
         max_lift: usize,
         call: impl for<'a> FnOnce(&'a Guest, &'a mut Store<Sandbox>) -> GuestCall<'a, T>,
         slots: Slots,
+        next: Next,
     ) -> StorageResult<T> {
         let deadline = Instant::now() + self.limits.timeout;
-        let mut store = self.new_store(deadline, slots)?;
+        let (mut store, instantiated) = match self.ready.take() {
+            Some(ready) => {
+                self.metrics.called_on_ready(&self.name);
+                let (store, guest) =
+                    super::instance::hand_to_call(ready, deadline, slots, self.limits.memory_bytes);
+                (store, Ok(guest))
+            }
+            None => {
+                let mut store = self.new_store(deadline, slots)?;
+                let started = Instant::now();
+                let guest = self.pre.instantiate(&mut store).await;
+                self.metrics.instantiated(&self.name, started.elapsed());
+                (store, guest)
+            }
+        };
         store.set_hostcall_fuel(max_lift);
-        let outcome = async {
-            let started = Instant::now();
-            let guest = self.pre.instantiate(&mut store).await?;
-            self.metrics.instantiated(&self.name, started.elapsed());
-            let called = Instant::now();
-            let result = call(&guest, &mut store).await;
-            self.metrics.called(&self.name, called.elapsed());
-            result
-        }
-        .await;
+        let outcome = match instantiated {
+            Ok(guest) => {
+                let called = Instant::now();
+                let result = call(&guest, &mut store).await;
+                self.metrics.called(&self.name, called.elapsed());
+                result
+            }
+            Err(error) => Err(error),
+        };
+        let answer = self.classify(outcome, &store, deadline, max_lift);
+        self.after_call(store, next);
+        answer
+    }
+
+    /// What a call's `outcome` means for its client.
+    fn classify<T>(
+        &self,
+        outcome: Answer<T>,
+        store: &Store<Sandbox>,
+        deadline: Instant,
+        max_lift: usize,
+    ) -> StorageResult<T> {
         let sandbox = store.data();
         self.memory_peak
             .fetch_max(sandbox.limiter.used(), Ordering::Relaxed);
@@ -250,88 +299,6 @@ impl Shared {
             },
             Err(error) => Err(self.fault(error, sandbox, max_lift)),
         }
-    }
-
-    /// A store for one request: fresh WASI context granting only this
-    /// backend's directory, memory limiter, epoch deadline, and a turn on
-    /// the cores while it runs wasm.
-    fn new_store(&self, deadline: Instant, slots: Slots) -> StorageResult<Store<Sandbox>> {
-        let core = Core::new(self.turns.clone(), deadline, slots);
-        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
-        let mut wasi = WasiCtxBuilder::new();
-        // File operations on a local disk are short; running them inline
-        // (on the guest threads, never the HTTP ones) instead of on a
-        // blocking pool halves a small read's latency.
-        wasi.allow_blocking_current_thread(true)
-            .stderr(stderr.clone());
-        if let Some(dir) = &self.dir {
-            wasi.preopened_dir(dir, GUEST_DATA_DIR, FsPerms::ReadWrite)
-                .map_err(|e| {
-                    StorageError::Unavailable(format!(
-                        "cannot open the backend's directory {}: {e}",
-                        dir.display()
-                    ))
-                })?;
-        }
-        let sandbox = Sandbox {
-            wasi: wasi.build(),
-            table: {
-                // A storage guest holds a few handles at once; wasmtime's
-                // default allows a million entries of host memory.
-                let mut table = ResourceTable::new();
-                table.set_max_capacity(MAX_HANDLES);
-                table
-            },
-            http: WasiHttpCtx::new(),
-            outbound: outbound::Outbound {
-                policy: self.outbound.clone(),
-                backend: self.name.clone(),
-                aws: self.aws.clone(),
-                azure: self.azure.clone(),
-                gcp: self.gcp.clone(),
-                max_body_bytes: self.max_lift_bytes,
-                in_flight: Arc::new(tokio::sync::Semaphore::new(
-                    outbound::MAX_REQUESTS_IN_FLIGHT,
-                )),
-                budgets: [self.memory.clone(), self.server_memory.clone()],
-                work: self.host_work.clone(),
-            },
-            limiter: MemoryLimiter::new(
-                self.limits.memory_bytes,
-                self.memory.clone(),
-                self.server_memory.clone(),
-            ),
-            quota: self.quota.clone(),
-            quota_refused: Arc::new(AtomicBool::new(false)),
-            open_files: super::quota::InstanceFiles::new(self.quota.clone()),
-            stderr,
-            backend: self.name.clone(),
-            config: self.config.clone(),
-            log_lines: 0,
-            git: self.git.clone(),
-            postgres: self.postgres.clone(),
-            secrets: self.secrets.clone(),
-            deadline,
-            core: core.clone(),
-        };
-        let mut store = Store::new(&self.engine, sandbox);
-        store.limiter(|s| &mut s.limiter);
-        // The guest holds a turn on the cores only while it runs wasm: the
-        // call hook takes it on the way in and gives it back on every call
-        // into the host, and every epoch tick passes it on (so a spinning
-        // guest shares the cores with the rest of its backend, and other
-        // backends always find one) until its wall-clock deadline, when it
-        // is interrupted.
-        store.call_hook_async(TurnHook(core.clone()));
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(move |_| {
-            Ok(if Instant::now() >= deadline {
-                UpdateDeadline::Interrupt
-            } else {
-                UpdateDeadline::YieldCustom(1, Box::pin(core.pass()))
-            })
-        });
-        Ok(store)
     }
 
     fn no_space(&self) -> StorageError {

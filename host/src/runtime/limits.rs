@@ -156,6 +156,12 @@ impl MemoryLimiter {
         true
     }
 
+    /// Cap this instance's linear memory at `limit` from now on (an
+    /// instance made ahead is held to less until a call takes it).
+    pub fn set_limit(&mut self, limit: u64) {
+        self.limit = limit;
+    }
+
     /// Linear memory this instance holds now (its most: memory never
     /// shrinks).
     pub fn used(&self) -> u64 {

@@ -18,11 +18,13 @@ mod engine;
 mod fs;
 mod git;
 mod guest;
+mod instance;
 pub mod limits;
 mod outbound;
 mod pinned;
 mod postgres;
 pub mod quota;
+mod ready;
 mod sandbox;
 pub mod system;
 mod text;
@@ -62,6 +64,8 @@ pub struct Runtime {
     linker: Linker<Sandbox>,
     instances: Arc<Semaphore>,
     max_instances: u32,
+    /// The server's slots for instances made ready ahead of their calls.
+    ready: ready::ReadySlots,
     cores: usize,
     /// How many backends the config serves (fixed until a restart).
     backends: usize,
@@ -108,7 +112,8 @@ impl Runtime {
                  (slower) rather than PAGEMAP_SCAN, whose reset skips swapped-out pages in wasmtime 48"
             );
         }
-        let engine = engine::build(config.max_instances, max_memory, swap)?;
+        let ready = ready::ready_instances(config.max_instances);
+        let engine = engine::build(config.max_instances + ready, max_memory, swap)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
         fs::add_to_linker(&mut linker)?;
@@ -117,6 +122,8 @@ impl Runtime {
         let cores = system::cores();
         let memory = Budget::new(guest_memory_budget(config)?);
         metrics.set_memory_budget(memory.clone());
+        let ready_slots = ready::ReadySlots::new(ready as usize);
+        metrics.set_ready_slots(ready_slots.clone());
         Ok(Runtime {
             _ticker: engine::EpochTicker::start(engine.clone()),
             metrics,
@@ -124,6 +131,7 @@ impl Runtime {
             linker,
             instances: Arc::new(Semaphore::new(config.max_instances as usize)),
             max_instances: config.max_instances,
+            ready: ready_slots,
             cores,
             backends: config.backends.len(),
             memory,
@@ -232,6 +240,7 @@ impl Runtime {
                 metrics: self.metrics.clone(),
                 name: Arc::from(name.as_str()),
                 pre: versions::GuestPre::new(version, pre)?,
+                ready: ready::Ready::new(self.ready.clone(), instance::READY_IDLE),
                 engine: self.engine.clone(),
                 tasks: self.tasks.clone(),
                 instances: self.instances.clone(),
@@ -281,7 +290,7 @@ impl Runtime {
             }),
         };
         let diagnostics = guest
-            .validate_config()
+            .validate_on_load()
             .await
             .map_err(|e| anyhow::anyhow!("{}: validating its configuration: {e}", context()))?;
         if !diagnostics.is_empty() {
@@ -377,14 +386,17 @@ fn guest_memory_budget(config: &Config) -> anyhow::Result<u64> {
             budget
         }
     };
-    let resident = engine::pool_resident_bytes(config.max_instances);
+    let resident = engine::pool_resident_bytes(
+        config.max_instances + ready::ready_instances(config.max_instances),
+    );
     anyhow::ensure!(
         configured > resident,
         "max_guest_memory_mib = {}: the guest instance pool alone keeps up to {} MiB resident \
-         (max_instances = {}); raise the budget or lower max_instances",
+         (max_instances = {}, and {} made ready ahead); raise the budget or lower max_instances",
         configured >> 20,
         resident >> 20,
-        config.max_instances
+        config.max_instances,
+        ready::ready_instances(config.max_instances)
     );
     Ok(configured - resident)
 }

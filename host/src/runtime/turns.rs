@@ -15,7 +15,7 @@
 //! turn held by a guest that is itself waiting on the network (which, with
 //! a remote serving one request at a time, would never finish).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -91,20 +91,32 @@ impl crate::metrics::Usage for Turns {
 }
 
 /// The instance slots one call holds: its backend's share and the
-/// server's. Every piece of blocking host work the call starts keeps a
+/// server's (or, while an instance is made ready ahead of its call, a
+/// ready slot). Every piece of blocking host work the call starts keeps a
 /// clone, so a call dropped early (its client hung up, its deadline
-/// passed) counts against both until that work has ended too: a backend
+/// passed) counts against them until that work has ended too: a backend
 /// never has more blocking work running than it has instances.
-pub type Slots = Arc<(OwnedSemaphorePermit, OwnedSemaphorePermit)>;
+pub type Slots = Arc<Vec<OwnedSemaphorePermit>>;
 
 /// One instance's place on the cores: its backend's turns, its own turn,
-/// when its time is up, and the instance slots it holds.
+/// when its time is up, and the instance slots it holds. The deadline and
+/// the slots are the call's: an instance made ready ahead of its call
+/// gets them when a call takes it ([`Core::hand_to_call`]).
 #[derive(Debug, Clone)]
 pub struct Core {
     turns: Turns,
     turn: Turn,
-    deadline: Instant,
-    slots: Slots,
+    /// The deadline, as nanoseconds after [`EPOCH`]: read at every entry
+    /// into wasm, so an atomic rather than a lock.
+    deadline: Arc<AtomicU64>,
+    slots: Arc<Mutex<Slots>>,
+}
+
+/// What deadlines are counted from.
+static EPOCH: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
+fn nanos_after_epoch(at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(*EPOCH).as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Core {
@@ -114,21 +126,36 @@ impl Core {
         Core {
             turns,
             turn: Turn::default(),
-            deadline,
-            slots,
+            deadline: Arc::new(AtomicU64::new(nanos_after_epoch(deadline))),
+            slots: Arc::new(Mutex::new(slots)),
         }
+    }
+
+    /// A call takes this instance: from now on it runs until `deadline`
+    /// and holds `slots`; the slots it held before are let go (unless
+    /// blocking work still keeps them).
+    pub fn hand_to_call(&self, deadline: Instant, slots: Slots) {
+        self.deadline
+            .store(nanos_after_epoch(deadline), Ordering::Relaxed);
+        let before = std::mem::replace(&mut *lock(&self.slots), slots);
+        drop(before);
+    }
+
+    /// When this instance's time is up.
+    pub fn deadline(&self) -> Instant {
+        *EPOCH + std::time::Duration::from_nanos(self.deadline.load(Ordering::Relaxed))
     }
 
     /// Keep this instance's slots taken while the returned value lives:
     /// moved into blocking work that may outlive the call.
     pub fn keep_slots(&self) -> Slots {
-        self.slots.clone()
+        lock(&self.slots).clone()
     }
 
     /// Hold the turn (waiting for it, until the deadline): for running
     /// wasm, and for host work that occupies a core like wasm does.
     pub async fn hold(&self) -> Result<(), Trap> {
-        self.turns.acquire(&self.turn, self.deadline).await
+        self.turns.acquire(&self.turn, self.deadline()).await
     }
 
     /// Give the turn back (on a call into the host).
@@ -138,7 +165,7 @@ impl Core {
 
     /// At an epoch tick: pass the turn on and queue for it again.
     pub fn pass(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.turns.pass(&self.turn, self.deadline)
+        self.turns.pass(&self.turn, self.deadline())
     }
 }
 
@@ -161,8 +188,8 @@ impl<T: Send> CallHookHandler<T> for TurnHook {
     }
 }
 
-fn lock(turn: &Turn) -> std::sync::MutexGuard<'_, Option<OwnedSemaphorePermit>> {
-    turn.lock().unwrap_or_else(|e| e.into_inner())
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]
@@ -202,10 +229,10 @@ mod tests {
     #[tokio::test]
     async fn blocking_work_keeps_the_instance_slots_after_the_call_is_gone() {
         let (own, server) = (Arc::new(Semaphore::new(1)), Arc::new(Semaphore::new(1)));
-        let slots = Arc::new((
+        let slots = Arc::new(vec![
             own.clone().acquire_owned().await.unwrap(),
             server.clone().acquire_owned().await.unwrap(),
-        ));
+        ]);
         let later = Instant::now() + Duration::from_secs(30);
         let core = Core::new(Turns::new(1), later, slots);
         let sync_under_way = core.keep_slots();
@@ -235,5 +262,38 @@ mod tests {
             .acquire(&late, Instant::now() + Duration::from_millis(50))
             .await;
         assert_eq!(result, Err(Trap::Interrupt));
+    }
+
+    #[tokio::test]
+    async fn a_call_that_takes_a_ready_instance_gives_its_own_deadline_and_slots() {
+        let ready = Arc::new(Semaphore::new(1));
+        let made_ready = Arc::new(vec![ready.clone().acquire_owned().await.unwrap()]);
+        // Made long ago: its own deadline has passed.
+        let turns = Turns::new(1);
+        let core = Core::new(turns.clone(), Instant::now(), made_ready);
+        let own = Arc::new(Semaphore::new(1));
+        let later = Instant::now() + Duration::from_secs(30);
+        core.hand_to_call(
+            later,
+            Arc::new(vec![own.clone().acquire_owned().await.unwrap()]),
+        );
+        assert_eq!(ready.available_permits(), 1, "the ready slot is let go");
+        assert_eq!(own.available_permits(), 0, "the call's slot is held");
+        assert!(core.deadline() + Duration::from_micros(1) >= later);
+        assert!(core.deadline() <= later);
+        // Waiting for its turn lasts until the call's deadline, not the
+        // passed one it was made with (that would fail at once).
+        let other = turn();
+        turns.acquire(&other, later).await.unwrap();
+        let waiting = tokio::spawn({
+            let core = core.clone();
+            async move { core.hold().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "it waits for the turn");
+        Turns::release(&other);
+        waiting.await.unwrap().unwrap();
+        drop(core);
+        assert_eq!(own.available_permits(), 1);
     }
 }

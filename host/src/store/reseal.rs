@@ -20,6 +20,11 @@ use super::history::History;
 use crate::backend::{Storage, StorageError, StorageResult, own_lock};
 use crate::resealing::{Outcome, ResealReport, ResealRequest, VersionOutcome};
 use bytes::Bytes;
+use sha2::{Digest, Sha256};
+
+/// Why a state that changed under the reseal was left as it was.
+const CHANGED_WHILE_RESEALING: &str = "the state changed while it was being re-sealed (a write \
+     under a lock that was forced open); left as written: run the re-seal again";
 
 /// What a stored state is: which backend name it opens under, and what
 /// it would be sealed again from (`None`: current).
@@ -179,12 +184,19 @@ impl<S: Storage> Store<S> {
                     bound_to,
                     stale: Some(from),
                 }) => {
+                    let read = Sha256::digest(&stored);
                     let state = self
                         .open_current(&bound_to, workspace, stored, start)
                         .await?;
-                    self.write_resealed(workspace, Bytes::from(state), lock_id)
-                        .await?;
-                    Outcome::Resealed { from }
+                    match self
+                        .write_resealed(workspace, Bytes::from(state), &read, lock_id)
+                        .await?
+                    {
+                        true => Outcome::Resealed { from },
+                        false => Outcome::Skipped {
+                            reason: CHANGED_WHILE_RESEALING.into(),
+                        },
+                    }
                 }
             };
         }
@@ -270,21 +282,33 @@ impl<S: Storage> Store<S> {
         })
     }
 
-    /// Seal `state` again and write it under the reseal's lock; it keeps
-    /// its serial, so the rollback marks stay as they are.
+    /// Seal `state` again and write it under the reseal's lock, unless
+    /// the stored state is no longer the one `read` (its digest) it came
+    /// from: `false` then, and nothing is written. It keeps its serial, so
+    /// the rollback marks stay as they are.
     async fn write_resealed(
         &self,
         workspace: &str,
         state: Bytes,
+        read: &[u8],
         lock_id: Option<&str>,
-    ) -> StorageResult<()> {
-        let (header, stored) = self.seal_to_store(workspace, state).await?;
-        self.inner.write(workspace, stored, lock_id).await?;
+    ) -> StorageResult<bool> {
+        let (header, sealed) = self.seal_to_store(workspace, state).await?;
+        // Read again once sealed (a key service call may have taken a
+        // while), just before writing back: a write under a lock that was
+        // forced open may have landed since the first read, and the older
+        // state written back would replace it. What stays open is this
+        // read to the guest's own lock check, as with any writer.
+        let now = self.inner.read(workspace).await?;
+        if now.map(Sha256::digest).as_deref() != Some(read) {
+            return Ok(false);
+        }
+        self.inner.write(workspace, sealed, lock_id).await?;
         if let Some(serial) = header.serial {
             self.marks
                 .wrote(workspace, header.lineage.as_deref(), serial);
         }
-        Ok(())
+        Ok(true)
     }
 
     /// A version the storage keeps: it cannot be rewritten, so say which

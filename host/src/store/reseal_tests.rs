@@ -17,11 +17,19 @@ struct Versioned {
     lock: Mutex<Option<LockInfo>>,
     /// The next lock call takes the lock, then answers an error.
     lose_lock_answer: AtomicBool,
+    /// Lands as the newest version right after the next read answers (a
+    /// write under a lock that was forced open).
+    land_after_read: Mutex<Option<Vec<u8>>>,
 }
 
 impl Storage for Versioned {
     async fn read(&self, _: &str) -> StorageResult<Option<Vec<u8>>> {
-        Ok(self.versions.lock().unwrap().first().cloned())
+        let mut versions = self.versions.lock().unwrap();
+        let newest = versions.first().cloned();
+        if let Some(landed) = self.land_after_read.lock().unwrap().take() {
+            versions.insert(0, landed);
+        }
+        Ok(newest)
     }
     async fn write(&self, _: &str, state: Bytes, id: Option<&str>) -> StorageResult<()> {
         match (&*self.lock.lock().unwrap(), id) {
@@ -219,4 +227,33 @@ async fn a_held_lock_is_skipped_and_named_and_nothing_changes() {
     );
     let holder = rotated.inner.lock.lock().unwrap().clone().unwrap();
     assert_eq!(holder.id, "theirs", "their lock untouched");
+}
+
+#[tokio::test]
+async fn a_state_that_lands_while_resealing_is_not_replaced_by_the_older_one() {
+    let old = material("old");
+    let before = store(Versioned::default(), vec![old.clone()]);
+    before.write("default", state(33), None).await.unwrap();
+    // Serial 34, sealed under the old key by a writer whose lock was
+    // forced open, lands after the reseal has read serial 33.
+    before.write("default", state(34), None).await.unwrap();
+    let storage = before.inner;
+    let landed = storage.versions.lock().unwrap().remove(0);
+    *storage.land_after_read.lock().unwrap() = Some(landed.clone());
+    let rotated = store(storage, vec![material("new"), old]);
+    let report = rotated
+        .reseal_workspace("default", &request())
+        .await
+        .unwrap();
+    match &report.state {
+        Outcome::Skipped { reason } => {
+            assert!(reason.contains("run the re-seal again"), "{reason}")
+        }
+        other => panic!("expected the reseal to leave the new state alone, got {other:?}"),
+    }
+    assert_eq!(rotated.inner.versions.lock().unwrap()[0], landed);
+    assert!(
+        rotated.inner.lock.lock().unwrap().is_none(),
+        "lock released"
+    );
 }

@@ -21,6 +21,7 @@
 
 mod ledger;
 mod streams;
+mod sync;
 
 use super::quota::{DirQuota, Holder, Identity, InstanceFiles};
 use super::sandbox::Sandbox;
@@ -28,6 +29,7 @@ use super::turns::Core;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use streams::{GuestInput, GuestOutput, Target};
+use sync::{Flush, sync_off_the_turn};
 use wasmtime::component::{HasData, Resource};
 use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemCtxView};
 use wasmtime_wasi::p2::bindings::filesystem::types::{
@@ -77,56 +79,6 @@ pub fn add_to_linker(linker: &mut wasmtime::component::Linker<Sandbox>) -> anyho
     Ok(added?)
 }
 
-/// A descriptor to flush to stable storage.
-enum SyncTarget {
-    File(Arc<std::fs::File>),
-    Dir(Arc<std::fs::File>),
-}
-
-/// How much of it: `sync` or `sync-data`.
-#[derive(Clone, Copy)]
-enum Flush {
-    All,
-    Data,
-}
-
-/// Flush `target` on the blocking pool, holding no turn. An `fsync` waits
-/// for the disk, not a core: inline under the turn it made every other
-/// request of the backend wait for the disk too (and the disk serves
-/// concurrent flushes in one journal commit). A backend still flushes at
-/// most once per instance at a time, and the guest's deadline holds: the
-/// call is awaited, so dropped with the request at its deadline; the
-/// flush itself finishes on its thread, holding the instance's slots
-/// until then.
-async fn sync_off_the_turn(target: SyncTarget, how: Flush, core: &Core) -> FsResult<()> {
-    let slots = core.keep_slots();
-    let flushed = tokio::task::spawn_blocking(move || {
-        let _slots = slots;
-        let file = match target {
-            SyncTarget::File(file) => file,
-            // A directory is flushed through a descriptor of its own, as
-            // wasmtime-wasi does (the granted one may not be readable).
-            SyncTarget::Dir(dir) => {
-                use rustix::fs::{Mode, OFlags, openat};
-                let own = openat(
-                    &*dir,
-                    ".",
-                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )?;
-                Arc::new(std::fs::File::from(own))
-            }
-        };
-        match how {
-            Flush::All => file.sync_all(),
-            Flush::Data => file.sync_data(),
-        }
-    })
-    .await
-    .map_err(|e| FsError::trap(wasmtime::Error::msg(format!("sync stopped: {e}"))))?;
-    flushed.map_err(io_error)
-}
-
 fn io_error(e: std::io::Error) -> FsError {
     ErrorCode::from(e).into()
 }
@@ -156,14 +108,6 @@ impl GuestFs<'_> {
             // Absent (about to be created) or unreachable: the open says.
             Err(_) => Ok(()),
         }
-    }
-
-    /// What `sync` on `fd` flushes: the file, or the directory.
-    fn sync_target(&self, fd: &Resource<types::Descriptor>) -> FsResult<SyncTarget> {
-        Ok(match self.fs.table.get(fd)? {
-            Descriptor::File(f) => SyncTarget::File(f.file.clone()),
-            Descriptor::Dir(d) => SyncTarget::Dir(d.dir.clone()),
-        })
     }
 
     fn file_of(&self, fd: &Resource<types::Descriptor>) -> FsResult<Option<Arc<std::fs::File>>> {

@@ -1,0 +1,70 @@
+//! `sync` and `sync-data`: flushed on the blocking pool, holding no turn
+//! on the cores (an `fsync` waits for the disk, not a core).
+
+use super::{GuestFs, io_error};
+use crate::runtime::turns::Core;
+use std::sync::Arc;
+use wasmtime::component::Resource;
+use wasmtime_wasi::filesystem::Descriptor;
+use wasmtime_wasi::p2::bindings::filesystem::types;
+use wasmtime_wasi::p2::{FsError, FsResult};
+
+/// A descriptor to flush to stable storage.
+pub(super) enum SyncTarget {
+    File(Arc<std::fs::File>),
+    Dir(Arc<std::fs::File>),
+}
+
+/// How much of it: `sync` or `sync-data`.
+#[derive(Clone, Copy)]
+pub(super) enum Flush {
+    All,
+    Data,
+}
+
+/// Flush `target` on the blocking pool, holding no turn. An `fsync` waits
+/// for the disk, not a core: inline under the turn it made every other
+/// request of the backend wait for the disk too (and the disk serves
+/// concurrent flushes in one journal commit). A backend still flushes at
+/// most once per instance at a time, and the guest's deadline holds: the
+/// call is awaited, so dropped with the request at its deadline; the
+/// flush itself finishes on its thread, holding the instance's slots
+/// until then.
+pub(super) async fn sync_off_the_turn(target: SyncTarget, how: Flush, core: &Core) -> FsResult<()> {
+    let slots = core.keep_slots();
+    let flushed = tokio::task::spawn_blocking(move || {
+        let _slots = slots;
+        let file = match target {
+            SyncTarget::File(file) => file,
+            // A directory is flushed through a descriptor of its own, as
+            // wasmtime-wasi does (the granted one may not be readable).
+            SyncTarget::Dir(dir) => {
+                use rustix::fs::{Mode, OFlags, openat};
+                let own = openat(
+                    &*dir,
+                    ".",
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )?;
+                Arc::new(std::fs::File::from(own))
+            }
+        };
+        match how {
+            Flush::All => file.sync_all(),
+            Flush::Data => file.sync_data(),
+        }
+    })
+    .await
+    .map_err(|e| FsError::trap(wasmtime::Error::msg(format!("sync stopped: {e}"))))?;
+    flushed.map_err(io_error)
+}
+
+impl GuestFs<'_> {
+    /// What `sync` on `fd` flushes: the file, or the directory.
+    pub(super) fn sync_target(&self, fd: &Resource<types::Descriptor>) -> FsResult<SyncTarget> {
+        Ok(match self.fs.table.get(fd)? {
+            Descriptor::File(f) => SyncTarget::File(f.file.clone()),
+            Descriptor::Dir(d) => SyncTarget::Dir(d.dir.clone()),
+        })
+    }
+}

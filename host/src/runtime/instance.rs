@@ -1,0 +1,281 @@
+//! The store of one instance, and the instance each backend keeps ready
+//! for its next call.
+//!
+//! Making an instance (a store with its WASI context, then instantiating
+//! the guest) and dropping one (resetting its memory slot) were most of an
+//! empty call's time (`docs/benchmarks.md`, "Where a request's time
+//! goes"). So while a backend is in use (its calls come less than
+//! [`READY_IDLE`] apart), the instance for its next call is made as soon as
+//! a call ends, off any request's path, and a call that finds one ready
+//! only hands it its deadline and slots. Each instance
+//! still serves one call: a ready instance has run no call, and the one a
+//! call used is dropped, never reused.
+//!
+//! The bounds: a backend keeps at most one instance ready; the server at
+//! most [`super::ready::ready_instances`] at once (its pool has that many slots more than
+//! `max_instances`, so a ready instance never takes a running call's
+//! slot); one nobody takes within [`READY_IDLE`] is dropped, so an idle
+//! backend costs only its config again; and a guest that starts with more
+//! than [`READY_MAX_MEMORY_BYTES`] of memory is never kept ready. A ready
+//! instance's memory counts against its backend's and the server's
+//! budgets like a running one's. A backend that is not in use has none (a
+//! backend's load, with its config checked, is not a use).
+
+use super::guest::Shared;
+use super::limits::{MemoryLimiter, Refusal};
+use super::ready::Watch;
+use super::sandbox::{STDERR_CAPACITY, Sandbox};
+use super::turns::{Core, Slots, TurnHook};
+use super::versions::Guest;
+use super::{GUEST_DATA_DIR, OUTER_GRACE, outbound};
+use crate::backend::{StorageError, StorageResult};
+use futures_util::FutureExt;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+use tokio::sync::OwnedSemaphorePermit;
+use wasmtime::component::ResourceTable;
+use wasmtime::{Store, UpdateDeadline};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+use wasmtime_wasi_http::WasiHttpCtx;
+
+/// Most resource handles (files, streams, requests) one instance holds: a
+/// storage guest holds a few at once; wasmtime's default allows a million
+/// entries of host memory.
+const MAX_HANDLES: usize = 4096;
+
+/// How long a ready instance waits for a call before it is dropped.
+pub const READY_IDLE: Duration = Duration::from_secs(10);
+
+/// The most linear memory an instance may start with and still be kept
+/// ready (a Rust guest starts with about 1.1 MiB): what ready instances
+/// hold of the memory budgets stays small, whatever a guest declares. A
+/// guest that starts bigger is made on each call's path, as before.
+pub const READY_MAX_MEMORY_BYTES: u64 = 4 << 20;
+
+/// What a call leaves behind for the backend's next one.
+#[derive(Clone, Copy)]
+pub(super) enum Next {
+    /// Make its instance now, if the backend is in use.
+    MakeReady,
+    /// Nothing (loading a backend is not using it).
+    Nothing,
+}
+
+/// An instance made ahead of its call: no call has run in it yet.
+pub(super) type Prepared = (Store<Sandbox>, Guest);
+
+/// Hand `prepared` to a call that runs until `deadline` holding `slots`,
+/// with `memory_bytes` of linear memory at most.
+pub(super) fn hand_to_call(
+    prepared: Prepared,
+    deadline: Instant,
+    slots: Slots,
+    memory_bytes: u64,
+) -> Prepared {
+    let (mut store, guest) = prepared;
+    store.data().core.hand_to_call(deadline, slots);
+    let sandbox = store.data_mut();
+    sandbox.deadline = deadline;
+    sandbox.limiter.set_limit(memory_bytes);
+    store.set_epoch_deadline(1);
+    (store, guest)
+}
+
+/// Drop `store`, letting its instance slots go only after its pool slot
+/// is back, whatever order wasmtime drops a store's parts in (today the
+/// call hook's and the epoch callback's clones of `Core` outlive the
+/// instance; this does not rely on it): a call that took a slot freed
+/// first could find the pool full.
+fn drop_store(store: Store<Sandbox>) {
+    let slots = store.data().core.keep_slots();
+    drop(store);
+    drop(slots);
+}
+
+impl Shared {
+    /// A call is done with `used`: drop it and make the instance for the
+    /// next call, off the request's path (or drop it here if no instance
+    /// is to be made).
+    pub(super) fn after_call(self: &Arc<Self>, used: Store<Sandbox>, next: Next) {
+        let permit = match next {
+            // A server that is stopping serves no next call.
+            Next::MakeReady if !self.tasks.is_closed() => self.ready.begin(Instant::now()),
+            Next::MakeReady | Next::Nothing => None,
+        };
+        let Some(permit) = permit else {
+            return drop_store(used);
+        };
+        let shared = self.clone();
+        tokio::spawn(async move {
+            drop_store(used);
+            // A guest's start functions run as it is instantiated and may
+            // wait in a host call no epoch reaches: cut off as a call is.
+            let made = std::panic::AssertUnwindSafe(tokio::time::timeout(
+                shared.limits.timeout + OUTER_GRACE,
+                shared.prepare(permit),
+            ))
+            .catch_unwind()
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten();
+            if shared.ready.finish(made) {
+                shared.watch_ready();
+            }
+        });
+    }
+
+    /// Drop the ready instance when no call took it within
+    /// [`READY_IDLE`]: one timer per backend, ending when none is ready.
+    fn watch_ready(self: Arc<Self>) {
+        // Hold no reference while waiting: a reload drops the backend and
+        // its ready instance at once.
+        let backend = Arc::downgrade(&self);
+        drop(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(shared) = backend.upgrade() else {
+                    return;
+                };
+                match shared.ready.watch(Instant::now()) {
+                    Watch::Expired((store, _)) => return drop_store(store),
+                    Watch::Done => return,
+                    Watch::Until(at) => {
+                        drop(shared);
+                        tokio::time::sleep_until(at.into()).await;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Make an instance holding the ready slot `permit`. `None` if it
+    /// cannot be made: the next call makes its own and reports why.
+    async fn prepare(&self, permit: OwnedSemaphorePermit) -> Option<(Store<Sandbox>, Guest)> {
+        let deadline = Instant::now() + self.limits.timeout;
+        let mut store = self.new_store(deadline, Arc::new(vec![permit])).ok()?;
+        // Held to the cap of a ready instance while it is made: a start
+        // function cannot take more of the budgets than that while no
+        // call is under way.
+        store
+            .data_mut()
+            .limiter
+            .set_limit(self.limits.memory_bytes.min(READY_MAX_MEMORY_BYTES));
+        let started = Instant::now();
+        let instantiated = self.pre.instantiate(&mut store).await;
+        self.metrics.instantiated(&self.name, started.elapsed());
+        let limiter = &store.data().limiter;
+        if limiter.refused() == Some(Refusal::Instance) {
+            // It starts bigger than a ready instance may be.
+            self.ready.never_again();
+            return None;
+        }
+        // A refusal by a budget (busy now) or a failure: the next call
+        // makes its own and reports what goes wrong.
+        let guest = instantiated.ok()?;
+        if limiter.refused().is_some() {
+            return None;
+        }
+        // A start function that did something a call would be blamed for
+        // (wrote to stderr, logged, met the disk quota): this guest's
+        // instances are made on each call's path, where that is the
+        // call's own doing.
+        let sandbox = store.data();
+        if sandbox.log_lines > 0
+            || !sandbox.stderr.contents().is_empty()
+            || sandbox
+                .quota_refused
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            self.ready.never_again();
+            return None;
+        }
+        Some((store, guest))
+    }
+
+    /// A store for one request: fresh WASI context granting only this
+    /// backend's directory, memory limiter, epoch deadline, and a turn on
+    /// the cores while it runs wasm.
+    pub(super) fn new_store(
+        &self,
+        deadline: Instant,
+        slots: Slots,
+    ) -> StorageResult<Store<Sandbox>> {
+        let core = Core::new(self.turns.clone(), deadline, slots);
+        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+        let mut wasi = WasiCtxBuilder::new();
+        // File operations on a local disk are short; running them inline
+        // (on the guest threads, never the HTTP ones) instead of on a
+        // blocking pool halves a small read's latency.
+        wasi.allow_blocking_current_thread(true)
+            .stderr(stderr.clone());
+        if let Some(dir) = &self.dir {
+            wasi.preopened_dir(dir, GUEST_DATA_DIR, FsPerms::ReadWrite)
+                .map_err(|e| {
+                    StorageError::Unavailable(format!(
+                        "cannot open the backend's directory {}: {e}",
+                        dir.display()
+                    ))
+                })?;
+        }
+        let sandbox = Sandbox {
+            wasi: wasi.build(),
+            table: {
+                let mut table = ResourceTable::new();
+                table.set_max_capacity(MAX_HANDLES);
+                table
+            },
+            http: WasiHttpCtx::new(),
+            outbound: outbound::Outbound {
+                policy: self.outbound.clone(),
+                backend: self.name.clone(),
+                aws: self.aws.clone(),
+                azure: self.azure.clone(),
+                gcp: self.gcp.clone(),
+                max_body_bytes: self.max_lift_bytes,
+                in_flight: Arc::new(tokio::sync::Semaphore::new(
+                    outbound::MAX_REQUESTS_IN_FLIGHT,
+                )),
+                budgets: [self.memory.clone(), self.server_memory.clone()],
+                work: self.host_work.clone(),
+            },
+            limiter: MemoryLimiter::new(
+                self.limits.memory_bytes,
+                self.memory.clone(),
+                self.server_memory.clone(),
+            ),
+            quota: self.quota.clone(),
+            quota_refused: Arc::new(AtomicBool::new(false)),
+            open_files: super::quota::InstanceFiles::new(self.quota.clone()),
+            stderr,
+            backend: self.name.clone(),
+            config: self.config.clone(),
+            log_lines: 0,
+            git: self.git.clone(),
+            postgres: self.postgres.clone(),
+            secrets: self.secrets.clone(),
+            deadline,
+            core: core.clone(),
+        };
+        let mut store = Store::new(&self.engine, sandbox);
+        store.limiter(|s| &mut s.limiter);
+        // The guest holds a turn on the cores only while it runs wasm: the
+        // call hook takes it on the way in and gives it back on every call
+        // into the host, and every epoch tick passes it on (so a spinning
+        // guest shares the cores with the rest of its backend, and other
+        // backends always find one) until its wall-clock deadline, when it
+        // is interrupted.
+        store.call_hook_async(TurnHook(core.clone()));
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            Ok(if Instant::now() >= core.deadline() {
+                UpdateDeadline::Interrupt
+            } else {
+                UpdateDeadline::YieldCustom(1, Box::pin(core.pass()))
+            })
+        });
+        Ok(store)
+    }
+}
