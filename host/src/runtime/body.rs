@@ -9,11 +9,28 @@ use wasmtime::component::Resource;
 use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, StreamError};
 
 /// Most bytes one step of a host-side copy moves (a file's stream gives at
-/// most 64 KiB a read, wasmtime-wasi's cap): between steps the copy checks
-/// the deadline and passes its turn on the cores, so a long copy neither
+/// most 64 KiB a read, wasmtime-wasi's cap). Every step checks the
+/// deadline, and every this many bytes or epoch tick the copy passes its
+/// turn on the cores ([`Sandbox::copy_step`]), so a long copy neither
 /// outlives the request nor holds a core (a file's stream does its I/O
 /// inline while it holds the turn).
 const COPY_STEP: u32 = 1 << 20;
+
+/// When a copy next passes its turn.
+struct CopyStep {
+    next_bytes: u64,
+    since: Instant,
+}
+
+impl CopyStep {
+    /// After passing it with `copied` bytes copied.
+    fn after(copied: u64) -> Self {
+        CopyStep {
+            next_bytes: copied + u64::from(COPY_STEP),
+            since: Instant::now(),
+        }
+    }
+}
 
 impl wit::Host for Sandbox {}
 
@@ -35,9 +52,9 @@ impl wit::HostStateSource for Sandbox {
         source: Resource<StateSource>,
         dest: Resource<DynOutputStream>,
     ) -> wasmtime::Result<Result<u64, String>> {
-        let (mut written, mut next_step) = (0u64, u64::from(COPY_STEP));
+        let (mut written, mut step) = (0u64, CopyStep::after(0));
         loop {
-            self.copy_step(written, &mut next_step).await?;
+            self.copy_step(written, &mut step).await?;
             // Slices of the request body itself: no copy, and the stream
             // holds at most one chunk while it writes.
             let chunk = self.table.get_mut(&source)?.next_shared(COPY_STEP);
@@ -73,9 +90,9 @@ impl wit::HostStateSink for Sandbox {
         sink: Resource<StateSink>,
         src: Resource<DynInputStream>,
     ) -> wasmtime::Result<Result<u64, String>> {
-        let (mut taken, mut next_step) = (0u64, u64::from(COPY_STEP));
+        let (mut taken, mut step) = (0u64, CopyStep::after(0));
         while self.table.get(&sink)?.wants_more() {
-            self.copy_step(taken, &mut next_step).await?;
+            self.copy_step(taken, &mut step).await?;
             let stream = self.table.get_mut(&src)?;
             let chunk = match stream.blocking_read(COPY_STEP as usize).await {
                 Ok(chunk) => chunk,
@@ -102,23 +119,23 @@ impl wit::HostStateSink for Sandbox {
 
 impl Sandbox {
     /// Between two steps of a copy: past the deadline the guest is stopped
-    /// (as the epoch would stop its wasm); otherwise the copy gives up any
-    /// turn on the cores and lets others run. It never waits for a turn: a
-    /// file's stream takes one for its own I/O, and a network stream must
-    /// not hold one while it waits on the remote.
+    /// (as the epoch would stop its wasm); otherwise, now and then, the
+    /// copy gives up any turn on the cores and lets others run. It never
+    /// waits for a turn: a file's stream takes one for its own I/O, and a
+    /// network stream must not hold one while it waits on the remote.
     ///
-    ///
-    /// The turn is passed on once `copied` (bytes so far) reaches
-    /// `next_step`, then every [`COPY_STEP`] bytes after: a file's stream
-    /// reads 64 KiB at a time, and passing the turn before each read made
-    /// every read of a small state queue for it again behind the
-    /// backend's other calls.
-    async fn copy_step(&mut self, copied: u64, next_step: &mut u64) -> wasmtime::Result<()> {
+    /// The turn is passed once [`COPY_STEP`] bytes or an epoch tick's
+    /// time have gone by since it was last passed (`step`): a file's
+    /// stream reads 64 KiB at a time, and passing the turn before each
+    /// read made every read of a small state queue for it again behind
+    /// the backend's other calls, while a slow disk still shares the
+    /// cores as wasm does.
+    async fn copy_step(&mut self, copied: u64, step: &mut CopyStep) -> wasmtime::Result<()> {
         self.check_deadline()?;
-        if copied < *next_step {
+        if copied < step.next_bytes && step.since.elapsed() < super::engine::EPOCH_TICK {
             return Ok(());
         }
-        *next_step = copied + u64::from(COPY_STEP);
+        *step = CopyStep::after(copied);
         self.core.release();
         tokio::task::yield_now().await;
         self.check_deadline()

@@ -5,11 +5,14 @@
 //! the guest) and dropping one (resetting its memory slot) were most of an
 //! empty call's time (`docs/benchmarks.md`, "Where a request's time
 //! goes"). So while a backend is in use (its calls come less than
-//! [`READY_IDLE`] apart), the instance for its next call is made as soon as
-//! a call ends, off any request's path, and a call that finds one ready
-//! only hands it its deadline and slots. Each instance
-//! still serves one call: a ready instance has run no call, and the one a
-//! call used is dropped, never reused.
+//! [`READY_IDLE`] apart) and no other call of it is under way (under load
+//! the cores are busy already: made ahead, an instance saves its call
+//! nothing), the instance for its next call is made as a call ends, in a
+//! task of its own, where the used store is dropped too (unless it grew
+//! big: that one gives its memory back before its call answers); a call
+//! that finds one ready only hands it its deadline and slots. Each
+//! instance still serves one call: a ready instance has run no call, and
+//! the one a call used is dropped, never reused.
 //!
 //! The bounds: a backend keeps at most one instance ready; the server at
 //! most [`super::ready::ready_instances`] at once (its pool has that many slots more than
@@ -105,18 +108,21 @@ impl Shared {
             // busy with it already: made ahead, the instance would cost
             // as much and save its call nothing (measured: 10 % less
             // throughput under load), so the next call makes its own.
-            Next::MakeReady if !self.tasks.is_closed() && !self.others_under_way() => {
-                self.ready.begin(Instant::now())
+            Next::MakeReady => {
+                let now_worth_it = !self.tasks.is_closed() && !self.others_under_way();
+                self.ready.begin(Instant::now(), now_worth_it)
             }
-            Next::MakeReady | Next::Nothing => None,
+            Next::Nothing => None,
         };
         let Some(permit) = permit else {
             return drop_store(used);
         };
-        // A store that grew big gives its memory back before the call
-        // answers (what the server holds stays bounded by what is under
-        // way); a small one's reset is left to the task.
-        let used = match used.data().limiter.used() > READY_MAX_MEMORY_BYTES {
+        // A store that grew big (its memory, or what the host holds for
+        // it: a state read through the host's copy) gives it back before
+        // the call answers, so what the budgets and the server hold stays
+        // bounded by what is under way; a small one's reset is left to the
+        // task.
+        let used = match used.data().limiter.charged() > READY_MAX_MEMORY_BYTES {
             true => {
                 drop_store(used);
                 None

@@ -168,6 +168,12 @@ impl MemoryLimiter {
         self.used
     }
 
+    /// Everything charged to the budgets for this instance: its linear
+    /// memory and what the host holds for it.
+    pub fn charged(&self) -> u64 {
+        self.used + self.host_bytes
+    }
+
     /// Which cap refused a growth, if one did.
     pub fn refused(&self) -> Option<Refusal> {
         self.refused

@@ -121,17 +121,18 @@ impl<P> Ready<P> {
         matches!(lock(&self.state).slot, Slot::Ready { .. })
     }
 
-    /// A call ended `now`: start making the next one if the backend is in
-    /// use (its call before this one ended less than `idle` ago), unless
-    /// one is ready or being made, or the server has no ready slot free.
-    /// The slot it holds until taken.
-    pub fn begin(&self, now: Instant) -> Option<OwnedSemaphorePermit> {
+    /// A call ended `now`: start making the next one if `worth_it` (as
+    /// the caller sees it) and the backend is in use (its call before
+    /// this one ended less than `idle` ago), unless one is ready or being
+    /// made, or the server has no ready slot free. The slot it holds
+    /// until taken.
+    pub fn begin(&self, now: Instant, worth_it: bool) -> Option<OwnedSemaphorePermit> {
         let mut state = lock(&self.state);
         let in_use = state
             .last_call
             .replace(now)
             .is_some_and(|before| now.saturating_duration_since(before) < self.idle);
-        if !in_use || state.never || !matches!(state.slot, Slot::Empty) {
+        if !worth_it || !in_use || state.never || !matches!(state.slot, Slot::Empty) {
             return None;
         }
         let permit = self.server.slots.clone().try_acquire_owned().ok()?;
@@ -208,7 +209,7 @@ mod tests {
     /// A backend in use: it has had a call.
     fn in_use(ready: Ready<u32>) -> Ready<u32> {
         assert!(
-            ready.begin(Instant::now()).is_none(),
+            ready.begin(Instant::now(), true).is_none(),
             "not on its first call"
         );
         ready
@@ -219,16 +220,27 @@ mod tests {
     }
 
     fn begin(ready: &Ready<u32>) -> Option<OwnedSemaphorePermit> {
-        ready.begin(Instant::now())
+        ready.begin(Instant::now(), true)
     }
 
     #[test]
     fn a_backend_is_in_use_when_its_calls_come_less_than_idle_apart() {
         let ready = Ready::<u32>::new(ReadySlots::new(4), IDLE);
         let start = Instant::now();
-        assert!(ready.begin(start).is_none(), "a first call (or a probe)");
-        assert!(ready.begin(start + IDLE * 2).is_none(), "long after it");
-        assert!(ready.begin(start + IDLE * 2 + IDLE / 2).is_some(), "in use");
+        assert!(
+            ready.begin(start, true).is_none(),
+            "a first call (or a probe)"
+        );
+        assert!(
+            ready.begin(start + IDLE * 2, true).is_none(),
+            "long after it"
+        );
+        // Calls under load make none, but count as use.
+        assert!(ready.begin(start + IDLE * 2 + IDLE / 4, false).is_none());
+        assert!(
+            ready.begin(start + IDLE * 2 + IDLE / 2, true).is_some(),
+            "in use"
+        );
     }
 
     #[test]
