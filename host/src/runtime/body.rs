@@ -142,7 +142,7 @@ impl Sandbox {
     }
 
     fn check_deadline(&self) -> wasmtime::Result<()> {
-        if Instant::now() >= self.deadline {
+        if Instant::now() >= self.core.deadline() {
             return Err(wasmtime::Trap::Interrupt.into());
         }
         Ok(())

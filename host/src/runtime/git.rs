@@ -33,7 +33,7 @@ impl Sandbox {
     ) -> impl Future<Output = Result<T, wit::GitError>> + Send + 'static {
         let access = self.git.clone();
         let backend = self.backend.clone();
-        let deadline = self.deadline;
+        let deadline = self.core.deadline();
         let slots = self.core.keep_slots();
         async move {
             let Some(access) = access else {

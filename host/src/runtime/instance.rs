@@ -79,9 +79,7 @@ pub(super) fn hand_to_call(
 ) -> Prepared {
     let (mut store, guest) = prepared;
     store.data().core.hand_to_call(deadline, slots);
-    let sandbox = store.data_mut();
-    sandbox.deadline = deadline;
-    sandbox.limiter.set_limit(memory_bytes);
+    store.data_mut().limiter.set_limit(memory_bytes);
     store.set_epoch_deadline(1);
     (store, guest)
 }
@@ -183,7 +181,7 @@ impl Shared {
 
     /// Make an instance holding the ready slot `permit`. `None` if it
     /// cannot be made: the next call makes its own and reports why.
-    async fn prepare(&self, permit: OwnedSemaphorePermit) -> Option<(Store<Sandbox>, Guest)> {
+    async fn prepare(&self, permit: OwnedSemaphorePermit) -> Option<Prepared> {
         let deadline = Instant::now() + self.limits.timeout;
         let mut store = self.new_store(deadline, Arc::new(vec![permit])).ok()?;
         // Held to the cap of a ready instance while it is made: a start
@@ -286,7 +284,6 @@ impl Shared {
             git: self.git.clone(),
             postgres: self.postgres.clone(),
             secrets: self.secrets.clone(),
-            deadline,
             core: core.clone(),
         };
         let mut store = Store::new(&self.engine, sandbox);

@@ -128,7 +128,7 @@ async fn until<T>(
 impl wit::Host for Sandbox {
     async fn list_names(&mut self) -> Result<Vec<String>, wit::PgError> {
         let db = self.database()?;
-        until(self.deadline, db.list_names()).await
+        until(self.core.deadline(), db.list_names()).await
     }
 
     async fn read_into(
@@ -137,7 +137,7 @@ impl wit::Host for Sandbox {
         into: Resource<StateSink>,
     ) -> Result<Option<u64>, wit::PgError> {
         let db = self.database()?;
-        let Some(data) = until(self.deadline, db.read(&name)).await? else {
+        let Some(data) = until(self.core.deadline(), db.read(&name)).await? else {
             return Ok(None);
         };
         let bytes = from_text(&data)?;
@@ -167,7 +167,7 @@ impl wit::Host for Sandbox {
             .clone();
         let text = as_text(&bytes);
         let outcome = db.change(&name, Some(&text), lock_id.as_deref());
-        Ok(until(self.deadline, outcome).await?.map(refused))
+        Ok(until(self.core.deadline(), outcome).await?.map(refused))
     }
 
     async fn delete(
@@ -177,12 +177,12 @@ impl wit::Host for Sandbox {
     ) -> Result<Option<wit::Refused>, wit::PgError> {
         let db = self.database()?;
         let outcome = db.change(&name, None, lock_id.as_deref());
-        Ok(until(self.deadline, outcome).await?.map(refused))
+        Ok(until(self.core.deadline(), outcome).await?.map(refused))
     }
 
     async fn create(&mut self, name: String, data: String) -> Result<bool, wit::PgError> {
         let db = self.database()?;
-        until(self.deadline, db.create(&name, &data)).await
+        until(self.core.deadline(), db.create(&name, &data)).await
     }
 
     async fn lock(
@@ -192,12 +192,14 @@ impl wit::Host for Sandbox {
     ) -> Result<Option<wit::Holder>, wit::PgError> {
         let db = self.database()?;
         let taken = db.lock(&name, lock_json(&info));
-        Ok(until(self.deadline, taken).await?.map(holder))
+        Ok(until(self.core.deadline(), taken).await?.map(holder))
     }
 
     async fn lock_holder(&mut self, name: String) -> Result<Option<wit::Holder>, wit::PgError> {
         let db = self.database()?;
-        Ok(until(self.deadline, db.holder(&name)).await?.map(holder))
+        Ok(until(self.core.deadline(), db.holder(&name))
+            .await?
+            .map(holder))
     }
 
     async fn unlock(
@@ -208,6 +210,6 @@ impl wit::Host for Sandbox {
     ) -> Result<Option<wit::Holder>, wit::PgError> {
         let db = self.database()?;
         let released = db.unlock(&name, &id, force);
-        Ok(until(self.deadline, released).await?.map(holder))
+        Ok(until(self.core.deadline(), released).await?.map(holder))
     }
 }

@@ -10,7 +10,6 @@ use super::turns::Core;
 use crate::capabilities::git::GitAccess;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Instant;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -42,10 +41,9 @@ pub struct Sandbox {
     pub quota_refused: Arc<AtomicBool>,
     /// The files this instance holds open (for the quota's credits).
     pub open_files: super::quota::InstanceFiles,
-    /// When this request's guest time runs out; host work done for the
-    /// guest (git) stops then too.
-    pub deadline: Instant,
-    /// Its place on the cores (file calls hold its turn).
+    /// Its place on the cores (file calls hold its turn), and when the
+    /// call's guest time runs out (host work done for the guest, git and
+    /// the database, stops then too): [`Core::deadline`].
     pub core: Core,
     /// Guest stderr, kept to report panic messages.
     pub stderr: MemoryOutputPipe,
