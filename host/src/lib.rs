@@ -6,6 +6,8 @@
 //!   [`backend::Storage`] trait; knows nothing of wasmtime.
 //! - [`runtime`]: wasmtime engine, compiled-guest cache, one fresh limited
 //!   instance per request; implements [`backend::Storage`]; never parses HTTP.
+//! - [`tfe`]: the TFE API v2 subset behind Terraform's `cloud {}` block
+//!   and `backend "remote"`, over the protocol's [`protocol::App`].
 //! - [`console`]: the operator console (`/ui`), pages over the protocol's
 //!   [`protocol::App`].
 //! - [`config`]: the TOML config file, validated once at startup.
@@ -49,5 +51,6 @@ pub mod runtime;
 pub mod server;
 pub mod statefile;
 pub mod store;
+pub mod tfe;
 pub mod tls;
 pub mod work;

@@ -39,7 +39,10 @@ fn store_for(
         name,
         backend.encryption.as_ref(),
         history,
-        marks.get(name).cloned().unwrap_or_default(),
+        marks
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| Arc::new(RollbackMarks::counted_in(metrics.rollback_marks(name)))),
         max_stored_bytes,
     )
     .allowing_older_states(backend.allow_force_push)
@@ -105,7 +108,10 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
     let marks: Marks = Arc::new(
         backends
             .keys()
-            .map(|name| (name.clone(), Arc::default()))
+            .map(|name| {
+                let count = metrics.rollback_marks(name);
+                (name.clone(), Arc::new(RollbackMarks::counted_in(count)))
+            })
             .collect(),
     );
     let configured: std::collections::HashMap<&str, &crate::config::BackendConfig> = config
@@ -128,14 +134,17 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
     }
     let switches = Arc::new(Switches::new(switch_values(&config)));
     let audit = Arc::new(
-        crate::audit::AuditLog::open(&config.data_dir, config.audit.clone()).with_context(
-            || {
-                format!(
-                    "cannot open the audit trail in {}",
-                    config.data_dir.join("audit").display()
-                )
-            },
-        )?,
+        crate::audit::AuditLog::open_serving(
+            &config.data_dir,
+            config.audit.clone(),
+            backends.keys(),
+        )
+        .with_context(|| {
+            format!(
+                "cannot open the audit trail in {}",
+                config.data_dir.join("audit").display()
+            )
+        })?,
     );
     if let Some(source) = source {
         tokio::spawn(reload_on_sighup(
@@ -179,8 +188,14 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
         secure_cookies: tls.is_some(),
         data_dir: config.data_dir.clone(),
     };
+    let tfe = crate::tfe::Options {
+        data_dir: Some(config.data_dir.clone()),
+        secure: tls.is_some(),
+    };
     let app_state = app.clone();
-    let app = protocol::router_with(app.clone(), crate::console::routes(app, console));
+    let more =
+        crate::console::routes(app.clone(), console).merge(crate::tfe::routes(app.clone(), tfe));
+    let app = protocol::router_with(app, more);
     let limits = NetworkLimits {
         clocks: Clocks {
             header: network.header_read_timeout,

@@ -284,7 +284,7 @@ fn every_change_is_recorded_field_by_field_and_survives_a_restart() {
 
     // The log is the owner's alone.
     use std::os::unix::fs::PermissionsExt;
-    let file = data.join("audit/replica-a/audit.jsonl");
+    let file = data.join("audit/replica-a/backends/default/changes.jsonl");
     let mode = std::fs::metadata(&file).unwrap().permissions().mode();
     assert_eq!(mode & 0o077, 0, "{mode:o}");
 
@@ -424,10 +424,20 @@ fn a_flood_of_refusals_or_a_huge_holder_cannot_push_the_history_out() {
     );
     let url = server.state_url("default", "w");
     let (writer, reader) = (format!("Bearer {writer}"), format!("Bearer {reader}"));
-    // A holder's name of 100 KiB.
+    // Lock details of 100 KiB are refused (they are held outside the
+    // memory budgets while they arrive): 413, saying the bound, nothing
+    // locked. A holder's name of 12 KiB is taken, and cut in the record.
     let huge = lock_info("big", &"x".repeat(100 << 10));
-    let locked = send_with("LOCK", &url, Some(&huge), &[("Authorization", &writer)]);
-    assert_eq!(locked.status, 200);
+    let refused = send_with("LOCK", &url, Some(&huge), &[("Authorization", &writer)]);
+    assert_eq!(refused.status, 413, "{}", refused.text());
+    assert!(
+        refused.text().contains("at most 16 KiB"),
+        "{}",
+        refused.text()
+    );
+    let big = lock_info("big", &"x".repeat(12 << 10));
+    let locked = send_with("LOCK", &url, Some(&big), &[("Authorization", &writer)]);
+    assert_eq!(locked.status, 200, "{}", locked.text());
     let started = std::time::Instant::now();
     for _ in 0..300 {
         let refused = send_with("POST", &url, Some(&state(1)), &[("Authorization", &reader)]);
@@ -437,7 +447,11 @@ fn a_flood_of_refusals_or_a_huge_holder_cannot_push_the_history_out() {
         let blocked = send_with("POST", &url, Some(&state(1)), &[("Authorization", &writer)]);
         assert_eq!(blocked.status, 423);
     }
-    let trail = std::fs::read_to_string(data.join("audit/r/audit.jsonl")).unwrap();
+    // The lock (the backend's records other than changes), then the
+    // refusals (a sequence of their own).
+    let trail = std::fs::read_to_string(data.join("audit/r/backends/default/requests.jsonl"))
+        .unwrap()
+        + &std::fs::read_to_string(data.join("audit/r/refusals.jsonl")).unwrap();
     let records: Vec<Value> = trail
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -452,11 +466,128 @@ fn a_flood_of_refusals_or_a_huge_holder_cannot_push_the_history_out() {
         "{} refusals of reader recorded, {allowed} allowed",
         by("reader")
     );
-    // What a change answers once it ran is always recorded.
-    assert_eq!(by("writer"), 1 + 30);
+    // What a change answers once it ran is always recorded (and the
+    // refused lock, within the caller's burst).
+    assert_eq!(by("writer"), 1 + 1 + 30);
     for record in &records {
         let holder = record["holder"].as_str().unwrap_or("");
         assert!(holder.chars().count() <= 201, "{}", holder.len());
     }
     assert!(trail.len() < 64 << 10, "{} bytes", trail.len());
+}
+
+/// Whoever may write to backend `a` floods it with LOCK/UNLOCK: the trail
+/// stays within its bound, `a`'s flood rotates out only `a`'s oldest lock
+/// records, and `b`'s write and `a`'s own earlier write are still found by
+/// `wasmstate audit`.
+#[test]
+fn a_lock_flood_on_one_backend_rotates_out_only_its_own_lock_records() {
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let server = Server::with_config(
+        &data,
+        "[backends.a]\nguest = \"local\"\n[backends.b]\nguest = \"local\"\n\
+         [audit]\nreplica = \"r\"\nmax_mib = 1\nfiles = 2\n",
+    );
+    assert_eq!(
+        send("POST", &server.state_url("b", "w"), Some(&state(1))).status,
+        200
+    );
+    assert_eq!(
+        send("POST", &server.state_url("a", "w"), Some(&state(1))).status,
+        200
+    );
+    // 2,000 LOCK/UNLOCK pairs: some 1.3 MB of records, more than the
+    // whole trail's 1 MiB, on one keep-alive connection.
+    let client = reqwest::blocking::Client::new();
+    let url = server.state_url("a", "w");
+    let lock = lock_info("flood", "mallory@laptop");
+    for _ in 0..2000 {
+        for method in ["LOCK", "UNLOCK"] {
+            let answer = client
+                .request(
+                    reqwest::Method::from_bytes(method.as_bytes()).unwrap(),
+                    &url,
+                )
+                .header("Content-Type", "application/json")
+                .body(lock.clone())
+                .send()
+                .unwrap();
+            assert_eq!(answer.status(), 200, "{method}");
+        }
+    }
+    // The sizes: a unit is 1 MiB / (3 x 2 backends + 1); a's locks and
+    // unlocks have one unit, over two files.
+    let unit = (1u64 << 20) / 7;
+    // A file's size, or all a folder's files'.
+    let size = |path: &std::path::Path| -> u64 {
+        match std::fs::metadata(path) {
+            Ok(m) if m.is_file() => m.len(),
+            _ => walk(path).iter().map(|f| f.metadata().unwrap().len()).sum(),
+        }
+    };
+    let trail = data.join("audit/r");
+    assert!(size(&trail) <= 1 << 20, "{} bytes", size(&trail));
+    let a_requests: u64 = ["requests.jsonl", "requests.1.jsonl"]
+        .iter()
+        .map(|f| size(&trail.join("backends/a").join(f)))
+        .sum();
+    assert!(
+        a_requests <= unit && a_requests >= unit / 3,
+        "a's locks and unlocks hold {a_requests} bytes of their {unit}"
+    );
+    // One record each: the flood wrote none there.
+    for backend in ["a", "b"] {
+        let changes =
+            std::fs::read_to_string(trail.join(format!("backends/{backend}/changes.jsonl")));
+        assert_eq!(changes.unwrap().lines().count(), 1, "{backend}");
+    }
+    let search = |args: &[&str]| -> Vec<Value> {
+        let mut all = vec![
+            "audit",
+            "--server",
+            &server.url,
+            "--json",
+            "--limit",
+            "1000",
+        ];
+        all.extend(args);
+        let (ok, out) = wasmstate(&all);
+        assert!(ok, "{out}");
+        out.lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let b = search(&["-b", "b"]);
+    assert_eq!(b.len(), 1, "{b:?}");
+    assert_eq!(
+        (b[0]["operation"].as_str(), b[0]["status"].as_u64()),
+        (Some("write"), Some(200))
+    );
+    let a_writes = search(&["-b", "a", "--operation", "write"]);
+    assert_eq!(a_writes.len(), 1, "{a_writes:?}");
+    // The flood did rotate: a's oldest locks are gone, its newest kept.
+    let a_locks = search(&["-b", "a", "--operation", "lock"]);
+    assert!(
+        !a_locks.is_empty() && a_locks.len() < 2000,
+        "{} of a's 2000 locks kept",
+        a_locks.len()
+    );
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::fs::DirEntry> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut files = Vec::new();
+    for entry in entries.map(Result::unwrap) {
+        if entry.file_type().unwrap().is_dir() {
+            files.extend(walk(&entry.path()));
+        } else {
+            files.push(entry);
+        }
+    }
+    files
 }

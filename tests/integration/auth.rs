@@ -54,6 +54,10 @@ fn fixture() -> Fixture {
             name = "admin"
             password_hash = "{h}"
             grants = ["default:*:admin"]
+            [[users]]
+            name = "scraper"
+            password_hash = "{h}"
+            grants = ["*:*:read"]
 
             [[tokens]]
             name = "ci"
@@ -204,10 +208,15 @@ fn missing_or_wrong_credentials_get_401_asking_for_basic() {
         send("GET", &format!("{}/metrics", f.server.url), None).status,
         401
     );
-    assert_eq!(
-        as_user("reader", "GET", &format!("{}/metrics", f.server.url), None).status,
-        200
-    );
+    // The metrics cover every backend: a reader of one backend (or an
+    // admin of one) may not read them; a reader of all may.
+    let metrics = format!("{}/metrics", f.server.url);
+    for user in ["reader", "admin"] {
+        let refused = as_user(user, "GET", &metrics, None);
+        assert_eq!(refused.status, 403, "{user}: {}", refused.text());
+        assert!(refused.text().contains("*:*:read"), "{}", refused.text());
+    }
+    assert_eq!(as_user("scraper", "GET", &metrics, None).status, 200);
 }
 
 #[test]

@@ -535,7 +535,7 @@ fn a_guest_granted_signed_requests_never_holds_a_credential() {
     let url = &aws.moto.url;
     let config = format!(
         "[backends.probe]\nguest = {AWS_PROBE_WASM:?}\naws_sign = [{url:?}]\n\
-         [backends.probe.config]\nendpoint = {url:?}\nbucket = {BUCKET:?}\nregion = \"us-east-1\"\n\
+         [backends.probe.config]\nendpoint = {url:?}\nbucket = {BUCKET:?}\nkey = {KEY:?}\nregion = \"us-east-1\"\n\
          access_key = {:?}\nsecret_key = {:?}\n\
          assume_role = {{ role_arn = {:?} }}\nendpoints = {{ sts = {url:?} }}\n",
         aws.user.access_key, aws.user.secret_key, aws.role_arn
@@ -560,6 +560,7 @@ fn a_guest_granted_signed_requests_never_holds_a_credential() {
     let expected = [
         ("bucket", BUCKET),
         ("endpoint", url),
+        ("key", KEY),
         ("region", "us-east-1"),
     ];
     assert_eq!(

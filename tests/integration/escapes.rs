@@ -341,7 +341,7 @@ fn a_signed_request_for_another_bucket_never_leaves_the_host() {
         format!(
             "[backends.probe]\nguest = {AWS_PROBE_WASM:?}\naws_sign = [{url:?}]\n\
              [backends.probe.config]\nendpoint = {url:?}\nbucket = \"wasmstate-states\"\n\
-             probe_bucket = {bucket:?}\nregion = \"us-east-1\"\naccess_key = \"test\"\nsecret_key = \"test\"\n"
+             key = \"app/terraform.tfstate\"\nprobe_bucket = {bucket:?}\nregion = \"us-east-1\"\naccess_key = \"test\"\nsecret_key = \"test\"\n"
         )
     };
     let probe = |server: &Server| -> serde_json::Value {

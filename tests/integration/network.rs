@@ -343,6 +343,72 @@ fn idle_keepalive_connections_and_slow_bodies_get_their_own_deadlines() {
     );
 }
 
+/// One `GET /healthz` on a kept-alive `stream`: its answer's status line.
+fn health_on(stream: &mut TcpStream) -> String {
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    // `ok\n` ends a 200; a 503 ends with the connection.
+    while !answer.ends_with(b"ok\n") {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    answer.lines().next().unwrap_or("").to_string()
+}
+
+/// Idle keep-alive connections filling `max_connections` (from many
+/// addresses, each at its own cap) do not lock out a new client or a
+/// liveness probe: the oldest idle one is closed to make room, and at an
+/// address's cap that address's oldest.
+#[test]
+fn idle_keepalive_connections_make_room_and_health_stays_answerable() {
+    let dir = tempdir();
+    let server = Server::with_config(
+        dir.path(),
+        "[network]\nmax_connections = 16\nmax_connections_per_address = 4\n\
+         [backends.default]\nguest = \"local\"\n",
+    );
+    let server_addr = addr(&server);
+    // 4 addresses x 4 connections, each idle after one GET: the server is
+    // full, every address at its cap.
+    let mut idle: Vec<TcpStream> = (0..16)
+        .map(|i| {
+            let address = std::net::Ipv4Addr::new(127, 0, 0, 2 + (i / 4) as u8);
+            let mut stream = connect_from(address, server_addr);
+            assert_eq!(health_on(&mut stream), "HTTP/1.1 200 OK", "connection {i}");
+            stream
+        })
+        .collect();
+    // A probe from another address is answered (the server marks each
+    // connection idle just after its answer: polled with a deadline).
+    wait_until(
+        "/healthz answered at capacity",
+        Duration::from_secs(10),
+        || send("GET", &format!("{}/healthz", server.url), None).status == 200,
+    );
+    // The oldest idle connection made room; the newest still serves.
+    assert!(closed_within(&mut idle[0], Duration::from_secs(5)));
+    assert_eq!(health_on(&mut idle[15]), "HTTP/1.1 200 OK");
+    // At an address's cap, its own oldest idle connection makes room.
+    let mut again = connect_from(std::net::Ipv4Addr::new(127, 0, 0, 3), server_addr);
+    assert_eq!(health_on(&mut again), "HTTP/1.1 200 OK");
+    assert!(closed_within(&mut idle[4], Duration::from_secs(5)));
+    assert_eq!(health_on(&mut idle[7]), "HTTP/1.1 200 OK");
+    wait_until(
+        "the closings to be counted",
+        Duration::from_secs(10),
+        || server.metric("wasmstate_connection_timeouts_total{phase=\"room\"}") >= 2.0,
+    );
+}
+
 #[test]
 fn sigterm_exits_within_its_deadline_while_an_upload_under_way_completes() {
     let data = tempdir();

@@ -275,7 +275,15 @@ fn terraform_applies_with_a_ci_token_and_bad_tokens_change_nothing() {
         .unwrap()
         .unwrap()
         .path();
-    let trail = std::fs::read_to_string(replica.join("audit.jsonl")).unwrap();
+    // (The backend's changes, its locks, and every backend's refusals are
+    // kept apart; refusals last, so the last record is the last refusal.)
+    let trail = [
+        "backends/default/changes",
+        "backends/default/requests",
+        "refusals",
+    ]
+    .map(|kind| std::fs::read_to_string(replica.join(format!("{kind}.jsonl"))).unwrap())
+    .concat();
     let records: Vec<serde_json::Value> = trail
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())

@@ -251,6 +251,26 @@ fn the_guard_reads_an_encrypted_states_clear_serial_and_lineage() {
     assert_eq!(tofu.get("g"), five);
 }
 
+/// Issue 47, data 1: an encrypted state shows no `resources` or `outputs`,
+/// and was taken for an empty one that any lineage may replace. On a new
+/// workspace writer A stores serial 1; writer B's serial 1 of another
+/// lineage is refused (409) as for plain states, and A's state stays.
+#[test]
+fn another_lineage_cannot_replace_an_encrypted_state_at_serial_1() {
+    let tofu = Tofu::start("");
+    let first = encrypt(&tofu_state(1, "writer a"));
+    assert_eq!(tofu.post("fresh", &first).status, 200);
+    for serial in [1, 2] {
+        let other = String::from_utf8(encrypt(&tofu_state(serial, "writer b")))
+            .unwrap()
+            .replace(LINEAGE, "lineage-of-writer-b");
+        let answer = tofu.post("fresh", other.as_bytes());
+        assert_eq!(answer.status, 409, "serial {serial}: {}", answer.text());
+        assert!(answer.text().contains("lineage"), "{}", answer.text());
+    }
+    assert_eq!(tofu.get("fresh"), first, "writer A's state stays");
+}
+
 #[test]
 fn migrating_from_plain_to_encrypted_and_back_keeps_every_version() {
     let tofu = Tofu::start("");

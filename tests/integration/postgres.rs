@@ -269,3 +269,136 @@ fn a_reload_keeps_the_session_that_holds_the_locks() {
     assert_eq!(holder(), before, "the reload ended the lock session");
     assert_eq!(send("UNLOCK", &url, Some(&ours)).status, 200);
 }
+
+/// Terraform through wasmstate, meeting a lock native Terraform holds,
+/// reads the 423's holder body (a LockInfo whose `Created` it can parse,
+/// though an advisory lock records no time) and says who holds the lock.
+#[test]
+fn terraform_through_wasmstate_says_who_holds_a_native_lock() {
+    use std::io::Write as _;
+    let pg = Postgres::start();
+    let schema = "terraform_remote_state";
+    let data = tempdir();
+    let server = server(data.path(), &pg, schema);
+    let via = tempdir();
+    std::fs::write(
+        via.path().join("main.tf"),
+        format!("{}{CONFIG}", crate::terraform::HTTP_BACKEND),
+    )
+    .unwrap();
+    crate::terraform::init(via.path(), &server.state_url("pg", "default"), &[]);
+    let native = tempdir();
+    std::fs::write(
+        native.path().join("main.tf"),
+        format!("{}{CONFIG}", native_block(&pg, schema)),
+    )
+    .unwrap();
+    ok(native.path(), &["init", "-input=false"]);
+    let (mut holder, output) =
+        crate::terraform::capture_terraform(native.path(), &["apply", "-var", "value=native"]);
+    wait_until(
+        "native apply's approval prompt",
+        Duration::from_secs(60),
+        || output.lock().unwrap().contains("Enter a value:"),
+    );
+    let blocked = run(via.path(), &["plan", "-input=false", "-lock-timeout=0s"]);
+    holder.stdin.take().unwrap().write_all(b"no\n").unwrap();
+    holder.wait().unwrap();
+    let said = String::from_utf8_lossy(&blocked.stderr);
+    assert!(!blocked.status.success(), "{said}");
+    assert!(!said.contains("failed to unmarshal"), "{said}");
+    // Terraform 1.11 prints the holder's ID (later ones its whole
+    // LockInfo): for a native holder, which records none, it says who.
+    let said = said.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        said.contains("already locked: ID=none recorded; locked")
+            && said.contains("by a Terraform pg backend client (database session"),
+        "Terraform did not say who holds the lock: {said}"
+    );
+}
+
+/// With encryption at rest, a workspace created through the API holds
+/// Terraform's plain empty state (as Terraform's pg backend writes one):
+/// it reads as a workspace without a state and takes its first write (of
+/// any lineage), which is sealed; a plain state that holds anything is
+/// still refused.
+#[test]
+fn a_workspace_created_under_encryption_reads_empty_and_takes_its_first_write() {
+    let pg = Postgres::start();
+    let data = tempdir();
+    let key = key_file(data.path());
+    let server = Server::with_config(
+        data.path(),
+        &format!(
+            "[backends.pg]\nguest = \"postgres\"\nencryption = {{ keys = [{{ id = \"k1\", file = {key:?} }}] }}\n\
+             [backends.pg.config]\nconn_str = {:?}\nschema_name = \"sealed\"\n",
+            pg.conn_str()
+        ),
+    );
+    let created = send("PUT", &format!("{}/workspaces/pg/fresh", server.url), None);
+    assert_eq!(created.status, 201, "{}", created.text());
+    let stored = || pg.query("select data from sealed.states where name = 'fresh'");
+    let empty: serde_json::Value = serde_json::from_str(&stored()).unwrap();
+    assert_eq!(
+        (&empty["serial"], &empty["resources"]),
+        (&serde_json::json!(1), &serde_json::json!([]))
+    );
+    let url = server.state_url("pg", "fresh");
+    // Read as no state (never served or judged: storage could plant one),
+    // as a workspace without a state answers.
+    let read = send("GET", &url, None);
+    let absent = send("GET", &server.state_url("pg", "never-created"), None);
+    assert_eq!(read.status, absent.status, "{}", read.text());
+    assert_ne!(read.status, 200, "{}", read.text());
+
+    let mut first: serde_json::Value = serde_json::from_slice(&state(7)).unwrap();
+    first["outputs"] = serde_json::json!({"pw": {"value": "hunter2", "type": "string"}});
+    let first = serde_json::to_vec(&first).unwrap();
+    let written = send("POST", &url, Some(&first));
+    assert_eq!(written.status, 200, "{}", written.text());
+    assert_eq!(send("GET", &url, None).body, first);
+    assert!(
+        !stored().contains("hunter2"),
+        "the first write was not sealed"
+    );
+
+    pg.query(
+        r#"insert into sealed.states (name, data) values ('planted', '{"version":4,"serial":1,"lineage":"x","outputs":{"pw":{"value":"planted","type":"string"}},"resources":[]}')"#,
+    );
+    let planted = send("GET", &server.state_url("pg", "planted"), None);
+    assert_eq!(planted.status, 500, "{}", planted.text());
+    assert!(planted.text().contains("not sealed"), "{}", planted.text());
+}
+
+/// A state larger than the guest memory budget is refused (503) before it
+/// is fetched: the host's memory does not grow by it.
+#[test]
+fn a_state_past_the_memory_budget_is_not_fetched() {
+    let pg = Postgres::start();
+    let data = tempdir();
+    let server = Server::with_config(
+        data.path(),
+        &format!(
+            "max_guest_memory_mib = 128\nmax_instances = 4\n[backends.pg]\nguest = \"postgres\"\n[backends.pg.config]\nconn_str = {:?}\n",
+            pg.conn_str()
+        ),
+    );
+    let small = server.state_url("pg", "default");
+    assert_eq!(send("POST", &small, Some(&state(1))).status, 200);
+    pg.query(
+        "insert into terraform_remote_state.states (name, data) values ('big', repeat('x', 256 * 1024 * 1024))",
+    );
+    reset_peak_rss(server.pid());
+    let before = peak_rss_kib(server.pid());
+    let big = send("GET", &server.state_url("pg", "big"), None);
+    let grown_mib = (peak_rss_kib(server.pid()) - before) / 1024;
+    assert!(
+        grown_mib < 96,
+        "the host fetched the state past its budget: its peak grew by {grown_mib} MiB ({} {})",
+        big.status,
+        big.text()
+    );
+    assert_eq!(big.status, 503, "{}", big.text());
+    assert!(big.text().contains("memory budget"), "{}", big.text());
+    assert_eq!(send("GET", &small, None).body, state(1));
+}

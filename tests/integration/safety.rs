@@ -110,6 +110,62 @@ fn a_state_started_again_through_another_replica_is_not_a_rollback() {
     assert!(refused.text().contains("rollback"), "{}", refused.text());
 }
 
+/// Issue 47, data 4: with storage that keeps no history of its own (the
+/// `local` guest on a shared directory), replica B served lineage L at
+/// serial 40; through replica A the state was deleted and a backup of L at
+/// serial 5 pushed. B answered 500 "older than serial 40" to every GET and
+/// POST until it restarted. The pushed state began a new life, stamped in
+/// its envelope: both replicas serve it, and the serial-40 envelope put
+/// back by hand (an old life replayed) is refused by both.
+#[test]
+fn a_backup_pushed_again_after_a_delete_through_another_replica_is_served_by_every_replica() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    let key = key_file(dir.path());
+    let config = sealed_config(&store, &key, "");
+    let a = Server::with_config(&dir.path().join("a"), &config);
+    let b = Server::with_config(&dir.path().join("b"), &config);
+    let (url_a, url_b) = (a.state_url("default", "ws"), b.state_url("default", "ws"));
+    for serial in 38..=40 {
+        let answer = send("POST", &url_b, Some(&padded_state("L", serial, 512)));
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    assert_eq!(send("GET", &url_b, None).status, 200);
+    let state_file = store.join("ws/terraform.tfstate");
+    let at_40 = std::fs::read(&state_file).unwrap();
+    // Through A: delete, then push the backup at serial 5 (accepted there).
+    assert_eq!(send("DELETE", &url_a, None).status, 200);
+    let backup = padded_state("L", 5, 512);
+    let pushed = send("POST", &url_a, Some(&backup));
+    assert_eq!(pushed.status, 200, "{}", pushed.text());
+    // B reaches A's verdict: it serves the pushed state and writes on.
+    let read = send("GET", &url_b, None);
+    assert_eq!(read.status, 200, "{}", read.text());
+    assert!(
+        read.body == backup,
+        "B serves another state than the one pushed"
+    );
+    let next = padded_state("L", 6, 512);
+    let written = send("POST", &url_b, Some(&next));
+    assert_eq!(written.status, 200, "{}", written.text());
+    let read = send("GET", &url_a, None);
+    assert_eq!(read.status, 200, "{}", read.text());
+    assert!(read.body == next);
+    // Storage handing back the serial-40 envelope of the earlier life is
+    // a rollback, on both replicas, whatever its higher serial.
+    std::fs::write(&state_file, &at_40).unwrap();
+    for url in [&url_a, &url_b] {
+        let refused = send("GET", url, None);
+        assert_eq!(refused.status, 500, "{}", refused.text());
+        assert!(refused.text().contains("rollback"), "{}", refused.text());
+        assert!(
+            refused.text().contains("earlier life"),
+            "{}",
+            refused.text()
+        );
+    }
+}
+
 /// Finding 5: the stale-write guard checked, then wrote. Two `-lock=false`
 /// writers from the same serial could both get 200, the first write lost.
 /// On one host every round must acknowledge exactly one of them.
@@ -147,6 +203,46 @@ fn two_unlocked_writers_from_the_same_serial_are_never_both_acknowledged() {
         );
         assert!(
             send("GET", &url, None).body == *acknowledged[0],
+            "round {serial}: the stored state is not the acknowledged one"
+        );
+    }
+}
+
+/// Issue 47, item 8: across replicas the loser of two unlocked writers
+/// from one serial could get 423 (the winner's host-taken lock) instead of
+/// the 409 the guarantee names. Each round sends one writer to each host.
+#[test]
+fn two_unlocked_writers_on_two_replicas_get_one_200_and_one_409() {
+    let dir = tempdir();
+    let config = format!(
+        "[backends.default]\nguest = \"local\"\ndir = {:?}\n",
+        dir.path().join("store")
+    );
+    let first = Server::with_config(&dir.path().join("a"), &config);
+    let second = Server::with_config(&dir.path().join("b"), &config);
+    let urls = [
+        first.state_url("default", "race"),
+        second.state_url("default", "race"),
+    ];
+    assert_eq!(send("POST", &urls[0], Some(&state(1))).status, 200);
+    for serial in 2..=16u64 {
+        let writers: Vec<_> = urls
+            .iter()
+            .enumerate()
+            .map(|(who, url)| {
+                let url = url.clone();
+                let body =
+                    padded_state(&format!("test-lineage\",\"who\":\"{who}"), serial, 64 << 10);
+                std::thread::spawn(move || (send("POST", &url, Some(&body)).status, body))
+            })
+            .collect();
+        let answers: Vec<(u16, Vec<u8>)> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+        let mut statuses: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
+        statuses.sort();
+        assert_eq!(statuses, [200, 409], "round {serial}");
+        let acknowledged = &answers.iter().find(|(s, _)| *s == 200).unwrap().1;
+        assert!(
+            send("GET", &urls[serial as usize % 2], None).body == *acknowledged,
             "round {serial}: the stored state is not the acknowledged one"
         );
     }
@@ -235,4 +331,31 @@ fn restores_keep_the_document_and_pass_the_stale_write_guard() {
         send("LOCK", &url, Some(&lock_info("after", "ops"))).status,
         200
     );
+}
+
+/// Issue 47, data 1: a legacy format-3 state keeps its resources under
+/// `modules`, with no top-level `resources` or `outputs`, and was taken for
+/// an empty one that any lineage may replace. Refused (409) now, and the
+/// stored state stays.
+#[test]
+fn another_lineage_cannot_replace_a_format_3_state() {
+    let dir = tempdir();
+    let server = Server::with_config(
+        &dir.path().join("data"),
+        &format!(
+            "[backends.default]\nguest = \"local\"\ndir = {:?}\n",
+            dir.path().join("store")
+        ),
+    );
+    let url = server.state_url("default", "legacy");
+    let legacy = br#"{"version":3,"terraform_version":"0.11.14","serial":1,"lineage":"legacy-lineage","modules":[{"path":["root"],"outputs":{},"resources":{"null_resource.kept":{"type":"null_resource","depends_on":[],"primary":{"id":"1","attributes":{"id":"1"}}}},"depends_on":[]}]}"#;
+    let sent = send("POST", &url, Some(legacy));
+    assert_eq!(sent.status, 200, "{}", sent.text());
+    let other = String::from_utf8(state(1))
+        .unwrap()
+        .replace("test-lineage", "another-lineage");
+    let answer = send("POST", &url, Some(other.as_bytes()));
+    assert_eq!(answer.status, 409, "{}", answer.text());
+    assert!(answer.text().contains("lineage"), "{}", answer.text());
+    assert_eq!(send("GET", &url, None).body, legacy.to_vec());
 }

@@ -281,6 +281,105 @@ fn every_replica_refuses_the_same_rollback() {
     assert_eq!(read.json()["outputs"]["who"]["value"], "again");
 }
 
+/// Replica B serves lineage L at serial 3; through replica A the state is
+/// deleted and a backup of L at serial 1 pushed. B, like A, serves the
+/// backup and takes the next write (it consults the storage's history
+/// before refusing, as a restart would). `backend`: both hosts' backend.
+fn b_follows_a_delete_and_push(a: &Server, b: &Server, backend: &str) {
+    let (url_a, url_b) = (
+        a.state_url(backend, "default"),
+        b.state_url(backend, "default"),
+    );
+    for serial in 1..=3 {
+        let sent = send("POST", &url_a, Some(&state_by(serial, "L", "a")));
+        assert_eq!(sent.status, 200, "{}", sent.text());
+    }
+    let read = send("GET", &url_b, None);
+    assert_eq!(read.json()["serial"], 3, "{}", read.text());
+    let deleted = send("DELETE", &url_a, None);
+    assert_eq!(deleted.status, 200, "{}", deleted.text());
+    let pushed = send("POST", &url_a, Some(&state_by(1, "L", "backup")));
+    assert_eq!(pushed.status, 200, "{}", pushed.text());
+    for (who, url) in [("B", &url_b), ("A", &url_a), ("B again", &url_b)] {
+        let read = send("GET", url, None);
+        assert_eq!(read.status, 200, "{who}: {}", read.text());
+        assert_eq!(read.json()["outputs"]["who"]["value"], "backup", "{who}");
+    }
+    // S3 times versions to the second and takes a delete marker as newer
+    // than a version of its second: the next write in a second of its own
+    // is seen after the delete, as a rollback of it would be.
+    next_second();
+    let next = send("POST", &url_b, Some(&state_by(2, "L", "b")));
+    assert_eq!(next.status, 200, "{}", next.text());
+    assert_eq!(send("GET", &url_a, None).json()["serial"], 2);
+}
+
+/// Issue 47, data 4: B answered 500 "older than serial 3" to every GET and
+/// POST until it restarted, though the bucket's versions show the delete.
+/// A real rollback after that is still refused by both.
+#[test]
+fn a_state_deleted_and_pushed_again_through_another_replica_is_served_by_every_replica() {
+    let moto = start_moto(Locking::LockFile);
+    moto.enable_versioning(BUCKET);
+    let keys = tempdir();
+    let sealed = sealed_with_key_in(keys.path());
+    let (a_dir, b_dir) = (tempdir(), tempdir());
+    let a = host(a_dir.path(), &moto, Locking::LockFile, &sealed);
+    let b = host(b_dir.path(), &moto, Locking::LockFile, &sealed);
+    b_follows_a_delete_and_push(&a, &b, "aws");
+    // The backup (serial 1, the newest version but one) put back over
+    // serial 2 behind both servers' backs: a rollback in the same life.
+    let ids = moto.version_ids(BUCKET, KEY);
+    let backup = moto.object_version(BUCKET, KEY, &ids[1]).unwrap();
+    moto.put_object(BUCKET, KEY, &backup);
+    for (who, server) in [("A", &a), ("B", &b)] {
+        let read = send("GET", &server.state_url("aws", "default"), None);
+        assert_eq!(
+            read.status,
+            500,
+            "{who} served the rollback: {}",
+            read.text()
+        );
+        assert!(read.text().contains("rollback"), "{who}: {}", read.text());
+    }
+}
+
+/// The bucket of [`a_delete_and_push_within_a_second_is_seen_on_gcs`].
+const GCS_BUCKET: &str = "wasmstate-history";
+
+/// Issue 47, data 4, on GCS: object versioning keeps no delete markers, and
+/// a delete followed by a new state within a second looked like an
+/// overwrite by the generations' times, so B kept refusing even with the
+/// history shared. The `gcs` guest deletes through an empty generation,
+/// which every replica's check reads as the delete.
+#[test]
+fn a_delete_and_push_within_a_second_is_seen_on_gcs() {
+    let gcs = FakeGcs::start();
+    gcs.create_bucket(GCS_BUCKET, true);
+    let keys = tempdir();
+    let settings: Vec<(String, String)> = [
+        ("bucket", GCS_BUCKET.to_string()),
+        ("prefix", "team".to_string()),
+        ("storage_custom_endpoint", gcs.endpoint()),
+        ("access_token", "fake".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let config = backend_table("gcs", "gcs", &sealed_with_key_in(keys.path()), &settings);
+    let (a_dir, b_dir) = (tempdir(), tempdir());
+    let a = Server::with_config(a_dir.path(), &config);
+    let b = Server::with_config(b_dir.path(), &config);
+    said_who_keeps_history(&a);
+    said_who_keeps_history(&b);
+    assert!(
+        b.log_text().contains("kept by the storage itself"),
+        "{}",
+        b.log_text()
+    );
+    b_follows_a_delete_and_push(&a, &b, "gcs");
+}
+
 /// A state force-pushed (older on purpose, `allow_force_push` on) is the
 /// start of a replica's check, not a rollback from the newer states before
 /// it: a replica without that setting reads it.

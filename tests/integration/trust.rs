@@ -78,6 +78,51 @@ fn under_encryption_storage_cannot_substitute_what_it_hands_back() {
     );
 }
 
+/// Issue 47, security 4: with encryption on, a read of a name with no
+/// state left a rollback mark behind and asked for the version history
+/// first, so a read-only caller looping random names grew host memory
+/// outside every budget, with two storage calls a read. Now such a read
+/// costs one guest call and leaves no mark (`wasmstate_rollback_marks`).
+#[test]
+fn reads_of_names_without_a_state_leave_no_mark_and_cost_one_call() {
+    let root = tempdir();
+    let store = root.path().join("store");
+    let key = key_file(root.path());
+    let config = format!(
+        "[backends.main]\nguest = \"local\"\ndir = {store:?}\n\
+         encryption = {{ keys = [{{ id = \"k1\", file = {key:?} }}] }}\n"
+    );
+    let server = Server::with_config(&root.path().join("data"), &config);
+    let marks = r#"wasmstate_rollback_marks{backend="main"}"#;
+    let calls = r#"wasmstate_guest_call_seconds_count{backend="main"}"#;
+    // A workspace with a state has its mark.
+    let url = server.state_url("main", "real");
+    assert_eq!(send("POST", &url, Some(&state(1))).status, 200);
+    assert_eq!(send("GET", &url, None).status, 200);
+    assert_eq!(server.metric(marks), 1.0);
+
+    let before = server.metric(calls);
+    let mut rng = Rng::new(unique());
+    let reads = 2_000;
+    for _ in 0..reads {
+        let name = format!("probe-{:016x}", rng.next());
+        let answer = send("GET", &server.state_url("main", &name), None);
+        assert!(answer.status < 500, "{name}: {}", answer.text());
+    }
+    assert_eq!(
+        server.metric(marks),
+        1.0,
+        "reads of names without a state left marks"
+    );
+    let spent = server.metric(calls) - before;
+    assert!(
+        spent <= f64::from(reads),
+        "{spent} guest calls for {reads} reads of absent names"
+    );
+    // The workspace with a state is still guarded.
+    assert_eq!(send("GET", &url, None).body, state(1));
+}
+
 /// The cached compilation of the guest with digest `sha256` in `cache`.
 fn cached(cache: &Path, sha256: &str) -> PathBuf {
     std::fs::read_dir(cache)

@@ -229,6 +229,27 @@ impl S3State {
         })
     }
 
+    /// The [`WRITE_TAG`] of the object at `key` (a HEAD): `None` when
+    /// there is no object, `Some(None)` for one without a tag.
+    pub fn write_tag_of(&self, key: &str) -> Result<Option<Option<String>>, Error> {
+        block_on(async {
+            match self
+                .client
+                .head_object()
+                .bucket(&self.settings.bucket)
+                .key(key)
+                .send()
+                .await
+            {
+                Ok(head) => Ok(Some(
+                    head.metadata().and_then(|m| m.get(WRITE_TAG)).cloned(),
+                )),
+                Err(e) if status_of(&e) == Some(404) => Ok(None),
+                Err(e) => Err(sdk_error(&format!("looking for {}", self.url(key)), e)),
+            }
+        })
+    }
+
     /// Write what `state` yields at `key`, handing every chunk to `each`
     /// on its way (for a digest). Up to [`PART_BYTES`] it is one PUT;
     /// larger states go up as a multipart upload of parts that size, which
@@ -500,25 +521,49 @@ impl S3State {
     /// Delete the object at `key` only while it is still `etag`
     /// (`If-Match`): `Ok(false)` when it changed or is gone.
     pub fn remove_if_match(&self, key: &str, etag: &str) -> Result<bool, Error> {
-        block_on(async {
-            match self
+        self.remove_when(key, &Condition::IfMatch(etag.to_string()))
+    }
+
+    /// Delete the object at `key` if `condition` (an [`Condition::IfMatch`],
+    /// maybe [`Condition::Preferably`]) holds: `Ok(false)` when the object
+    /// changed or is gone. A store answering 501 to conditional deletes
+    /// fails the call, unless the condition is only preferred: then the
+    /// object is deleted without it, with a warning.
+    pub fn remove_when(&self, key: &str, condition: &Condition) -> Result<bool, Error> {
+        let request = |condition: &Condition| {
+            let request = self
                 .client
                 .delete_object()
                 .bucket(&self.settings.bucket)
-                .key(key)
-                .if_match(etag)
-                .send()
-                .await
-            {
+                .key(key);
+            match condition {
+                Condition::IfMatch(etag) => request.if_match(etag),
+                _ => request,
+            }
+        };
+        let what = || format!("deleting {}", self.url(key));
+        block_on(async {
+            match request(condition.sent()).send().await {
                 Ok(_) => Ok(true),
                 Err(e) if matches!(status_of(&e), Some(412 | 404)) => Ok(false),
+                Err(e) if condition.optional() && status_of(&e) == Some(501) => {
+                    wasmstate_guest::log::warn(&format!(
+                        "{} does not support conditional deletes: deleted without one",
+                        self.url(key)
+                    ));
+                    request(&Condition::Always)
+                        .send()
+                        .await
+                        .map(|_| true)
+                        .map_err(|e| sdk_error(&what(), e))
+                }
                 Err(e) if status_of(&e) == Some(501) => Err(Error::Internal(format!(
                     "the S3 endpoint does not support conditional deletes (DeleteObject with \
                      If-Match), which a safe unlock needs: it answered 501 Not Implemented for {}. \
                      Use a store that supports them, or the dynamodb guest",
                     self.url(key)
                 ))),
-                Err(e) => Err(sdk_error(&format!("deleting {}", self.url(key)), e)),
+                Err(e) => Err(sdk_error(&what(), e)),
             }
         })
     }

@@ -68,9 +68,47 @@ impl S3State {
         )))
     }
 
-    /// Delete the state of `workspace`.
-    pub fn delete_state(&self, workspace: &str) -> Result<(), Error> {
-        self.remove(&self.settings.state_key(workspace))
+    /// The ETag of `workspace`'s state object (a HEAD), `None` when there
+    /// is none: what a delete reads before its lock check and then deletes
+    /// with [`S3State::delete_state_read`].
+    pub fn state_etag(&self, workspace: &str) -> Result<Option<String>, Error> {
+        self.etag_of(&self.settings.state_key(workspace))
+    }
+
+    /// The [`crate::WRITE_TAG`] of `workspace`'s state object (a HEAD):
+    /// `None` when there is none, `Some(None)` for one without a tag.
+    pub fn state_write_tag(&self, workspace: &str) -> Result<Option<Option<String>>, Error> {
+        self.write_tag_of(&self.settings.state_key(workspace))
+    }
+
+    /// Delete the state of `workspace` only while it is still the object
+    /// whose ETag `etag` was read before the caller's lock check
+    /// (`If-Match`; on a store that answers 501 to conditional deletes,
+    /// without one). A delete S3 applies late (sent before a deadline
+    /// stopped this guest, applied after a newer write was acknowledged)
+    /// is refused, and so is one racing a write: the newer state stays.
+    ///
+    /// When the object changed, `check` (the caller's lock check, run
+    /// again) names why if it can (the lock changed hands: 423/409 with
+    /// the holder); else the refusal says the state changed meanwhile. An
+    /// object gone meanwhile was deleted by someone else: done.
+    pub fn delete_state_read(
+        &self,
+        workspace: &str,
+        etag: &str,
+        check: impl FnOnce() -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let key = self.settings.state_key(workspace);
+        let condition = Condition::Preferably(Box::new(Condition::IfMatch(etag.to_string())));
+        if self.remove_when(&key, &condition)? || self.etag_of(&key)?.is_none() {
+            return Ok(());
+        }
+        check()?;
+        Err(Error::Unavailable(format!(
+            "the state at {} changed while this delete was under way (a newer state was \
+             written), so it was not deleted; read it again before deleting it",
+            self.url(&key)
+        )))
     }
 
     /// Whether `workspace` exists (has a state object, maybe empty).

@@ -14,16 +14,22 @@
 //! same gap and asks a human to edit the digest. Here each write draws a
 //! random tag, adds it to the digest item's `Pending` set before the object
 //! goes up, sends the object with the tag as metadata
-//! (`x-amz-meta-wasmstate-write`), then sets `Digest` and clears the set.
-//! A read whose state does not match `Digest` but carries a pending tag is
-//! a write that landed without its digest: it is served, and the digest
-//! repaired unless the item changed since the read (a newer write). A state changed behind the table's back carries no pending
-//! tag and still fails the check. Terraform reads only `Digest`.
+//! (`x-amz-meta-wasmstate-write`), then sets `Digest`, only while its tag
+//! is still pending (a digest update applied late, after a newer write
+//! recorded its own, changes nothing), clearing its tag and those
+//! announced before it. A read whose state does not match `Digest` but
+//! carries a pending tag is a write that landed without its digest: it is
+//! served, and the digest repaired unless the item changed since the read
+//! (a newer write). A state changed behind the table's back carries no
+//! pending tag and still fails the check. Terraform reads only `Digest`.
+//!
+//! A state is deleted only while it is the object read before the lock
+//! check (`If-Match`), so a delete applied late never removes a newer one.
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::BehaviorVersion;
 use aws_sdk_dynamodb::config::retry::RetryConfig;
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use md5::{Digest, Md5};
 use wasmstate_aws_common::{AwsSettings, S3State, block_on, sdk_error};
 use wasmstate_guest::{
@@ -96,42 +102,120 @@ impl Dynamo {
     }
 
     /// Announce a write tagged `tag` before its object is sent (see the
-    /// module's doc). Must succeed: without it, a write that stopped
-    /// half-way would leave the workspace unreadable.
-    fn add_pending(&self, ws: &str, tag: &str) -> Result<(), Error> {
+    /// module's doc); the tags announced before it. Must succeed: without
+    /// it, a write that stopped half-way would leave the workspace
+    /// unreadable.
+    fn add_pending(&self, ws: &str, tag: &str) -> Result<Vec<String>, Error> {
         block_on(async {
-            self.ddb
+            let out = self
+                .ddb
                 .update_item()
                 .table_name(&self.table)
                 .key("LockID", s(&self.digest_id(ws)))
                 .update_expression("ADD Pending :t")
                 .expression_attribute_values(":t", AttributeValue::Ss(vec![tag.into()]))
+                .return_values(ReturnValue::UpdatedOld)
                 .send()
                 .await
-                .map(|_| ())
-                .map_err(|e| sdk_error(&format!("announcing a write in table {}", self.table), e))
+                .map_err(|e| {
+                    sdk_error(&format!("announcing a write in table {}", self.table), e)
+                })?;
+            Ok(out
+                .attributes()
+                .and_then(|a| a.get("Pending"))
+                .and_then(|v| v.as_ss().ok())
+                .cloned()
+                .unwrap_or_default())
         })
     }
 
-    /// Record `digest` as the state's, after the write tagged `tag` landed.
-    /// The pending set is cleared: once a write's conditional PUT landed,
-    /// no write announced before it can land any more (its PUT was
-    /// conditioned on an older object). A failure is a warning, as in
-    /// Terraform: the state is written, and a read finds its tag pending
-    /// and repairs the digest.
-    fn put_digest(&self, ws: &str, digest: &str) {
+    /// Record `digest` as the state's, after the write tagged `tag` landed,
+    /// only while `tag` is still pending: an update applied late (sent
+    /// before a deadline stopped this guest), after a newer write recorded
+    /// its own digest (which clears `tag`), changes nothing. It clears
+    /// `tag` and the `earlier` tags, announced before it: once this
+    /// write's conditional PUT landed, none of them can land any more
+    /// (each PUT was conditioned on an older object). Tags announced after
+    /// it stay: their writes may have landed already, and this digest may
+    /// be applied after them; a read finds their tag pending and serves
+    /// them. A failure is a warning, as in Terraform: the state is
+    /// written, and a read finds its tag pending and repairs the digest.
+    fn put_digest(&self, ws: &str, digest: &str, tag: &str, earlier: &[String]) {
+        let mut done: Vec<String> = earlier.iter().filter(|t| *t != tag).cloned().collect();
+        done.push(tag.to_string());
         let update = self
             .ddb
             .update_item()
             .table_name(&self.table)
             .key("LockID", s(&self.digest_id(ws)))
-            .update_expression("SET Digest = :d REMOVE Pending")
-            .expression_attribute_values(":d", s(digest));
-        if let Err(e) = block_on(update.send()) {
-            log::warn(&format!(
+            .update_expression("SET Digest = :d DELETE Pending :done")
+            .condition_expression("contains(Pending, :t)")
+            .expression_attribute_values(":d", s(digest))
+            .expression_attribute_values(":done", AttributeValue::Ss(done))
+            .expression_attribute_values(":t", s(tag));
+        match block_on(update.send()) {
+            Ok(_) => {}
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                self.digest_if_still_current(ws, digest, tag);
+            }
+            Err(e) => log::warn(&format!(
                 "could not record the state digest of {ws:?}: {}",
                 sdk_error("put digest", e)
-            ));
+            )),
+        }
+    }
+
+    /// `tag` is no longer pending: a newer write cleared it, taking this
+    /// write's PUT for one that can no longer land. Yet a PUT sent without
+    /// its condition (a store answering 501, a multipart upload's
+    /// completion, a store ignoring `If-Match`) or matching a repeated
+    /// ETag may have landed after that newer write: then the object is
+    /// this write's and no digest or pending tag matches it, and every
+    /// read would answer 503. So: the digest item is read, then the
+    /// object; if the object still carries `tag`, its digest is set,
+    /// only while the item's digest is still the one read (a newer write
+    /// recording its own after that read is never replaced).
+    fn digest_if_still_current(&self, ws: &str, digest: &str, tag: &str) {
+        let seen = match self.digests(ws) {
+            Ok((seen, _)) => seen,
+            Err(e) => return log::warn(&format!("could not check the digest of {ws:?}: {e}")),
+        };
+        match self.s3.state_write_tag(ws) {
+            Ok(Some(Some(current))) if current == tag => {}
+            Ok(_) => {
+                return log::info(&format!(
+                    "the digest of {ws:?} was not recorded: a newer write recorded its own"
+                ));
+            }
+            Err(e) => return log::warn(&format!("could not check the state of {ws:?}: {e}")),
+        }
+        let mut update = self
+            .ddb
+            .update_item()
+            .table_name(&self.table)
+            .key("LockID", s(&self.digest_id(ws)))
+            .update_expression("SET Digest = :d")
+            .expression_attribute_values(":d", s(digest));
+        update = match seen.is_empty() {
+            true => update.condition_expression("attribute_not_exists(Digest)"),
+            false => update
+                .condition_expression("Digest = :seen")
+                .expression_attribute_values(":seen", s(&seen)),
+        };
+        match block_on(update.send()) {
+            Ok(_) => log::info(&format!(
+                "the state of {ws:?} landed after a newer write's digest: its own is recorded"
+            )),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) => {}
+            Err(e) => log::warn(&format!(
+                "could not record the state digest of {ws:?}: {}",
+                sdk_error("put digest", e)
+            )),
         }
     }
 
@@ -273,6 +357,7 @@ impl Backend for Dynamo {
     ) -> Result<(), Error> {
         let tag = hex::encode(wasmstate_guest::random_bytes(16));
         let mut md5 = Md5::new();
+        let mut earlier = Vec::new();
         self.s3.write_state_from(
             ws,
             state,
@@ -280,16 +365,23 @@ impl Backend for Dynamo {
             Some(&tag),
             || {
                 check_lock(self.holder(ws)?, lock_id)?;
-                self.add_pending(ws, &tag)
+                earlier = self.add_pending(ws, &tag)?;
+                Ok(())
             },
         )?;
-        self.put_digest(ws, &hex::encode(md5.finalize()));
+        self.put_digest(ws, &hex::encode(md5.finalize()), &tag, &earlier);
         Ok(())
     }
 
+    /// Deletes only the object there before the lock check (`If-Match`):
+    /// a delete applied late never removes a newer state.
     fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
+        let etag = self.s3.state_etag(ws)?;
         check_lock(self.holder(ws)?, lock_id)?;
-        self.s3.delete_state(ws)?;
+        if let Some(etag) = etag {
+            self.s3
+                .delete_state_read(ws, &etag, || check_lock(self.holder(ws)?, lock_id))?;
+        }
         self.delete_item(&self.digest_id(ws))
     }
 
@@ -377,13 +469,12 @@ impl Backend for Dynamo {
     }
 
     fn delete_workspace(&self, ws: &str) -> Result<(), Error> {
-        if !self.s3.workspace_exists(ws)? {
+        let Some(etag) = self.s3.state_etag(ws)? else {
             return Err(Error::NotFound);
-        }
-        if let Some(holder) = self.holder(ws)? {
-            return Err(Error::locked(holder));
-        }
-        self.s3.delete_state(ws)?;
+        };
+        check_lock(self.holder(ws)?, None)?;
+        self.s3
+            .delete_state_read(ws, &etag, || check_lock(self.holder(ws)?, None))?;
         self.delete_item(&self.digest_id(ws))
     }
 

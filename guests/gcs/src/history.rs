@@ -8,7 +8,11 @@
 //! moment the new one is created, a delete ends it with nothing after. So
 //! where a generation ended before the next began, or the newest has
 //! ended, the workspace had no state: that moment is listed with 0 bytes,
-//! and the host's rollback check starts afresh after it.
+//! and the host's rollback check starts afresh after it. Times alone
+//! cannot tell a delete followed by a new state within a second from an
+//! overwrite, so this guest deletes a state by writing an empty generation
+//! first (`delete_state` in lib.rs): listed with 0 bytes like a workspace
+//! created empty, it marks the delete whatever the times say.
 
 use crate::objects::{Bucket, Object, SERIAL_KEY};
 use time::OffsetDateTime;

@@ -96,11 +96,39 @@ impl Gcs {
         if self.bucket.delete(name, Some(generation))? {
             return Ok(());
         }
-        Err(Error::Unavailable(format!(
-            "{} changed while it was being deleted, so it was not; read it again",
-            self.bucket.url(name)
-        )))
+        Err(changed_while_deleting(&self.bucket.url(name)))
     }
+
+    /// Delete the state `name` while it is `generation`, leaving an empty
+    /// generation in the bucket's history between it and whatever comes
+    /// next. Object versioning keeps no delete markers, and a delete
+    /// followed by a new state within a second looks like an overwrite by
+    /// the generations' times; the empty generation is the delete every
+    /// replica's rollback check reads (`history.rs`), so a state deleted
+    /// and pushed again starts afresh everywhere. An empty object reads as
+    /// no state, so a delete stopped between the two steps is still one.
+    fn delete_state(&self, name: &str, generation: &str) -> Result<(), Error> {
+        let condition = Condition::Generation(generation_number(generation)?);
+        if !self.bucket.upload(name, b"", condition, None)? {
+            return Err(changed_while_deleting(&self.bucket.url(name)));
+        }
+        match self.bucket.get(name)? {
+            Some(empty) if empty.bytes()? == 0 => {
+                // Another writer may come between: its state then stands.
+                self.bucket.delete(name, Some(empty.generation.as_str()))?;
+                Ok(())
+            }
+            // Written again since the empty generation: the delete was
+            // done, and the newer state stays.
+            _ => Ok(()),
+        }
+    }
+}
+
+fn changed_while_deleting(url: &str) -> Error {
+    Error::Unavailable(format!(
+        "{url} changed while it was being deleted, so it was not; read it again"
+    ))
 }
 
 fn generation_number(text: &str) -> Result<i64, Error> {
@@ -201,7 +229,7 @@ impl Backend for Gcs {
             return check_lock(self.holder(ws)?, lock_id);
         };
         check_lock(self.holder(ws)?, lock_id)?;
-        self.delete_generation(&name, &live.generation)
+        self.delete_state(&name, &live.generation)
     }
 
     fn lock(&self, ws: &str, info: &LockInfo) -> Result<(), Error> {
@@ -285,7 +313,7 @@ impl Backend for Gcs {
         if let Some(holder) = self.holder(ws)? {
             return Err(Error::locked(holder));
         }
-        self.delete_generation(&name, &live.generation)
+        self.delete_state(&name, &live.generation)
     }
 
     /// The bucket's generations of the state object, when it has object

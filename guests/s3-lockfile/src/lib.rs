@@ -62,9 +62,17 @@ impl Backend for S3Lockfile {
         )
     }
 
+    /// Deletes only the object there before the lock check (`If-Match`):
+    /// a delete applied late never removes a newer state.
     fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
+        let etag = self.s3.state_etag(ws)?;
         check_lock(self.holder(ws)?, lock_id)?;
-        self.s3.delete_state(ws)
+        match etag {
+            None => Ok(()),
+            Some(etag) => self
+                .s3
+                .delete_state_read(ws, &etag, || check_lock(self.holder(ws)?, lock_id)),
+        }
     }
 
     fn lock(&self, ws: &str, info: &LockInfo) -> Result<(), Error> {
@@ -112,13 +120,12 @@ impl Backend for S3Lockfile {
     }
 
     fn delete_workspace(&self, ws: &str) -> Result<(), Error> {
-        if !self.s3.workspace_exists(ws)? {
+        let Some(etag) = self.s3.state_etag(ws)? else {
             return Err(Error::NotFound);
-        }
-        if let Some(holder) = self.holder(ws)? {
-            return Err(Error::locked(holder));
-        }
-        self.s3.delete_state(ws)
+        };
+        check_lock(self.holder(ws)?, None)?;
+        self.s3
+            .delete_state_read(ws, &etag, || check_lock(self.holder(ws)?, None))
     }
 
     /// The bucket's object versions, when it has versioning on.

@@ -11,8 +11,9 @@
 
 use super::Record;
 use super::limit::{RefusalLimiter, Verdict};
-use super::writer::{Job, Writer, claim_folder, drop_extra_files, file_names, open_current};
+use super::writer::{Job, Sequence, Writer, claim_folder, drop_extra_files, file_names};
 use super::writers::Writers;
+use std::collections::HashMap;
 use std::io::{self, BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +25,30 @@ const QUEUE: usize = 4096;
 /// The longest a change waits to queue its record, and then for it to be
 /// written.
 pub const GIVE_UP: Duration = Duration::from_secs(10);
+
+/// Where each configured backend's sequences are kept, under a replica's
+/// folder: `backends/<name>/changes*.jsonl` and `requests*.jsonl`.
+const BACKENDS: &str = "backends";
+/// The sequence of records of no backend served here, and of records
+/// written before the trail was split by backend: `audit*.jsonl`.
+const OTHER: &str = "audit";
+/// A backend's acknowledged state changes.
+const CHANGES: &str = "changes";
+/// A backend's other records: locks, unlocks, retried writes.
+const REQUESTS: &str = "requests";
+/// Changes refused before they started (403, a refused body), of every
+/// backend: `refusals*.jsonl` beside the records of no backend.
+const REFUSALS: &str = "refusals";
+/// Shares of the bound, in units: each backend's changes take two, its
+/// other records one, the refusals of all backends one and the records of
+/// no backend one. A flood of locks can thus rotate out only its own
+/// backend's oldest such records, and a flood of refusals (which anyone
+/// signed in can cause, with no grant on the backend) only the oldest
+/// refusals: never a state change, never a lock record.
+const CHANGES_UNITS: u64 = 2;
+const REQUESTS_UNITS: u64 = 1;
+/// The refusals' sequence, after the records of no backend (0).
+const REFUSALS_SEQUENCE: usize = 1;
 
 /// The `[audit]` table, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +95,13 @@ pub struct AuditLog {
     lost_to_stdout: AtomicU64,
     limiter: Mutex<RefusalLimiter>,
     writers: Arc<Mutex<Writers>>,
+    /// Each configured backend's changes sequence (its other records are
+    /// in the next); a backend not here goes to sequence 0, refusals to
+    /// sequence [`REFUSALS_SEQUENCE`].
+    backends: HashMap<String, usize>,
+    /// Searches under way at once ([`super::query`]); owned permits, so a
+    /// search's turn ends with its blocking work, not with its request.
+    pub(super) searches: Arc<tokio::sync::Semaphore>,
 }
 
 impl AuditLog {
@@ -78,24 +110,81 @@ impl AuditLog {
     /// folder: a second server of the same name on the same data directory
     /// (two processes on one machine) takes `<replica>-2`, and so on, and
     /// names itself so in its records.
-    pub fn open(data_dir: &Path, mut settings: AuditSettings) -> io::Result<AuditLog> {
+    ///
+    /// Every record goes to the sequence of records of no backend: see
+    /// [`AuditLog::open_serving`] for a server's.
+    pub fn open(data_dir: &Path, settings: AuditSettings) -> io::Result<AuditLog> {
+        AuditLog::open_serving(data_dir, settings, std::iter::empty::<&str>())
+    }
+
+    /// [`AuditLog::open`] for a server of `backends`: each keeps its
+    /// records in sequences of its own, with shares of `max_bytes` (two
+    /// units for its state changes, one for its other records; one unit
+    /// for the refusals of all, one for records of no backend served).
+    pub fn open_serving(
+        data_dir: &Path,
+        mut settings: AuditSettings,
+        backends: impl IntoIterator<Item = impl AsRef<str>>,
+    ) -> io::Result<AuditLog> {
         let root = data_dir.join("audit");
         let (dir, lock, replica) = claim_folder(&root, &settings.replica)?;
         settings.replica = replica;
-        drop_extra_files(&dir, settings.files)?;
+        let mut names: Vec<String> = backends
+            .into_iter()
+            .map(|b| b.as_ref().to_string())
+            // A folder's name: only names that are one.
+            .filter(|b| crate::names::check_name("backend", b).is_ok())
+            .collect();
+        names.sort();
+        names.dedup();
+        let files = settings.files as u64;
+        let units = names.len() as u64 * (CHANGES_UNITS + REQUESTS_UNITS) + 2;
+        let unit = settings.max_bytes / units;
+        let mut sequences = vec![
+            Sequence::new(dir.clone(), OTHER, unit / files),
+            Sequence::new(dir.clone(), REFUSALS, unit / files),
+        ];
+        debug_assert_eq!(sequences[REFUSALS_SEQUENCE].prefix, REFUSALS);
+        let mut by_name = HashMap::new();
+        for name in names {
+            let folder = dir.join(BACKENDS).join(&name);
+            by_name.insert(name, sequences.len());
+            sequences.push(Sequence::new(
+                folder.clone(),
+                CHANGES,
+                unit * CHANGES_UNITS / files,
+            ));
+            sequences.push(Sequence::new(
+                folder,
+                REQUESTS,
+                unit * REQUESTS_UNITS / files,
+            ));
+        }
+        for sequence in &sequences {
+            drop_extra_files(&sequence.dir, sequence.prefix, settings.files)?;
+        }
         // What the trail held before this start, read before this server
         // writes anything (a thread of its own: changes need not wait).
+        // Only state changes are remembered: each backend's changes, and
+        // the records of no backend (those of an older version among them).
         let before: Vec<PathBuf> = folders(&root)
             .iter()
-            .flat_map(|folder| file_names(folder, settings.files))
+            .flat_map(|folder| {
+                let mut found = file_names(folder, OTHER, settings.files.max(100));
+                for backend in folders(&folder.join(BACKENDS)) {
+                    found.extend(file_names(&backend, CHANGES, settings.files.max(100)));
+                }
+                found
+            })
             .filter(|path| path.exists())
             .collect();
+        // The newest file of records of no backend is opened now: a line
+        // a crash tore is ended before anything else is written.
+        sequences[0].open()?;
         let writer = Writer {
-            per_file: (settings.max_bytes / settings.files as u64).max(1),
+            sequences,
             files: settings.files,
-            current: Some(open_current(&dir)?),
             failures: Arc::default(),
-            dir,
             lock,
         };
         let failures = writer.failures.clone();
@@ -138,6 +227,8 @@ impl AuditLog {
             lost_to_stdout: AtomicU64::new(0),
             limiter: Mutex::default(),
             writers,
+            backends: by_name,
+            searches: Arc::new(tokio::sync::Semaphore::new(super::query::SEARCHES)),
         })
     }
 
@@ -156,6 +247,8 @@ impl AuditLog {
             lost_to_stdout: AtomicU64::new(0),
             limiter: Mutex::default(),
             writers: Arc::default(),
+            backends: HashMap::new(),
+            searches: Arc::new(tokio::sync::Semaphore::new(super::query::SEARCHES)),
         }
     }
 
@@ -205,17 +298,18 @@ impl AuditLog {
                 " (and {n} earlier refusals of this caller not recorded: too many)"
             ));
         }
-        self.write(record).await;
+        self.write(record, true).await;
     }
 
     /// Append `record`, and return once it is written (or could not be:
     /// logged and counted, never the request's answer, since the change
     /// it records is done).
     pub async fn append(&self, record: Record) {
-        self.write(record.bounded()).await;
+        self.write(record.bounded(), false).await;
     }
 
-    async fn write(&self, record: Record) {
+    /// Write `record` to its sequence: a `refusal` to the refusals' own.
+    async fn write(&self, record: Record, refusal: bool) {
         let Some(jobs) = self.jobs.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
             return;
         };
@@ -226,8 +320,14 @@ impl AuditLog {
         let mut line = serde_json::to_vec(&record).expect("records serialise");
         line.push(b'\n');
         self.print(&line);
+        let to = match self.backends.get(&record.backend) {
+            _ if refusal => REFUSALS_SEQUENCE,
+            None => 0,
+            Some(&changes) if is_change(&record) => changes,
+            Some(&changes) => changes + 1,
+        };
         let (done, written) = tokio::sync::oneshot::channel();
-        let queued = tokio::time::timeout(GIVE_UP, jobs.send(Job(line, done))).await;
+        let queued = tokio::time::timeout(GIVE_UP, jobs.send(Job(line, to, done))).await;
         let outcome = match queued {
             Ok(Ok(())) => tokio::time::timeout(GIVE_UP, written)
                 .await
@@ -276,18 +376,39 @@ impl AuditLog {
             .of(backend, workspace)
     }
 
-    /// Every trail's files in this data directory, by folder (this
-    /// replica's, others sharing the directory, earlier names), each
-    /// newest first.
-    pub(super) fn folders_files(&self) -> Vec<Vec<PathBuf>> {
+    /// The files that may hold `backend`'s records in every trail of this
+    /// data directory (this replica's, others sharing the directory,
+    /// earlier names), by sequence, each newest first: the records of no
+    /// backend, the backend's changes, its other records.
+    pub(super) fn sequences_of(&self, backend: &str) -> Vec<Vec<PathBuf>> {
         let Some(root) = &self.root else {
             return Vec::new();
         };
-        folders(root)
-            .iter()
-            .map(|folder| file_names(folder, self.settings.files.max(100)))
-            .collect()
+        let files = self.settings.files.max(100);
+        let named = crate::names::check_name("backend", backend).is_ok();
+        let mut sequences = Vec::new();
+        for folder in folders(root) {
+            sequences.push(file_names(&folder, OTHER, files));
+            sequences.push(file_names(&folder, REFUSALS, files));
+            if named {
+                let own = folder.join(BACKENDS).join(backend);
+                sequences.push(file_names(&own, CHANGES, files));
+                sequences.push(file_names(&own, REQUESTS, files));
+            }
+        }
+        sequences
     }
+}
+
+/// Whether `record` is an acknowledged change of a state, a lock held by
+/// another or a workspace (kept in its backend's share of changes), rather
+/// than a lock, an unlock, a refusal or a retried write, which anyone who
+/// may write can repeat at will.
+fn is_change(record: &Record) -> bool {
+    use super::Operation::{Lock, Unlock};
+    record.status < 400
+        && (record.result == "ok" || record.result.starts_with("ok;"))
+        && !matches!(record.operation, Lock | Unlock)
 }
 
 /// The trails' folders under `root`.

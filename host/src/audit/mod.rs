@@ -3,6 +3,11 @@
 //! append-only, rotated, bounded log under its data directory
 //! (`<data_dir>/audit/`), and printed to stdout as JSON lines when asked.
 //!
+//! Each backend has its own shares of the bound, one for its state changes
+//! and one for the rest (locks, unlocks, refusals), so whoever may write to
+//! one backend can rotate out only that backend's own oldest lock and
+//! refusal records ([`writer`]).
+//!
 //! Each replica writes its own log: a record says which replica took the
 //! request, and the fleet's whole trail is the union of its replicas' logs
 //! (ship stdout to the log store for one place to search). Nothing here
@@ -15,7 +20,7 @@ mod writer;
 mod writers;
 
 pub use file::{AuditLog, AuditSettings, GIVE_UP};
-pub use query::{Filter, MAX_LIMIT};
+pub use query::{Filter, MAX_LIMIT, SEARCHES, SearchError};
 pub use writers::{Write, unix_ms};
 
 use serde::{Deserialize, Serialize};
@@ -110,7 +115,9 @@ impl StateVersion {
 /// One audit record, a line of JSON in the log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
-    /// When the change ended, RFC 3339 in UTC to the millisecond.
+    /// When the change ended, RFC 3339 in UTC to the microsecond (each
+    /// backend's changes and its other records are kept apart: the time
+    /// orders them again).
     pub time: String,
     /// The replica that served it (`[audit] replica`, default the host name).
     pub replica: String,
@@ -204,14 +211,16 @@ pub fn lock_digest(id: &str) -> String {
     hex::encode(&Sha256::digest(id.as_bytes())[..8])
 }
 
-/// The time now, as records write it: RFC 3339 in UTC with exactly three
-/// decimals, so records' times are all as long and sort as text.
+/// The time now, as records write it: RFC 3339 in UTC with exactly six
+/// decimals, so records' times are all as long and sort as text, and a
+/// client's lock, write and unlock, kept in two sequences, sort back into
+/// the order they happened in.
 pub fn now_text() -> String {
     static FORMAT: std::sync::OnceLock<Vec<time::format_description::BorrowedFormatItem<'static>>> =
         std::sync::OnceLock::new();
     let format = FORMAT.get_or_init(|| {
         time::format_description::parse_borrowed::<2>(
-            "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z",
+            "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z",
         )
         .expect("a valid format")
     });
@@ -252,9 +261,9 @@ mod tests {
     }
 
     #[test]
-    fn times_have_three_decimals_and_parse_back() {
+    fn times_have_six_decimals_and_parse_back() {
         let now = now_text();
-        assert_eq!(now.len(), "2026-11-25T17:55:56.940Z".len(), "{now}");
+        assert_eq!(now.len(), "2026-11-25T17:55:56.940123Z".len(), "{now}");
         assert!(writers::unix_ms(&now).is_some(), "{now}");
     }
 

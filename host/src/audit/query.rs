@@ -108,41 +108,94 @@ impl Checked<'_> {
     }
 }
 
+/// Searches read the whole trail (up to `max_mib`, parsing every line):
+/// this many run at once in the whole server…
+pub const SEARCHES: usize = 2;
+/// …and another waits this long for its turn, then is answered 503.
+const SEARCH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Why a search did not answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SearchError {
+    /// The filter is not one (400): what to write instead.
+    Bad(String),
+    /// Other searches held every turn (503): retry.
+    Busy,
+    /// The trail could not be read (500).
+    Failed(String),
+}
+
 impl AuditLog {
+    /// [`AuditLog::query`] off the async workers, [`SEARCHES`] at a time in
+    /// the whole server: one that waited [`SEARCH_WAIT`] for its turn is
+    /// [`SearchError::Busy`].
+    pub async fn search(
+        self: &std::sync::Arc<Self>,
+        backend: &str,
+        filter: Filter,
+    ) -> Result<Vec<Record>, SearchError> {
+        filter.check().map_err(SearchError::Bad)?;
+        let turn = tokio::time::timeout(SEARCH_WAIT, self.searches.clone().acquire_owned())
+            .await
+            .map_err(|_| SearchError::Busy)?
+            .map_err(|_| SearchError::Busy)?;
+        let (log, backend) = (self.clone(), backend.to_string());
+        // The turn goes with the work: a caller who disconnects drops this
+        // future, not the blocking read, which holds its turn to the end.
+        tokio::task::spawn_blocking(move || {
+            let found = log.query(&backend, &filter);
+            drop(turn);
+            found
+        })
+        .await
+        .map_err(|e| SearchError::Failed(format!("reading the audit trail stopped: {e}")))?
+        .map_err(SearchError::Failed)
+    }
+
     /// `backend`'s records matching `filter`, newest first. Reads the
-    /// files from disk (blocking): call it off the async workers.
+    /// files from disk (blocking): call it off the async workers
+    /// ([`AuditLog::search`]). Holds at most `limit` records of one file
+    /// and twice that in all, whatever the trail holds.
     pub fn query(&self, backend: &str, filter: &Filter) -> Result<Vec<Record>, String> {
         let checked = filter.check()?;
         let limit = filter.limit();
-        let mut found = Vec::new();
-        // Each folder (a replica) newest first, up to the limit; then all
-        // of them merged by time (written fixed-width, so text sorts).
-        for files in self.folders_files() {
-            let mut from_folder = Vec::new();
+        let mut found: Vec<Record> = Vec::new();
+        // Each sequence (a replica's records of no backend, the backend's
+        // changes, its other records) newest first, up to the limit; each
+        // merged in by time (written fixed-width, so text sorts).
+        for files in self.sequences_of(backend) {
+            let mut from_sequence: Vec<Record> = Vec::new();
             for path in files {
                 let file = match std::fs::File::open(&path) {
                     Ok(file) => file,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                     Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
                 };
-                // Each file is oldest first; its matches are reversed.
-                let mut matched: Vec<Record> = std::io::BufReader::new(file)
+                // Each file is oldest first: only its newest matches that
+                // can still be answered are kept.
+                let room = limit - from_sequence.len();
+                let mut matched = std::collections::VecDeque::with_capacity(room.min(64));
+                let lines = std::io::BufReader::new(file)
                     .split(b'\n')
                     .map_while(Result::ok)
                     // A line torn by a crash or a full disk is skipped.
                     .filter_map(|line| serde_json::from_slice::<Record>(&line).ok())
-                    .filter(|record| checked.matches(backend, record))
-                    .collect();
-                matched.reverse();
-                from_folder.extend(matched);
-                if from_folder.len() >= limit {
+                    .filter(|record| checked.matches(backend, record));
+                for record in lines {
+                    if matched.len() == room {
+                        matched.pop_front();
+                    }
+                    matched.push_back(record);
+                }
+                from_sequence.extend(matched.into_iter().rev());
+                if from_sequence.len() >= limit {
                     break;
                 }
             }
-            found.extend(from_folder.into_iter().take(limit));
+            found.extend(from_sequence);
+            found.sort_by(|a, b| b.time.cmp(&a.time));
+            found.truncate(limit);
         }
-        found.sort_by(|a, b| b.time.cmp(&a.time));
-        found.truncate(limit);
         Ok(found)
     }
 }
@@ -224,6 +277,35 @@ mod tests {
         assert_eq!(
             log.query("prod", &one).unwrap()[0].time,
             "2026-11-25T00:00:00.000Z"
+        );
+    }
+
+    /// Searches past the ones under way wait their bounded turn, then are
+    /// told to retry: many callers cannot each make the server read the
+    /// whole trail at once.
+    #[tokio::test]
+    async fn searches_past_the_ones_under_way_are_told_to_retry() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = std::sync::Arc::new(AuditLog::open(dir.path(), settings()).unwrap());
+        log.append(record(
+            "a",
+            Operation::Write,
+            "2026-11-25T00:00:00.000000Z",
+            200,
+        ))
+        .await;
+        // Written (the writer thread answered): the wait below on a paused
+        // clock.
+        tokio::time::pause();
+        let under_way = log.searches.acquire_many(SEARCHES as u32).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let busy = log.search("prod", Filter::default()).await;
+        assert_eq!(busy, Err(SearchError::Busy));
+        assert!(started.elapsed() >= SEARCH_WAIT);
+        drop(under_way);
+        assert_eq!(
+            log.search("prod", Filter::default()).await.unwrap().len(),
+            1
         );
     }
 

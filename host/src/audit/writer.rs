@@ -1,7 +1,14 @@
-//! The writer thread and the files it keeps: `audit.jsonl` takes new
-//! records; when it would pass its share of the bound it becomes
-//! `audit.1.jsonl` (and that one `audit.2.jsonl`…), the oldest file is
-//! dropped, and a new one begins.
+//! The writer thread and the files it keeps. The trail is kept in
+//! *sequences* of rotated files, each with its own share of the bound:
+//! one for each configured backend's state changes, one for each
+//! backend's other records (locks, unlocks, refusals, retried writes), and
+//! one for what belongs to no backend served (and records written before
+//! the trail was split). A sequence's newest file (`changes.jsonl`) takes
+//! new records; when it would pass its share it becomes `changes.1.jsonl`
+//! (and that one `changes.2.jsonl`…), the oldest file is dropped, and a new
+//! one begins. So a flood of one backend's locks rotates only that
+//! backend's oldest lock records, never another backend's records nor a
+//! state change.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -13,18 +20,41 @@ use std::time::Duration;
 /// How often records written are synced to the disk.
 pub const SYNC_EVERY: Duration = Duration::from_secs(1);
 
-/// A line to append, and who waits for it.
-pub(super) struct Job(pub Vec<u8>, pub tokio::sync::oneshot::Sender<()>);
+/// A line to append, the sequence it goes to (an index into
+/// [`Writer::sequences`]), and who waits for it.
+pub(super) struct Job(pub Vec<u8>, pub usize, pub tokio::sync::oneshot::Sender<()>);
 
 /// What the writer thread owns.
 pub(super) struct Writer {
-    pub dir: PathBuf,
-    pub per_file: u64,
+    pub sequences: Vec<Sequence>,
     pub files: usize,
-    pub current: Option<Current>,
     pub failures: Arc<AtomicU64>,
     /// Held while the thread runs: the folder is this process's.
     pub lock: File,
+}
+
+/// One sequence of rotated files: `dir/prefix.jsonl`, `dir/prefix.1.jsonl`…
+pub(super) struct Sequence {
+    pub dir: PathBuf,
+    pub prefix: &'static str,
+    /// What one file may hold: the sequence's share over `files`.
+    pub per_file: u64,
+    /// Its newest file, once opened (at the first record).
+    pub current: Option<Current>,
+    unsynced: bool,
+}
+
+impl Sequence {
+    /// The sequence `dir/prefix*.jsonl`, not opened yet.
+    pub fn new(dir: PathBuf, prefix: &'static str, per_file: u64) -> Sequence {
+        Sequence {
+            dir,
+            prefix,
+            per_file: per_file.max(1),
+            current: None,
+            unsynced: false,
+        }
+    }
 }
 
 pub(super) struct Current {
@@ -42,44 +72,58 @@ impl Writer {
             .build()
             .expect("a current-thread runtime");
         runtime.block_on(async {
-            let mut unsynced = false;
             loop {
                 match tokio::time::timeout(SYNC_EVERY, queue.recv()).await {
-                    Ok(Some(Job(line, done))) => {
-                        self.append(&line);
-                        unsynced = true;
+                    Ok(Some(Job(line, to, done))) => {
+                        self.append(&line, to);
                         let _ = done.send(());
                     }
                     Ok(None) => break,
-                    Err(_) if unsynced => {
-                        unsynced = false;
-                        if let Some(Err(e)) = self.current.as_ref().map(|c| c.file.sync_data()) {
-                            tracing::error!(error = %e, "the audit log could not be synced to disk");
-                        }
-                    }
-                    Err(_) => {}
+                    Err(_) => self.sync(),
                 }
             }
         });
-        if let Some(current) = &self.current {
-            let _ = current.file.sync_data();
-        }
+        self.sync();
         let _ = &self.lock;
     }
 
-    fn append(&mut self, line: &[u8]) {
-        if let Err(e) = self.write(line) {
+    fn sync(&mut self) {
+        for sequence in self.sequences.iter_mut().filter(|s| s.unsynced) {
+            sequence.unsynced = false;
+            if let Some(Err(e)) = sequence.current.as_ref().map(|c| c.file.sync_data()) {
+                tracing::error!(error = %e, "the audit log could not be synced to disk");
+            }
+        }
+    }
+
+    fn append(&mut self, line: &[u8], to: usize) {
+        let files = self.files;
+        let Some(sequence) = self.sequences.get_mut(to) else {
+            return;
+        };
+        sequence.unsynced = true;
+        if let Err(e) = sequence.write(line, files) {
             self.failures.fetch_add(1, Ordering::Relaxed);
             tracing::error!(
-                dir = %self.dir.display(),
+                dir = %sequence.dir.display(),
                 error = %e,
                 "an audit record could not be written (is the disk full?): {}",
                 String::from_utf8_lossy(line).trim_end()
             );
         }
     }
+}
 
-    fn write(&mut self, line: &[u8]) -> io::Result<()> {
+impl Sequence {
+    /// Open its newest file (its folder made first), a torn last line
+    /// ended.
+    pub fn open(&mut self) -> io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        self.current = Some(open_current(&self.dir, self.prefix)?);
+        Ok(())
+    }
+
+    fn write(&mut self, line: &[u8], files: usize) -> io::Result<()> {
         let full = self
             .current
             .as_ref()
@@ -87,9 +131,9 @@ impl Writer {
         if full || self.current.is_none() {
             if let Some(old) = self.current.take() {
                 old.file.sync_data()?;
-                rotate(&self.dir, self.files)?;
+                rotate(&self.dir, self.prefix, files)?;
             }
-            self.current = Some(open_current(&self.dir)?);
+            self.open()?;
         }
         let current = self.current.as_mut().expect("opened above");
         // One append of the whole line: never interleaved with another.
@@ -104,26 +148,26 @@ impl Writer {
     }
 }
 
-/// The log's files in `dir`, newest first.
-pub(super) fn file_names(dir: &Path, files: usize) -> Vec<PathBuf> {
-    (0..files).map(|n| file_name(dir, n)).collect()
+/// The files of sequence `prefix` in `dir`, newest first.
+pub(super) fn file_names(dir: &Path, prefix: &str, files: usize) -> Vec<PathBuf> {
+    (0..files).map(|n| file_name(dir, prefix, n)).collect()
 }
 
-fn file_name(dir: &Path, n: usize) -> PathBuf {
+fn file_name(dir: &Path, prefix: &str, n: usize) -> PathBuf {
     match n {
-        0 => dir.join("audit.jsonl"),
-        n => dir.join(format!("audit.{n}.jsonl")),
+        0 => dir.join(format!("{prefix}.jsonl")),
+        n => dir.join(format!("{prefix}.{n}.jsonl")),
     }
 }
 
 /// The newest file, ending with a line break (a record torn by a crash or
 /// a full disk is ended, so the next starts a line of its own).
-pub(super) fn open_current(dir: &Path) -> io::Result<Current> {
+fn open_current(dir: &Path, prefix: &str) -> io::Result<Current> {
     let mut file = OpenOptions::new()
         .create(true)
         .append(true)
         .read(true)
-        .open(file_name(dir, 0))?;
+        .open(file_name(dir, prefix, 0))?;
     let mut bytes = file.metadata()?.len();
     if bytes > 0 {
         use std::io::{Read, Seek, SeekFrom};
@@ -139,9 +183,9 @@ pub(super) fn open_current(dir: &Path) -> io::Result<Current> {
 }
 
 /// Shift every file one place older; the oldest is replaced.
-fn rotate(dir: &Path, files: usize) -> io::Result<()> {
+fn rotate(dir: &Path, prefix: &str, files: usize) -> io::Result<()> {
     for n in (0..files.saturating_sub(1)).rev() {
-        match std::fs::rename(file_name(dir, n), file_name(dir, n + 1)) {
+        match std::fs::rename(file_name(dir, prefix, n), file_name(dir, prefix, n + 1)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
             _ => {}
         }
@@ -151,11 +195,16 @@ fn rotate(dir: &Path, files: usize) -> io::Result<()> {
 
 /// Files past `files` (left by a larger `files` setting) are dropped: the
 /// bound holds for what is kept.
-pub(super) fn drop_extra_files(dir: &Path, files: usize) -> io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
+pub(super) fn drop_extra_files(dir: &Path, prefix: &str, files: usize) -> io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        entries => entries?,
+    };
+    for entry in entries {
         let name = entry?.file_name();
         let n = name.to_str().and_then(|n| {
-            n.strip_prefix("audit.")?
+            n.strip_prefix(prefix)?
+                .strip_prefix('.')?
                 .strip_suffix(".jsonl")?
                 .parse::<usize>()
                 .ok()

@@ -1,5 +1,8 @@
 //! Who may do what: HTTP Basic users (argon2 password hashes) and bearer
 //! tokens (stored as SHA-256), each with grants `backend:workspaces:role`.
+//! A user may also send `Bearer user:password` (the cloud block sends only
+//! bearer tokens), and a token may be sent as the Basic password with any
+//! user name (Terraform's http backend sends only Basic).
 //!
 //! Roles are ordered: `read` (GET state, list workspaces) < `write` (+ POST,
 //! LOCK, UNLOCK, create workspaces) < `admin` (+ force-unlock, DELETE state,
@@ -183,11 +186,13 @@ impl Authenticator {
         } else {
             hash_password(&generate_token().0)
         };
+        // Configured users' failures are tracked apart from other names'.
+        let throttle = Throttle::for_users(users.iter().map(|u| u.name.as_str()));
         Authenticator {
             users,
             tokens,
             verified: Mutex::new(HashMap::new()),
-            throttle: Throttle::default(),
+            throttle,
             verifying: Arc::new(tokio::sync::Semaphore::new(cores)),
             decoy_hash,
             oidc: Vec::new(),
@@ -244,6 +249,12 @@ impl Authenticator {
         self.issuer_of(password).is_some()
     }
 
+    /// Whether `password` is a configured `[[tokens]]` token (which signs
+    /// in to the API as a Basic password too, but never to the console).
+    pub fn is_api_token(&self, password: &str) -> bool {
+        self.bearer(password).is_ok()
+    }
+
     /// Whether any user or token is configured (otherwise everyone is
     /// allowed everything, which the server permits only on loopback).
     pub fn enabled(&self) -> bool {
@@ -263,18 +274,33 @@ impl Authenticator {
                 let (name, password) = split_basic(credentials.trim())?;
                 // Terraform sends an OIDC token as the password
                 // (TF_HTTP_PASSWORD), with any user name.
+                // A `[[tokens]]` token too (any user name), so Terraform's
+                // http backend, which cannot send a bearer, can use CI tokens.
                 match self.issuer_of(&password) {
                     Some(issuer) => self.oidc_sign_in(issuer, &password, client).await,
-                    None => self.basic(&name, &password, client).await,
+                    None => match self.bearer(&password) {
+                        Ok(token) => Ok(token),
+                        Err(_) => self.basic(&name, &password, client).await,
+                    },
                 }
             }
             "bearer" => {
-                if let Some(issuer) = self.issuer_of(credentials.trim()) {
-                    return self.oidc_sign_in(issuer, credentials.trim(), client).await;
+                let credentials = credentials.trim();
+                if let Some(issuer) = self.issuer_of(credentials) {
+                    return self.oidc_sign_in(issuer, credentials, client).await;
+                }
+                // A user signs in to the cloud block (which sends only
+                // bearer tokens) with `user:password` as the token; tokens
+                // and OIDC tokens never hold a colon. A configured token
+                // that does still signs in as itself.
+                if let Some((name, password)) = credentials.split_once(':')
+                    && self.bearer(credentials).is_err()
+                {
+                    return self.basic(name, password, client).await;
                 }
                 // A valid token is a hash away: never slowed by anyone's
                 // failures. Wrong ones count against their address.
-                self.token_failures_count(self.bearer(credentials.trim()), client)
+                self.token_failures_count(self.bearer(credentials), client)
             }
             _ => Err(AuthError::Missing),
         }
@@ -519,6 +545,40 @@ mod tests {
         );
         assert_eq!(
             auth.authenticate(Some("Bearer wst_nope"), CLIENT).await,
+            Err(AuthError::Invalid)
+        );
+    }
+
+    /// Issue 44: Terraform's http backend sends only HTTP Basic; a
+    /// `[[tokens]]` token as the password signs in as that token.
+    #[tokio::test]
+    async fn a_token_signs_in_as_the_basic_password_with_any_user_name() {
+        let (auth, token) = auth();
+        let ci = auth
+            .authenticate(Some(&basic("terraform", &token)), CLIENT)
+            .await
+            .unwrap();
+        assert_eq!(ci.name, "ci");
+        assert!(ci.may("dev", Some("x"), Role::Admin));
+        assert_eq!(
+            auth.authenticate(Some(&basic("terraform", "wst_nope")), CLIENT)
+                .await,
+            Err(AuthError::Invalid)
+        );
+    }
+
+    /// Issue 44: the cloud block sends only bearer tokens; a user's is
+    /// `user:password`, checked as HTTP Basic is.
+    #[tokio::test]
+    async fn a_user_signs_in_with_a_bearer_of_name_and_password() {
+        let (auth, _) = auth();
+        let alice = auth
+            .authenticate(Some("Bearer alice:s3cret"), CLIENT)
+            .await
+            .unwrap();
+        assert!(alice.may("prod", Some("team-a-net"), Role::Write));
+        assert_eq!(
+            auth.authenticate(Some("Bearer alice:wrong"), CLIENT).await,
             Err(AuthError::Invalid)
         );
     }

@@ -6,8 +6,15 @@
 //! own address and user, and a blocked address is refused before any work.
 //!
 //! Unknown user names are counted like known ones, so the answers tell an
-//! attacker nothing about which names exist. The tables are bounded: past
-//! [`MAX_TRACKED`] entries the stalest are forgotten first.
+//! attacker nothing about which names exist. The configured users' names
+//! have a table of their own (as large as the config), so no flood of
+//! other names can push them out. The other tables are bounded: past
+//! [`MAX_TRACKED`] entries, those with no failure for 15 minutes go
+//! first, then the least penalised of those not in backoff (fewest
+//! failures, the stalest of those first). An entry in backoff is never
+//! forgotten before its backoff ends: a table full of them refuses keys it
+//! does not track (429, until the first backoff ends) rather than let a
+//! churn of names or addresses lift someone's backoff.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -32,16 +39,33 @@ struct Failures {
     blocked_until: Option<Instant>,
 }
 
+impl Failures {
+    fn blocked(&self, now: Instant) -> bool {
+        self.blocked_until.is_some_and(|until| until > now)
+    }
+}
+
 /// One table of failures, by address or by user name.
 #[derive(Debug)]
 struct Table<K> {
     entries: Mutex<HashMap<K, Failures>>,
+    /// Most entries kept.
+    cap: usize,
+    /// Set when the table was full of entries in backoff: until the first
+    /// of them ends, keys it does not track are refused.
+    full_until: Mutex<Option<Instant>>,
 }
 
 impl<K: std::hash::Hash + Eq + Clone> Table<K> {
     fn new() -> Self {
+        Table::with_cap(MAX_TRACKED)
+    }
+
+    fn with_cap(cap: usize) -> Self {
         Table {
             entries: Mutex::new(HashMap::new()),
+            cap,
+            full_until: Mutex::new(None),
         }
     }
 
@@ -49,23 +73,43 @@ impl<K: std::hash::Hash + Eq + Clone> Table<K> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// How long `key` must wait, if it is blocked now.
+    fn full_until(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.full_until.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How long `key` must wait, if it is blocked now (a key not tracked
+    /// while the table is full of backoffs is).
     fn wait(&self, key: &K, now: Instant) -> Option<Duration> {
-        let until = self.lock().get(key)?.blocked_until?;
+        let entries = self.lock();
+        let until = match entries.get(key) {
+            Some(failures) => failures.blocked_until?,
+            None if entries.len() >= self.cap => (*self.full_until())?,
+            None => return None,
+        };
         (until > now).then(|| until - now)
     }
 
     fn failed(&self, key: K, now: Instant) {
         let mut entries = self.lock();
-        if entries.len() >= MAX_TRACKED && !entries.contains_key(&key) {
+        if entries.len() >= self.cap && !entries.contains_key(&key) {
+            // Stale entries are past any backoff (FORGET_AFTER > MAX_BACKOFF).
             entries.retain(|_, f| now.duration_since(f.last) < FORGET_AFTER);
-            if entries.len() >= MAX_TRACKED
-                && let Some(stalest) = entries
+            if entries.len() >= self.cap {
+                let least = entries
                     .iter()
-                    .min_by_key(|(_, f)| f.last)
-                    .map(|(k, _)| k.clone())
-            {
-                entries.remove(&stalest);
+                    .filter(|(_, f)| !f.blocked(now))
+                    .min_by_key(|(_, f)| (f.count, f.last))
+                    .map(|(k, _)| k.clone());
+                match least {
+                    Some(least) => {
+                        entries.remove(&least);
+                    }
+                    None => {
+                        // Full of backoffs: forget none, track no more.
+                        *self.full_until() = entries.values().filter_map(|f| f.blocked_until).min();
+                        return;
+                    }
+                }
             }
         }
         let entry = entries.entry(key).or_insert(Failures {
@@ -94,7 +138,11 @@ impl<K: std::hash::Hash + Eq + Clone> Table<K> {
 #[derive(Debug)]
 pub struct Throttle {
     addresses: Table<IpAddr>,
+    /// Names that are no configured user's.
     users: Table<UserKey>,
+    /// The configured users' names, and their own table.
+    configured: std::collections::HashSet<UserKey>,
+    configured_users: Table<UserKey>,
     /// Address groups a user signed in from before, and when: the
     /// user's backoff does not apply to them, or anyone failing a
     /// user's password from elsewhere would lock the user out.
@@ -128,16 +176,34 @@ fn user_key(name: &str) -> UserKey {
 
 impl Default for Throttle {
     fn default() -> Self {
-        Throttle {
-            addresses: Table::new(),
-            users: Table::new(),
-            known: Mutex::new(HashMap::new()),
-            pairs: Table::new(),
-        }
+        Throttle::for_users(std::iter::empty::<&str>())
     }
 }
 
 impl Throttle {
+    /// A throttle for a server of these users: their names are tracked
+    /// apart from any other name, in a table as large as the config.
+    pub fn for_users(names: impl IntoIterator<Item = impl AsRef<str>>) -> Self {
+        let configured: std::collections::HashSet<UserKey> =
+            names.into_iter().map(|n| user_key(n.as_ref())).collect();
+        Throttle {
+            addresses: Table::new(),
+            users: Table::new(),
+            configured_users: Table::with_cap(configured.len().max(1)),
+            configured,
+            known: Mutex::new(HashMap::new()),
+            pairs: Table::new(),
+        }
+    }
+
+    /// The table of `user`'s name.
+    fn user_table(&self, user: &UserKey) -> &Table<UserKey> {
+        match self.configured.contains(user) {
+            true => &self.configured_users,
+            false => &self.users,
+        }
+    }
+
     /// `Err(wait)` when `address` or `user` is in backoff.
     pub fn check(&self, address: IpAddr, user: Option<&str>) -> Result<(), Duration> {
         let now = Instant::now();
@@ -149,7 +215,10 @@ impl Throttle {
         // user's failures from everywhere.
         let by_user = user.and_then(|u| match self.is_known(address, u, now) {
             true => self.pairs.wait(&known_key(address, u), now),
-            false => self.users.wait(&user_key(u), now),
+            false => {
+                let key = user_key(u);
+                self.user_table(&key).wait(&key, now)
+            }
         });
         match by_address.max(by_user) {
             Some(wait) => Err(wait),
@@ -163,7 +232,8 @@ impl Throttle {
         self.addresses
             .failed(crate::policy::client_group(address), now);
         if let Some(user) = user {
-            self.users.failed(user_key(user), now);
+            let key = user_key(user);
+            self.user_table(&key).failed(key, now);
             if self.is_known(address, user, now) {
                 self.pairs.failed(known_key(address, user), now);
             }
@@ -179,7 +249,8 @@ impl Throttle {
             // not clear it: the user signing in at home would otherwise
             // reset what guessing from everywhere else has earned.
             if !self.is_known(address, user, now) {
-                self.users.clear(&user_key(user));
+                let key = user_key(user);
+                self.user_table(&key).clear(&key);
             }
             self.pairs.clear(&known_key(address, user));
             let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
@@ -279,6 +350,92 @@ mod tests {
             t.failed(key, now);
         }
         assert!(t.lock().len() <= MAX_TRACKED);
+    }
+
+    /// Filling the table with fresh names (one failure each, from many
+    /// addresses) never forgets a name in backoff: the least penalised go.
+    #[test]
+    fn churning_the_table_does_not_forget_a_backoff() {
+        let t = Throttle::default();
+        let victim = "alice";
+        for _ in 0..=FREE_FAILURES + 2 {
+            t.failed(A, Some(victim));
+        }
+        let wait = t.check(B, Some(victim)).unwrap_err();
+        for i in 0..(MAX_TRACKED as u32 + 500) {
+            let address = IpAddr::V4(std::net::Ipv4Addr::from(0x0a01_0000 + i));
+            t.failed(address, Some(&format!("fresh-{i}")));
+        }
+        assert_eq!(t.users.lock().len(), MAX_TRACKED);
+        let still = t.check(B, Some(victim)).unwrap_err();
+        assert!(still <= wait && still > wait / 2, "{still:?} of {wait:?}");
+    }
+
+    /// Names with more failures than the victim's, each in backoff, fill
+    /// the table: the victim's backoff is kept, and names the table cannot
+    /// track are refused until the first backoff ends.
+    #[test]
+    fn a_table_full_of_backoffs_forgets_none_and_refuses_the_rest() {
+        let t = Table::<u32>::with_cap(100);
+        let now = Instant::now();
+        for _ in 0..=FREE_FAILURES {
+            t.failed(0, now);
+        }
+        let wait = t.wait(&0, now).expect("the victim is in backoff");
+        for key in 1..100 {
+            for _ in 0..=FREE_FAILURES + 3 {
+                t.failed(key, now);
+            }
+        }
+        t.failed(1000, now);
+        assert_eq!(t.wait(&0, now), Some(wait), "the victim's backoff stays");
+        assert!(!t.lock().contains_key(&1000));
+        assert_eq!(
+            t.wait(&1000, now),
+            Some(wait),
+            "refused until a backoff ends"
+        );
+        let later = now + wait + Duration::from_millis(1);
+        assert_eq!(t.wait(&1000, later), None);
+        t.failed(1000, later);
+        assert!(t.lock().contains_key(&1000), "the lapsed one made room");
+        assert!(!t.lock().contains_key(&0));
+    }
+
+    /// A configured user's name is tracked apart: a table of other names
+    /// full of backoffs neither pushes out nor refuses it.
+    #[test]
+    fn configured_users_are_kept_apart_from_other_names() {
+        let t = Throttle::for_users(["alice"]);
+        // A backoff of 16 s: it outlasts the flood below.
+        for _ in 0..=FREE_FAILURES + 4 {
+            t.failed(A, Some("alice"));
+        }
+        assert!(t.check(B, Some("alice")).is_err());
+        let attacker: IpAddr = "192.0.2.66".parse().unwrap();
+        // One more name than the table holds, each with more failures
+        // than hers: the last is not tracked.
+        for i in 0..=MAX_TRACKED as u32 {
+            for _ in 0..=FREE_FAILURES + 7 {
+                t.failed(attacker, Some(&format!("name-{i}")));
+            }
+        }
+        assert!(t.check(B, Some("alice")).is_err(), "her backoff stays");
+        assert!(
+            t.check(B, Some("someone-else")).is_err(),
+            "the full table refuses"
+        );
+        let t = Throttle::for_users(["alice", "bob"]);
+        for i in 0..MAX_TRACKED as u32 {
+            for _ in 0..=FREE_FAILURES {
+                t.failed(attacker, Some(&format!("name-{i}")));
+            }
+        }
+        assert_eq!(
+            t.check(B, Some("bob")),
+            Ok(()),
+            "a user with no failures is not refused"
+        );
     }
 
     /// Failures of a user's password from elsewhere do not lock the user

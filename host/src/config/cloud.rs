@@ -85,6 +85,7 @@ pub fn take_cloud_grants(
     Ok(CloudGrants {
         aws: AwsGrant::take(
             origins(lists.aws_sign, Cloud::Aws),
+            matches!(guest, GuestSource::Embedded(_)),
             guest_config,
             allow_http,
             base,

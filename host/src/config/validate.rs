@@ -148,6 +148,7 @@ pub(super) fn validate(
         backends,
     };
     check_granted_dirs(&config, file)?;
+    check_signing_layouts(&config, file)?;
     if let Some(buffered) = config.network.max_buffered_bytes {
         let floor = super::buffered_floor(config.max_body_bytes);
         if buffered < floor {
@@ -275,6 +276,27 @@ pub(super) fn check_granted_dirs(config: &Config, file: &str) -> Result<(), Conf
         return refuse(name, dir, &format!("backend {:?}'s directory", dirs[j].0));
     }
     Ok(())
+}
+
+/// A stranger's AWS signing grant must be a namespace of its own on its
+/// bucket: its layout must not overlap that of any other backend whose S3
+/// requests the host signs, or of a first-party AWS guest
+/// ([`crate::capabilities::aws::check_disjoint`]).
+fn check_signing_layouts(config: &Config, file: &str) -> Result<(), ConfigError> {
+    use crate::capabilities::aws::{SigningScope, check_disjoint};
+    let scopes: Vec<(&str, SigningScope)> = config
+        .backends
+        .iter()
+        .filter_map(|b| match &b.aws {
+            Some(grant) => Some((b.name.as_str(), grant.scope.clone())),
+            None if crate::guests::cloud(&b.guest) == crate::guests::Cloud::Aws => {
+                Some((b.name.as_str(), SigningScope::from_config(&b.guest_config)))
+            }
+            None => None,
+        })
+        .collect();
+    let named: Vec<(&str, &SigningScope)> = scopes.iter().map(|(n, s)| (*n, s)).collect();
+    check_disjoint(&named).map_err(|e| ConfigError(format!("{file}: {e}")))
 }
 
 pub(super) fn validate_network(raw: RawNetwork, file: &str) -> Result<NetworkConfig, ConfigError> {

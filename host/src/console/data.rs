@@ -231,29 +231,72 @@ async fn workspace<S: Storage>(
     row
 }
 
+/// The most workspaces one listing of locks asks about: past it, the
+/// answer says it looked at the first of them only (by name).
+pub const MAX_LOCK_CHECKS: usize = 1000;
+/// `current-lock` calls under way at once for listings of locks, in the
+/// whole server: a listing costs storage calls, and any reader may ask.
+pub const LOCK_CHECKS_AT_ONCE: usize = 8;
+
 /// Every lock held on `backend` that the caller may see, oldest first:
-/// one `current-lock` call per readable workspace.
+/// one `current-lock` call per readable workspace, for at most
+/// [`MAX_LOCK_CHECKS`] of them ([`LOCK_CHECKS_AT_ONCE`] at a time in the
+/// whole server). With the locks, how many readable workspaces there were
+/// when some were not looked at.
 pub async fn held_locks<S: Storage>(
     app: &App<S>,
     caller: &Caller,
     backend: &str,
-) -> Result<Vec<crate::backend::HeldLock>, ApiError> {
+) -> Result<(Vec<crate::backend::HeldLock>, Option<usize>), ApiError> {
+    static CHECKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(LOCK_CHECKS_AT_ONCE);
     let storage = storage_of(app, caller, backend, None)?;
     let names = readable_workspaces(storage, caller, backend).await?;
     let now = time::OffsetDateTime::now_utc();
+    let (locks, cut) = gather_locks(names, &CHECKS, |name| async move {
+        storage.current_lock(&name).await.map(|lock| (name, lock))
+    })
+    .await;
     let mut held = Vec::new();
-    for name in names {
-        let lock = storage
-            .current_lock(&name)
-            .await
-            .map_err(|e| ApiError::from_storage(backend, e))?;
-        if let Some(lock) = lock {
-            let admin = caller.is_admin(backend, &name);
-            held.push(crate::backend::HeldLock::of(name, lock, admin, now));
-        }
+    for (name, lock) in locks.map_err(|e| ApiError::from_storage(backend, e))? {
+        let admin = caller.is_admin(backend, &name);
+        held.push(crate::backend::HeldLock::of(name, lock, admin, now));
     }
     held.sort_by_key(|h| std::cmp::Reverse(h.age_seconds));
-    Ok(held)
+    Ok((held, cut))
+}
+
+/// Ask `current_lock` about the first [`MAX_LOCK_CHECKS`] of `names`,
+/// each call waiting for one of `checks`' permits. The locks found, and
+/// the number of names when some were left out.
+async fn gather_locks<F, Fut>(
+    names: Vec<String>,
+    checks: &tokio::sync::Semaphore,
+    current_lock: F,
+) -> (Result<Vec<(String, LockInfo)>, StorageError>, Option<usize>)
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<(String, Option<LockInfo>), StorageError>>,
+{
+    use futures_util::StreamExt;
+    let total = names.len();
+    let cut = (total > MAX_LOCK_CHECKS).then_some(total);
+    let asked = names.into_iter().take(MAX_LOCK_CHECKS).map(|name| {
+        let call = current_lock(name);
+        async move {
+            let _turn = checks.acquire().await;
+            call.await
+        }
+    });
+    let mut answers = futures_util::stream::iter(asked).buffer_unordered(LOCK_CHECKS_AT_ONCE);
+    let mut found = Vec::new();
+    while let Some(answer) = answers.next().await {
+        match answer {
+            Ok((name, Some(lock))) => found.push((name, lock)),
+            Ok((_, None)) => {}
+            Err(e) => return (Err(e), cut),
+        }
+    }
+    (Ok(found), cut)
 }
 
 /// One page of a workspace's versions, and who keeps them.
@@ -318,11 +361,9 @@ pub async fn version_diff<S: Storage>(
     // One diff at a time in the whole server, off the async workers, of
     // states up to DIFF_MAX_BYTES: parsing is CPU and memory any reader
     // can ask for.
-    static ONE_AT_A_TIME: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
-    let _turn = ONE_AT_A_TIME
-        .acquire()
-        .await
-        .map_err(|_| ApiError::bad_request("the server is stopping"))?;
+    static ONE_AT_A_TIME: std::sync::LazyLock<Arc<tokio::sync::Semaphore>> =
+        std::sync::LazyLock::new(|| Arc::new(tokio::sync::Semaphore::new(1)));
+    let turn = diff_turn(&ONE_AT_A_TIME, DIFF_WAIT).await?;
     let older = version_bytes(storage, backend, workspace, from).await?;
     let newer = version_bytes(storage, backend, workspace, to).await?;
     if older.len().max(newer.len()) > DIFF_MAX_BYTES {
@@ -335,14 +376,20 @@ pub async fn version_diff<S: Storage>(
             ),
         ));
     }
-    let compared = tokio::task::spawn_blocking(move || diff(&older, &newer))
-        .await
-        .map_err(|e| {
-            ApiError::Message(
-                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                format!("the comparison failed: {e}"),
-            )
-        })?;
+    // The turn goes with the work: a caller who disconnects drops this
+    // future, not the comparison, which holds the slot to its end.
+    let compared = tokio::task::spawn_blocking(move || {
+        let compared = diff(&older, &newer);
+        drop(turn);
+        compared
+    })
+    .await
+    .map_err(|e| {
+        ApiError::Message(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the comparison failed: {e}"),
+        )
+    })?;
     compared.map_err(|e| {
         ApiError::Message(
             axum::http::StatusCode::UNPROCESSABLE_ENTITY,
@@ -353,6 +400,29 @@ pub async fn version_diff<S: Storage>(
 
 /// Largest state the console compares.
 const DIFF_MAX_BYTES: usize = 32 << 20;
+/// How long a comparison waits for the one under way: then 503, retry.
+const DIFF_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The one comparison's turn, waited for at most `wait`: past it, 503
+/// with `Retry-After` (a slow comparison, or many readers asking, must not
+/// pile up requests that wait without end).
+async fn diff_turn(
+    slot: &Arc<tokio::sync::Semaphore>,
+    wait: std::time::Duration,
+) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    match tokio::time::timeout(wait, slot.clone().acquire_owned()).await {
+        Ok(Ok(turn)) => Ok(turn),
+        Ok(Err(_)) => Err(ApiError::bad_request("the server is stopping")),
+        Err(_) => Err(ApiError::RetryAfter(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            5,
+            format!(
+                "the console is comparing other versions (one comparison at a time): busy, retry in a few seconds (waited {} s)",
+                wait.as_secs()
+            ),
+        )),
+    }
+}
 
 /// Release the lock of `workspace` whoever holds it (admins only);
 /// returns the holder removed.
@@ -485,4 +555,72 @@ pub async fn restore<S: Storage>(
         restored
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A listing of locks asks about at most MAX_LOCK_CHECKS workspaces,
+    /// LOCK_CHECKS_AT_ONCE at a time, and says when it left some out.
+    #[tokio::test]
+    async fn a_listing_of_locks_is_bounded_and_says_when_it_is_cut() {
+        let names: Vec<String> = (0..1500).map(|i| format!("w{i:04}")).collect();
+        let checks = tokio::sync::Semaphore::new(LOCK_CHECKS_AT_ONCE);
+        let (calls, now, most) = (
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+        );
+        let (locks, cut) = gather_locks(names, &checks, |name| {
+            let (calls, now, most) = (&calls, &now, &most);
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                let at_once = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(at_once, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                let held = name.ends_with('7').then(|| LockInfo {
+                    id: name.clone(),
+                    ..LockInfo::default()
+                });
+                Ok((name, held))
+            }
+        })
+        .await;
+        assert_eq!(calls.load(Ordering::SeqCst), MAX_LOCK_CHECKS);
+        assert_eq!(cut, Some(1500));
+        assert!(most.load(Ordering::SeqCst) <= LOCK_CHECKS_AT_ONCE);
+        assert_eq!(locks.unwrap().len(), MAX_LOCK_CHECKS / 10);
+        let (_, cut) = gather_locks(
+            vec!["a".into()],
+            &checks,
+            |name| async move { Ok((name, None)) },
+        )
+        .await;
+        assert_eq!(cut, None);
+    }
+
+    /// A comparison waits for the one under way no longer than its bound,
+    /// then is answered 503 with Retry-After.
+    #[tokio::test(start_paused = true)]
+    async fn a_comparison_waits_for_the_slot_no_longer_than_its_bound() {
+        let slot = Arc::new(tokio::sync::Semaphore::new(1));
+        let held = diff_turn(&slot, DIFF_WAIT).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let busy = tokio::time::timeout(DIFF_WAIT * 2, diff_turn(&slot, DIFF_WAIT))
+            .await
+            .expect("answered within its bound");
+        match busy {
+            Err(ApiError::RetryAfter(status, _, why)) => {
+                assert_eq!(status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
+                assert!(why.contains("busy, retry"), "{why}");
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        assert!(started.elapsed() >= DIFF_WAIT);
+        drop(held);
+        assert!(diff_turn(&slot, DIFF_WAIT).await.is_ok());
+    }
 }

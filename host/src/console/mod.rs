@@ -293,9 +293,13 @@ async fn login<S: Storage>(
 ) -> Response {
     use base64::Engine as _;
     // A CI job's token lives minutes; a console session, hours: signing in
-    // with one would keep its grants past its expiry.
-    if console.app.auth.is_oidc_token(&form.password) {
-        let why = "an OIDC token signs in to the API only (a console session would outlive it): \
+    // with one would keep its grants past its expiry. A `[[tokens]]` token
+    // (a CI secret, sent as the Basic password at the http door) would
+    // open a browser session with any user name: the API only, too.
+    if console.app.auth.is_oidc_token(&form.password)
+        || console.app.auth.is_api_token(&form.password)
+    {
+        let why = "an OIDC or API token signs in to the API only (a console session would outlive it): \
                    sign in with a user name and password";
         return (
             StatusCode::FORBIDDEN,
@@ -497,13 +501,28 @@ async fn workspaces_json<S: Storage>(
     Ok(Json(list).into_response())
 }
 
+/// The header of a listing of locks that looked at only some workspaces.
+pub const LOCKS_CUT: &str = "x-wasmstate-locks-cut";
+
 async fn locks_json<S: Storage>(
     State(console): Shared<S>,
     Path(backend): Path<String>,
     visitor: Visitor,
 ) -> Answer {
-    let held = data::held_locks(&console.app, &visitor.caller(), &backend).await?;
-    Ok(Json(held).into_response())
+    let (held, cut) = data::held_locks(&console.app, &visitor.caller(), &backend).await?;
+    let mut answer = Json(held).into_response();
+    // The answer stays a list (what clients parse); a listing cut short
+    // says so in a header.
+    if let Some(total) = cut {
+        let note = format!(
+            "only the first {} of {total} workspaces (by name) were looked at",
+            data::MAX_LOCK_CHECKS
+        );
+        if let Ok(value) = axum::http::HeaderValue::from_str(&note) {
+            answer.headers_mut().insert(LOCKS_CUT, value);
+        }
+    }
+    Ok(answer)
 }
 
 async fn versions_json<S: Storage>(

@@ -3,8 +3,17 @@
 //!
 //! - At most `max_connections` open at once, and `max_connections_per_address`
 //!   (an IPv6 client counted by its /64, see [`crate::policy::client_group`])
-//!   from one client address; a connection past either is answered 503
-//!   (with `Retry-After`) and closed, and past a small allowance for those
+//!   from one client address. At either cap, the oldest idle keep-alive
+//!   connection (of that address, for its cap) is closed to make room, as
+//!   mature servers do; at `max_connections`, when none is idle, the
+//!   oldest one still waiting for a request header (or in its TLS
+//!   handshake) with nothing started: neither idle connections nor
+//!   strangers' half-sent headers can lock out a new client, nor a
+//!   liveness probe. (At an address's own cap its half-sent headers are
+//!   its own: the new one is refused, saying why.) A connection answering a request, or
+//!   still writing an answer, is never closed to make room. Only when none
+//!   can be closed is a connection past a cap answered 503 (with
+//!   `Retry-After`) and closed, and past a small allowance for those
 //!   answers it is closed at once.
 //! - A connection's clocks ([`timed_io`]): a header must arrive within
 //!   `header_read_timeout_secs`, an idle keep-alive connection closes after
@@ -27,7 +36,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use timed_io::{Clocks, InFlight, TimedIo};
+use timed_io::{Clocks, InFlight, Place, TimedIo};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -69,28 +78,70 @@ pub trait ConnectionEvents: Send + Sync + 'static {
     fn timed_out(&self, phase: &'static str);
 }
 
-/// Open connections, in total and by address.
+/// Open connections, in total and by address, and each one's place.
+#[derive(Default)]
 struct Counts {
     total: usize,
     by_address: HashMap<IpAddr, usize>,
+    /// Each admitted connection still counted: its address and place.
+    places: HashMap<u64, (IpAddr, Arc<Place>)>,
+    next: u64,
+}
+
+/// How many idle connections a new one may try to close (each found busy
+/// again by the time it is asked) before it is refused.
+const ROOM_TRIES: usize = 8;
+
+impl Counts {
+    /// Stop counting connection `id` (closed, or closed to make room).
+    fn release(&mut self, id: u64) {
+        let Some((address, _)) = self.places.remove(&id) else {
+            return;
+        };
+        self.total -= 1;
+        if let Some(n) = self.by_address.get_mut(&address) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_address.remove(&address);
+            }
+        }
+    }
+
+    /// Close the connection (of `from`, if given) idle the longest, or
+    /// failing that (if `headers`) the one waiting longest for a header,
+    /// and give its place back now. Whether one was. A scan of the open
+    /// connections, made only at a cap.
+    fn make_room(&mut self, from: Option<IpAddr>, headers: bool) -> bool {
+        for _ in 0..ROOM_TRIES {
+            let oldest = self
+                .places
+                .iter()
+                .filter(|(_, (address, _))| from.is_none_or(|f| *address == f))
+                .filter_map(|(id, (_, place))| Some((place.closable_since()?, *id)))
+                .filter(|((rank, _), _)| headers || *rank == 0)
+                .min();
+            let Some((_, id)) = oldest else {
+                return false;
+            };
+            if self.places[&id].1.close_if_unused() {
+                self.release(id);
+                return true;
+            }
+        }
+        false
+    }
 }
 
 /// One admitted connection; gives its place back when dropped.
 struct Admitted {
     counts: Arc<Mutex<Counts>>,
-    address: IpAddr,
+    id: u64,
+    place: Arc<Place>,
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        let mut counts = lock(&self.counts);
-        counts.total -= 1;
-        if let Some(n) = counts.by_address.get_mut(&self.address) {
-            *n -= 1;
-            if *n == 0 {
-                counts.by_address.remove(&self.address);
-            }
-        }
+        lock(&self.counts).release(self.id);
     }
 }
 
@@ -104,18 +155,22 @@ fn admit(
     address: IpAddr,
 ) -> Result<Admitted, &'static str> {
     let mut c = lock(counts);
-    if c.total >= limits.max_connections {
-        return Err("total");
-    }
-    let mine = c.by_address.entry(address).or_insert(0);
-    if *mine >= limits.max_connections_per_address {
+    let mine = c.by_address.get(&address).copied().unwrap_or(0);
+    if mine >= limits.max_connections_per_address && !c.make_room(Some(address), false) {
         return Err("address");
     }
-    *mine += 1;
+    if c.total >= limits.max_connections && !c.make_room(None, true) {
+        return Err("total");
+    }
+    *c.by_address.entry(address).or_insert(0) += 1;
     c.total += 1;
+    let (id, place) = (c.next, Arc::new(Place::default()));
+    c.next += 1;
+    c.places.insert(id, (address, place.clone()));
     Ok(Admitted {
         counts: counts.clone(),
-        address,
+        id,
+        place,
     })
 }
 
@@ -129,10 +184,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let acceptor = tls.map(TlsAcceptor::from);
-    let counts = Arc::new(Mutex::new(Counts {
-        total: 0,
-        by_address: HashMap::new(),
-    }));
+    let counts = Arc::new(Mutex::new(Counts::default()));
     let refusals = Arc::new(Semaphore::new(REFUSALS_ANSWERED));
     let graceful = GracefulShutdown::new();
     let mut tasks = JoinSet::new();
@@ -159,7 +211,17 @@ pub async fn serve(
                             (app.clone(), acceptor.clone(), events.clone(), limits.clocks);
                         tasks.spawn(async move {
                             events.open(true);
-                            connection(tcp, peer, app, acceptor, clocks, watcher, &*events).await;
+                            let place = admitted.place.clone();
+                            let conn = Conn { peer, app, clocks, watcher, place: place.clone() };
+                            tokio::select! {
+                                () = connection(tcp, acceptor, conn, &*events) => {}
+                                // Closed to make room while it waited for a
+                                // header: nothing was started on it.
+                                () = place.dropped() => {
+                                    events.timed_out("room");
+                                    tracing::debug!(%peer, "connection waiting for a header closed to make room");
+                                }
+                            }
                             events.open(false);
                             drop(admitted);
                         });
@@ -197,22 +259,29 @@ pub async fn serve(
     while tasks.join_next().await.is_some() {}
 }
 
+/// What serving one admitted connection takes.
+struct Conn {
+    peer: SocketAddr,
+    app: Router,
+    clocks: Clocks,
+    watcher: hyper_util::server::graceful::Watcher,
+    place: Arc<Place>,
+}
+
 /// One connection: TLS if configured, then HTTP/1.1 until it closes.
 async fn connection(
     tcp: TcpStream,
-    peer: SocketAddr,
-    app: Router,
     acceptor: Option<TlsAcceptor>,
-    clocks: Clocks,
-    watcher: hyper_util::server::graceful::Watcher,
+    conn: Conn,
     events: &dyn ConnectionEvents,
 ) {
     let _ = tcp.set_nodelay(true);
+    let peer = conn.peer;
     match acceptor {
-        None => http(tcp, peer, app, clocks, watcher, events).await,
+        None => http(tcp, conn, events).await,
         Some(acceptor) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
         {
-            Ok(Ok(tls)) => http(tls, peer, app, clocks, watcher, events).await,
+            Ok(Ok(tls)) => http(tls, conn, events).await,
             Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake failed"),
             Err(_) => {
                 events.timed_out("header");
@@ -224,22 +293,40 @@ async fn connection(
 
 async fn http<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     io: I,
-    peer: SocketAddr,
-    app: Router,
-    clocks: Clocks,
-    watcher: hyper_util::server::graceful::Watcher,
+    conn: Conn,
     events: &dyn ConnectionEvents,
 ) {
+    let Conn {
+        peer,
+        app,
+        clocks,
+        watcher,
+        place,
+    } = conn;
     let in_flight: Arc<InFlight> = Arc::default();
-    let timed = TimedIo::new(io, clocks, in_flight.clone());
+    let timed = TimedIo::new(io, clocks, in_flight.clone()).with_place(place.clone());
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         let app = app.clone();
         let answering = in_flight.start();
+        let begun = place.begin();
         request.extensions_mut().insert(ClientAddr(peer));
         async move {
+            if !begun {
+                // Closed to make room just before: start nothing.
+                return Ok(closing());
+            }
             let response = app.oneshot(request.map(axum::body::Body::new)).await;
-            drop(answering);
-            response
+            // The request stays under way until its body is sent (or
+            // dropped): the connection is neither idle nor on the idle
+            // clock while a download goes out.
+            response.map(|r| {
+                r.map(|body| {
+                    axum::body::Body::new(Answering {
+                        body,
+                        _request: answering,
+                    })
+                })
+            })
         }
     });
     // The connection's own I/O object is moved into hyper; its clocks are
@@ -251,10 +338,57 @@ async fn http<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     if let Err(e) = watcher.watch(conn).await {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
-    if let Some(phase) = expired.get() {
-        events.timed_out(phase);
-        tracing::info!(%peer, phase, "connection closed: its deadline passed");
+    match expired.get() {
+        Some("room") => {
+            events.timed_out("room");
+            tracing::debug!(%peer, "idle connection closed to make room for a new one");
+        }
+        Some(phase) => {
+            events.timed_out(phase);
+            tracing::info!(%peer, phase, "connection closed: its deadline passed");
+        }
+        None => {}
     }
+}
+
+/// An answer's body, holding its request's [`timed_io::InFlightGuard`]
+/// until hyper has taken the last frame or dropped it (the bytes hyper still
+/// buffers after that are [`TimedIo`]'s to see out).
+struct Answering {
+    body: axum::body::Body,
+    _request: timed_io::InFlightGuard,
+}
+
+impl http_body::Body for Answering {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, axum::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    /// Passed through: hyper sends a `Content-Length` from it.
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The answer to a request on a connection closed to make room just as it
+/// arrived.
+fn closing() -> hyper::Response<axum::body::Body> {
+    hyper::Response::builder()
+        .status(hyper::StatusCode::SERVICE_UNAVAILABLE)
+        .header(hyper::header::RETRY_AFTER, "1")
+        .header(hyper::header::CONNECTION, "close")
+        .body(axum::body::Body::from("too many connections; retry\n"))
+        .expect("a valid response")
 }
 
 /// Reads which deadline closed a connection after hyper has consumed it.
@@ -290,6 +424,7 @@ impl<I> Expiry<I> {
                 timed_io::Expired::Header => "header",
                 timed_io::Expired::Idle => "idle",
                 timed_io::Expired::Write => "write",
+                timed_io::Expired::Room => "room",
             });
         }
     }
@@ -401,19 +536,91 @@ mod tests {
 
     #[test]
     fn caps_count_in_total_and_by_address_and_give_places_back() {
-        let counts = Arc::new(Mutex::new(Counts {
-            total: 0,
-            by_address: HashMap::new(),
-        }));
+        let counts = Arc::new(Mutex::new(Counts::default()));
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         let limits = limits(3, 2);
+        // Each one's request has begun: none can make room.
         let first = admit(&counts, &limits, a).unwrap();
-        let _second = admit(&counts, &limits, a).unwrap();
+        let second = admit(&counts, &limits, a).unwrap();
+        assert!(first.place.begin() && second.place.begin());
         assert_eq!(admit(&counts, &limits, a).err(), Some("address"));
-        let _third = admit(&counts, &limits, b).unwrap();
+        let third = admit(&counts, &limits, b).unwrap();
+        assert!(third.place.begin());
         assert_eq!(admit(&counts, &limits, b).err(), Some("total"));
         drop(first);
         assert!(admit(&counts, &limits, a).is_ok());
         assert!(lock(&counts).by_address.len() <= 2);
+    }
+
+    /// At a cap, the connection idle the longest is closed to make room
+    /// (of the same address, at the address's cap); one answering or
+    /// reading a request never is, and without an idle one the new
+    /// connection is refused.
+    #[test]
+    fn at_a_cap_the_oldest_idle_connection_makes_room() {
+        let counts = Arc::new(Mutex::new(Counts::default()));
+        let [a, b, c]: [IpAddr; 3] =
+            ["10.0.0.1", "10.0.0.2", "10.0.0.3"].map(|s| s.parse().unwrap());
+        let limits = limits(3, 2);
+        let first = admit(&counts, &limits, a).unwrap();
+        let second = admit(&counts, &limits, b).unwrap();
+        let third = admit(&counts, &limits, b).unwrap();
+        for admitted in [&first, &second, &third] {
+            assert!(admitted.place.begin());
+        }
+        assert_eq!(admit(&counts, &limits, c).err(), Some("total"), "none idle");
+        let now = std::time::Instant::now();
+        first.place.idle(now + Duration::from_secs(1));
+        second.place.idle(now);
+        let _fourth = admit(&counts, &limits, c).unwrap();
+        assert_eq!(second.place.idle_since(), None, "the oldest idle is closed");
+        assert!(first.place.idle_since().is_some(), "the younger one stays");
+        assert_eq!(lock(&counts).total, 3);
+        // The closed one's end does not give its place back twice.
+        drop(second);
+        assert_eq!(lock(&counts).total, 3);
+        assert_eq!(lock(&counts).by_address.get(&b), Some(&1));
+
+        // At an address's cap, only that address's idle connections make room.
+        let counts = Arc::new(Mutex::new(Counts::default()));
+        let limits = self::limits(10, 1);
+        let other = admit(&counts, &limits, b).unwrap();
+        assert!(other.place.begin());
+        other.place.idle(now);
+        let mine = admit(&counts, &limits, a).unwrap();
+        assert!(mine.place.begin());
+        assert_eq!(admit(&counts, &limits, a).err(), Some("address"));
+        mine.place.idle(now + Duration::from_secs(1));
+        let _again = admit(&counts, &limits, a).unwrap();
+        assert_eq!(mine.place.idle_since(), None);
+        assert!(other.place.idle_since().is_some());
+        assert_eq!(lock(&counts).total, 2);
+    }
+
+    /// When none is idle, the connection waiting longest for its header
+    /// with nothing started makes room (its task is told to drop it); one
+    /// whose request has begun never does.
+    #[tokio::test]
+    async fn at_a_cap_a_connection_still_in_its_header_makes_room() {
+        let counts = Arc::new(Mutex::new(Counts::default()));
+        let [a, b]: [IpAddr; 2] = ["10.0.0.1", "10.0.0.2"].map(|s| s.parse().unwrap());
+        let limits = limits(2, 8);
+        let waiting = admit(&counts, &limits, a).unwrap();
+        let answering = admit(&counts, &limits, a).unwrap();
+        assert!(answering.place.begin());
+        let _probe = admit(&counts, &limits, b).unwrap();
+        assert!(!waiting.place.begin(), "closed: its request must not start");
+        tokio::time::timeout(Duration::from_secs(5), waiting.place.dropped())
+            .await
+            .expect("its task is told to drop it");
+        assert_eq!(lock(&counts).total, 2);
+        // The next one closes the probe waiting for its header, never the
+        // connection answering.
+        let _next = admit(&counts, &limits, b).unwrap();
+        assert!(
+            answering.place.begin(),
+            "a request under way is never closed"
+        );
+        assert_eq!(lock(&counts).total, 2);
     }
 }

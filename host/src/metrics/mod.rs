@@ -108,6 +108,7 @@ pub struct Metrics {
     connection_timeouts: Family<PhaseLabels, Counter>,
     backend_up: Family<BackendLabels, Gauge>,
     reloads: Family<ResultLabels, Counter>,
+    rollback_marks: Family<BackendLabels, Gauge>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -216,7 +217,7 @@ impl Metrics {
         let connection_timeouts = Family::default();
         registry.register(
             "connection_timeouts",
-            "Connections closed by a deadline: header, idle or write",
+            "Connections closed by a deadline (phase=\"header\", \"idle\" or \"write\"), or idle and closed to make room for a new one at a connection cap (\"room\")",
             connection_timeouts.clone(),
         );
         let backend_up = Family::default();
@@ -231,7 +232,14 @@ impl Metrics {
             "Config reloads (SIGHUP): result=\"ok\" (the file was read; backends may still have stopped) or \"failed\" (nothing changed)",
             reloads.clone(),
         );
+        let rollback_marks = Family::default();
+        registry.register(
+            "rollback_marks",
+            "Workspaces whose newest sealed state this server remembers, to refuse a rollback (at most 10000 per backend)",
+            rollback_marks.clone(),
+        );
         Metrics {
+            rollback_marks,
             backend_up,
             reloads,
             auth_failures,
@@ -323,6 +331,15 @@ impl Metrics {
     /// The key service counters of `backend`'s sealer.
     pub fn key_calls(&self, backend: &str) -> KeyCalls {
         self.keys.for_backend(self.backend(backend))
+    }
+
+    /// The gauge of how many rollback marks `backend` keeps.
+    pub fn rollback_marks(&self, backend: &str) -> Gauge {
+        self.rollback_marks
+            .get_or_create(&BackendLabels {
+                backend: self.backend(backend),
+            })
+            .clone()
     }
 
     /// A LOCK was refused: someone else holds it.

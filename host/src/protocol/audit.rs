@@ -58,16 +58,24 @@ impl<S> App<S> {
     }
 
     async fn search(&self, backend: &str, filter: Filter) -> Result<Vec<Record>, ApiError> {
-        let (audit, backend) = (self.audit.clone(), backend.to_string());
-        tokio::task::spawn_blocking(move || audit.query(&backend, &filter))
+        use crate::audit::SearchError;
+        self.audit
+            .search(backend, filter)
             .await
-            .map_err(|e| {
-                ApiError::Message(
-                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("reading the audit trail stopped: {e}"),
-                )
-            })?
-            .map_err(ApiError::bad_request)
+            .map_err(|e| match e {
+                SearchError::Bad(why) => ApiError::bad_request(why),
+                SearchError::Busy => ApiError::RetryAfter(
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    1,
+                    format!(
+                        "{} other audit searches are under way; retry in a moment",
+                        crate::audit::SEARCHES
+                    ),
+                ),
+                SearchError::Failed(why) => {
+                    ApiError::Message(axum::http::StatusCode::INTERNAL_SERVER_ERROR, why)
+                }
+            })
     }
 
     /// Fill in who wrote each of `versions` of `backend`/`workspace`, as

@@ -58,7 +58,7 @@ pub(crate) async fn write_unless_stale<S: Storage>(
         "a write sent without a lock (-lock=false), locked by the server for its duration".into(),
         "wasmstate".into(),
     );
-    if let Err(e) = target.storage.lock(target.workspace, own.clone()).await {
+    if let Err(e) = lock_for_unlocked_write(target, &own).await {
         if !matches!(e, StorageError::Locked(_)) {
             // The lock may have been taken all the same (an answer lost on
             // the way back): do not leave it behind.
@@ -73,6 +73,35 @@ pub(crate) async fn write_unless_stale<S: Storage>(
 
 /// The operation named in the lock the host takes for an unlocked write.
 const UNLOCKED_WRITE: &str = "wasmstate-unlocked-write";
+
+/// How long an unlocked write waits for another unlocked write's lock
+/// (held for one guarded write, on another replica) before answering 423.
+const UNLOCKED_WRITE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Take `own` for an unlocked write. Another replica's unlocked write
+/// holds its lock only while it writes: wait for it, so two unlocked
+/// racers from one serial get one 200 and one 409 (the guard's verdict on
+/// what the first wrote) wherever they land, as on one host, not a 423
+/// that depends on timing. A client's lock is answered at once (423).
+async fn lock_for_unlocked_write<S: Storage>(
+    target: &Target<'_, S>,
+    own: &crate::backend::LockInfo,
+) -> Result<(), StorageError> {
+    let deadline = tokio::time::Instant::now() + UNLOCKED_WRITE_WAIT;
+    let mut pause = std::time::Duration::from_millis(5);
+    loop {
+        match target.storage.lock(target.workspace, own.clone()).await {
+            Err(StorageError::Locked(holder))
+                if holder.operation == UNLOCKED_WRITE
+                    && tokio::time::Instant::now() + pause < deadline =>
+            {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
 
 /// Release the host's own lock `id`, trying a few times; what still fails
 /// is logged with what to do.
@@ -123,6 +152,53 @@ async fn write<S: Storage>(
         .map_err(|e: StorageError| target.error(e))
 }
 
+/// Largest stored state read whole to see whether it is empty: an empty
+/// one is a few hundred bytes.
+const EMPTY_STATE_MAX_BYTES: usize = 64 << 10;
+
+/// Whether the stored state is proven empty (see [`proven_empty`]). At
+/// most [`EMPTY_STATE_MAX_BYTES`] are read: anything longer is not empty.
+async fn stored_is_empty<S: Storage>(target: &Target<'_, S>) -> Result<bool, ApiError> {
+    let Some(stored) = target
+        .storage
+        .read_prefix(target.workspace, EMPTY_STATE_MAX_BYTES + 1)
+        .await
+        .map_err(|e| target.error(e))?
+    else {
+        return Ok(true);
+    };
+    Ok(stored.len() <= EMPTY_STATE_MAX_BYTES && proven_empty(&stored))
+}
+
+/// Whether `stored` is a state that provably holds nothing: a plain state
+/// (format 4 or later) whose `resources` is there and empty and whose
+/// `outputs` are empty. What cannot be seen into is not empty: an
+/// OpenTofu-encrypted state (its resources are ciphertext), a legacy
+/// format-3 state (its resources sit under `modules`), a state without
+/// `resources`, or bytes that are not JSON. Replacing any of those with
+/// another lineage could lose resources.
+fn proven_empty(stored: &[u8]) -> bool {
+    let Ok(serde_json::Value::Object(state)) = serde_json::from_slice(stored) else {
+        return false;
+    };
+    let plain = state
+        .get("encryption_version")
+        .is_none_or(|v| v.is_null() || v.as_str() == Some(""));
+    let format = state.get("version").and_then(|v| v.as_u64());
+    let no_resources =
+        matches!(state.get("resources"), Some(serde_json::Value::Array(r)) if r.is_empty());
+    let no_outputs = match state.get("outputs") {
+        None | Some(serde_json::Value::Null) => true,
+        Some(serde_json::Value::Object(outputs)) => outputs.is_empty(),
+        Some(_) => false,
+    };
+    plain
+        && format.is_some_and(|v| v >= 4)
+        && no_resources
+        && no_outputs
+        && !state.contains_key("modules")
+}
+
 /// Refuse a write that would replace the stored state with an unrelated
 /// (other lineage) or older (lower serial) one, as `terraform state push`
 /// does without `-force`. `Ok(true)`: the same serial with the same bytes
@@ -134,36 +210,6 @@ async fn write<S: Storage>(
 /// body without both (a state that never had them, or an envelope from
 /// OpenTofu 1.7.0-alpha1) is accepted only where the stored state has
 /// neither: it must not replace a state whose history it cannot show.
-/// Largest stored state read whole to see whether it is empty: an empty
-/// one is a few hundred bytes.
-const EMPTY_STATE_MAX_BYTES: usize = 64 << 10;
-
-/// Whether the stored state has no resources and no outputs. At most
-/// [`EMPTY_STATE_MAX_BYTES`] are read: anything longer is not empty.
-async fn stored_is_empty<S: Storage>(target: &Target<'_, S>) -> Result<bool, ApiError> {
-    let Some(stored) = target
-        .storage
-        .read_prefix(target.workspace, EMPTY_STATE_MAX_BYTES + 1)
-        .await
-        .map_err(|e| target.error(e))?
-    else {
-        return Ok(true);
-    };
-    if stored.len() > EMPTY_STATE_MAX_BYTES {
-        return Ok(false);
-    }
-    let Ok(state) = serde_json::from_slice::<serde_json::Value>(&stored) else {
-        return Ok(false);
-    };
-    let empty = |key: &str| match &state[key] {
-        serde_json::Value::Null => true,
-        serde_json::Value::Array(items) => items.is_empty(),
-        serde_json::Value::Object(items) => items.is_empty(),
-        _ => false,
-    };
-    Ok(empty("resources") && empty("outputs"))
-}
-
 async fn guard_stale_write<S: Storage>(
     target: &Target<'_, S>,
     incoming: &statefile::Header,
@@ -224,4 +270,44 @@ async fn guard_stale_write<S: Storage>(
         ));
     }
     Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::proven_empty;
+
+    /// Terraform's pg backend creates a workspace with this state: any
+    /// lineage may replace it.
+    #[test]
+    fn terraforms_empty_workspace_is_empty() {
+        let created = br#"{"version":4,"terraform_version":"1.11.4","serial":1,"lineage":"x","outputs":{},"resources":[],"check_results":null}"#;
+        assert!(proven_empty(created));
+        assert!(proven_empty(
+            br#"{"version":4,"serial":0,"lineage":"x","resources":[]}"#
+        ));
+    }
+
+    /// Issue 47, data 1: what cannot be seen into is never taken for empty.
+    #[test]
+    fn opaque_legacy_or_unparsable_states_are_not_empty() {
+        let not_empty: [&[u8]; 9] = [
+            // OpenTofu client-side encrypted: no top-level resources/outputs.
+            br#"{"serial":1,"lineage":"la","meta":{"key_provider.pbkdf2.p":"bWV0YQ=="},"encrypted_data":"AAAA","encryption_version":"v0"}"#,
+            // Even with an empty `resources` beside the ciphertext.
+            br#"{"serial":1,"lineage":"la","resources":[],"encrypted_data":"AAAA","encryption_version":"v0"}"#,
+            // Legacy format 3: resources under `modules`.
+            br#"{"version":3,"serial":1,"lineage":"la","modules":[{"path":["root"],"outputs":{},"resources":{"null_resource.a":{"type":"null_resource"}}}]}"#,
+            br#"{"version":3,"serial":1,"lineage":"la","modules":[],"resources":[]}"#,
+            // No `resources` at all, or resources, or outputs.
+            br#"{"version":4,"serial":1,"lineage":"la"}"#,
+            br#"{"version":4,"serial":1,"lineage":"la","resources":[{"type":"x"}]}"#,
+            br#"{"version":4,"serial":1,"lineage":"la","resources":[],"outputs":{"o":{"value":1}}}"#,
+            // Not JSON, or not an object.
+            b"\x00\x01 sealed bytes",
+            b"[]",
+        ];
+        for stored in not_empty {
+            assert!(!proven_empty(stored), "{}", String::from_utf8_lossy(stored));
+        }
+    }
 }

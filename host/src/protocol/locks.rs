@@ -30,8 +30,8 @@ pub(super) fn parse_lock_info(body: &[u8]) -> Result<LockInfo, ApiError> {
 }
 
 /// Take the lock for the LockInfo in `body`; with a `lock_ttl`, release
-/// first a holder older than it.
-pub(super) async fn lock<S: Storage>(
+/// first a holder older than it. Both doors lock through here.
+pub(crate) async fn lock<S: Storage>(
     app: &App<S>,
     target: &Target<'_, S>,
     caller: &Caller,
@@ -124,8 +124,9 @@ async fn took_over<S: Storage>(
 }
 
 /// Release the lock: the one whose ID `body` names, or with no body
-/// (`terraform force-unlock`) whoever holds it.
-pub(super) async fn unlock<S: Storage>(
+/// (`terraform force-unlock`) whoever holds it. Both doors unlock through
+/// here.
+pub(crate) async fn unlock<S: Storage>(
     app: &App<S>,
     target: &Target<'_, S>,
     body: Bytes,

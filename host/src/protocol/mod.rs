@@ -15,7 +15,7 @@ mod error;
 mod gate;
 mod guard;
 mod locks;
-pub(crate) use locks::force_unlock;
+pub(crate) use locks::{force_unlock, lock as lock_workspace, unlock as unlock_workspace};
 mod origin;
 mod record;
 mod reseal;
@@ -413,13 +413,30 @@ async fn list_route<S: Storage>(
     workspaces::list(&backend, storage, &caller).await
 }
 
-/// Any signed-in caller may read the metrics (they name backends, not data).
+/// The metrics name every backend and show each one's traffic: only a
+/// caller who may read every workspace of every backend (`*:*:read`, a
+/// scraper's token, or more) reads them; anyone on a server without users.
 async fn metrics_route<S: Storage>(
     State(app): State<Arc<App<S>>>,
     client: Option<Extension<ClientAddr>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    app.identify(&headers, client).await?;
+    let caller = app.identify(&headers, client).await?;
+    // A grant's workspace pattern matches the name `*` only when it is `*`
+    // itself (workspace names never are): a grant on every workspace.
+    let everywhere = app
+        .backends
+        .keys()
+        .all(|backend| caller.allows(backend, Some("*"), Role::Read));
+    if !everywhere {
+        let name = caller.identity().map_or("anyone", |i| i.name.as_str());
+        return Err(ApiError::Message(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{name} may not read /metrics: they cover every backend; use a token with a grant of \"*:*:read\" (or more) for the scraper"
+            ),
+        ));
+    }
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,

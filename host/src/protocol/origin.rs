@@ -18,7 +18,9 @@
 //!   exception: each carries its session's CSRF token instead.
 //!
 //! Terraform, OpenTofu and the CLI send IP or configured host names, no
-//! `Origin`, and `application/json` on every body.
+//! `Origin`, and `application/json` on every body (the cloud block:
+//! `application/vnd.api+json`, and `application/octet-stream` for state
+//! uploads; neither is a type a page may send without a preflight).
 
 use super::error::ApiError;
 use axum::extract::{Request, State};
@@ -115,11 +117,22 @@ pub async fn guard(State(policy): State<OriginPolicy>, request: Request, next: N
             .and_then(|v| v.to_str().ok())
             .is_some_and(|n| n.trim() != "0")
             || headers.contains_key(header::TRANSFER_ENCODING);
+        // JSON:API (the cloud block) and octet-stream (its state uploads)
+        // are no more a page's to send without a preflight than JSON is.
         let json = headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.split(';').next())
-            .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
+            .is_some_and(|t| {
+                let t = t.trim();
+                [
+                    "application/json",
+                    "application/vnd.api+json",
+                    "application/octet-stream",
+                ]
+                .iter()
+                .any(|allowed| t.eq_ignore_ascii_case(allowed))
+            });
         // The console's forms are form-encoded, as browsers send them; each
         // carries its session's CSRF token, which the console checks.
         let console_form = request.uri().path().starts_with("/ui/");

@@ -88,7 +88,17 @@ async fn dispatch<S: Storage>(
                 "LOCK" | "UNLOCK" => app
                     .read_body_up_to(body, LOCK_BODY_BYTES)
                     .await
-                    .map(|body| (body, Held::default())),
+                    .map(|body| (body, Held::default()))
+                    .map_err(|e| match e.status() {
+                        StatusCode::PAYLOAD_TOO_LARGE => ApiError::Message(
+                            StatusCode::PAYLOAD_TOO_LARGE,
+                            format!(
+                                "a lock's details may be at most {} KiB (Terraform sends a few hundred bytes); nothing was locked or unlocked",
+                                LOCK_BODY_BYTES >> 10
+                            ),
+                        ),
+                        _ => e,
+                    }),
                 _ => app.read_body(body).await,
             };
             match read {
@@ -178,8 +188,10 @@ async fn dispatch<S: Storage>(
 }
 
 /// The largest LOCK or UNLOCK body (Terraform's lock details are a few
-/// hundred bytes; the lock fields a guest keeps are cut to 4 KiB).
-const LOCK_BODY_BYTES: usize = 1 << 20;
+/// hundred bytes; the lock fields a guest keeps are cut to 4 KiB). Not
+/// charged to the body budget (readers filling it must not strand a lock),
+/// so small: every connection allowed could hold one while it arrives.
+const LOCK_BODY_BYTES: usize = 16 << 10;
 
 async fn read<S: Storage>(
     bodies: &BodyBudget,

@@ -14,6 +14,13 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// instances (its module plus wit-component's shims).
 const MEMORIES_PER_COMPONENT: u32 = 2;
 const CORE_INSTANCES_PER_COMPONENT: u32 = 8;
+/// The most core instances (and tables) one component instance may take
+/// from the pool, which holds `CORE_INSTANCES_PER_COMPONENT` per instance
+/// slot: room for a guest linked from many modules (a Python or
+/// JavaScript guest has a dozen or so), never the whole pool (wasmtime's
+/// default is no bound: one guest with thousands of core instances would
+/// leave none for any other backend's instances).
+const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 32;
 
 /// Memory kept resident per pool slot between instances (reset in place
 /// when an instance ends): a small request's heap then needs no page
@@ -67,6 +74,8 @@ pub fn build(
         .total_tables(max_instances * CORE_INSTANCES_PER_COMPONENT)
         .total_stacks(max_instances)
         .max_memories_per_component(MEMORIES_PER_COMPONENT)
+        .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
+        .max_tables_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
         .max_memory_size(usize::try_from(max_memory_bytes)?)
         .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
         .table_keep_resident(TABLE_KEEP_RESIDENT_BYTES)
@@ -115,5 +124,74 @@ impl EpochTicker {
 impl Drop for EpochTicker {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A component of `n` core instances of one small module (one table
+    /// each): the module by wasm-encoder, the component's two sections
+    /// (core module, core instances) by hand.
+    fn component_of(n: u32) -> Vec<u8> {
+        let mut tables = wasm_encoder::TableSection::new();
+        tables.table(wasm_encoder::TableType {
+            element_type: wasm_encoder::RefType::FUNCREF,
+            minimum: 1,
+            maximum: Some(1),
+            table64: false,
+            shared: false,
+        });
+        let mut module = wasm_encoder::Module::new();
+        module.section(&tables);
+        let module = module.finish();
+        fn leb(mut n: usize, out: &mut Vec<u8>) {
+            loop {
+                let byte = (n & 0x7f) as u8;
+                n >>= 7;
+                out.push(if n == 0 { byte } else { byte | 0x80 });
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        // Each core instance: instantiate module 0 with no arguments.
+        let mut instances = Vec::new();
+        leb(n as usize, &mut instances);
+        for _ in 0..n {
+            instances.extend([0x00, 0x00, 0x00]);
+        }
+        let mut component = b"\0asm\x0d\x00\x01\x00".to_vec();
+        for (id, body) in [(0x01, module), (0x02, instances)] {
+            component.push(id);
+            leb(body.len(), &mut component);
+            component.extend(body);
+        }
+        component
+    }
+
+    /// One component may not take more of the pool's core instances than
+    /// its bound, however large the pool.
+    #[tokio::test]
+    async fn a_component_with_too_many_core_instances_is_refused() {
+        let engine = build(64, 1 << 20, true).unwrap();
+        let linker = wasmtime::component::Linker::<()>::new(&engine);
+        let instantiate = async |n: u32| {
+            let component = wasmtime::component::Component::new(&engine, component_of(n))?;
+            let mut store = wasmtime::Store::new(&engine, ());
+            linker
+                .instantiate_async(&mut store, &component)
+                .await
+                .map(|_| ())
+        };
+        instantiate(MAX_CORE_INSTANCES_PER_COMPONENT).await.unwrap();
+        let refused = instantiate(MAX_CORE_INSTANCES_PER_COMPONENT + 1)
+            .await
+            .unwrap_err();
+        assert!(
+            format!("{refused:#}").contains("core module instances"),
+            "{refused:#}"
+        );
     }
 }

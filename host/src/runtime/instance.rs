@@ -27,7 +27,9 @@
 use super::guest::Shared;
 use super::limits::{MemoryLimiter, Refusal};
 use super::ready::Watch;
-use super::sandbox::{STDERR_CAPACITY, Sandbox};
+use super::sandbox::{
+    STDERR_CAPACITY, Sandbox, http_ctx, limit_store, resource_table, wasi_builder,
+};
 use super::turns::{Core, Slots, TurnHook};
 use super::versions::Guest;
 use super::{GUEST_DATA_DIR, OUTER_GRACE, outbound};
@@ -37,16 +39,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use tokio::sync::OwnedSemaphorePermit;
-use wasmtime::component::ResourceTable;
 use wasmtime::{Store, UpdateDeadline};
+use wasmtime_wasi::FsPerms;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
-use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
-use wasmtime_wasi_http::WasiHttpCtx;
-
-/// Most resource handles (files, streams, requests) one instance holds: a
-/// storage guest holds a few at once; wasmtime's default allows a million
-/// entries of host memory.
-const MAX_HANDLES: usize = 4096;
 
 /// How long a ready instance waits for a call before it is dropped.
 pub const READY_IDLE: Duration = Duration::from_secs(10);
@@ -233,7 +228,7 @@ impl Shared {
     ) -> StorageResult<Store<Sandbox>> {
         let core = Core::new(self.turns.clone(), deadline, slots);
         let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
-        let mut wasi = WasiCtxBuilder::new();
+        let mut wasi = wasi_builder();
         // File operations on a local disk are short; running them inline
         // (on the guest threads, never the HTTP ones) instead of on a
         // blocking pool halves a small read's latency.
@@ -250,12 +245,8 @@ impl Shared {
         }
         let sandbox = Sandbox {
             wasi: wasi.build(),
-            table: {
-                let mut table = ResourceTable::new();
-                table.set_max_capacity(MAX_HANDLES);
-                table
-            },
-            http: WasiHttpCtx::new(),
+            table: resource_table(),
+            http: http_ctx(),
             outbound: outbound::Outbound {
                 policy: self.outbound.clone(),
                 backend: self.name.clone(),
@@ -288,6 +279,7 @@ impl Shared {
         };
         let mut store = Store::new(&self.engine, sandbox);
         store.limiter(|s| &mut s.limiter);
+        limit_store(&mut store, self.max_lift_bytes);
         // The guest holds a turn on the cores only while it runs wasm: the
         // call hook takes it on the way in and gives it back on every call
         // into the host, and every epoch tick passes it on (so a spinning

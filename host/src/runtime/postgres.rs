@@ -5,6 +5,7 @@
 use super::bindings::wasmstate::backend::postgres as wit;
 use super::bindings::wasmstate::backend::types::LockInfo;
 use super::chunks::{StateSink, StateSource};
+use super::limits::{Budget, WASM_PAGE};
 use super::sandbox::Sandbox;
 use crate::capabilities::postgres::{Holder, PgError, PgStore, locks::Refusal};
 use std::sync::Arc;
@@ -99,6 +100,62 @@ fn from_text(data: &str) -> Result<std::borrow::Cow<'_, [u8]>, wit::PgError> {
     }
 }
 
+/// Most bytes of workspace names one listing holds: what the host lifts
+/// back from a guest's listing at most (`MAX_LIST_BYTES` of the guest
+/// calls).
+const MAX_NAMES_BYTES: usize = 16 << 20;
+
+/// Bytes the host holds during one call for a guest (a state fetched from
+/// the database, the names of a listing), charged to the backend's and the
+/// server's memory budgets before they are fetched, as the bodies the host
+/// reads for a guest are, and given back when the call ends.
+struct Held {
+    budgets: [Budget; 2],
+    permits: Vec<tokio::sync::OwnedSemaphorePermit>,
+    bytes: usize,
+    most: usize,
+}
+
+impl Held {
+    fn new(budgets: &[Budget; 2], most: usize) -> Self {
+        Held {
+            budgets: budgets.clone(),
+            permits: Vec::new(),
+            bytes: 0,
+            most,
+        }
+    }
+
+    /// Charge `more` bytes (whole pages, as the budgets count), or say why
+    /// not; nothing is charged for a refusal.
+    fn admit(&mut self, more: usize) -> Result<(), PgError> {
+        let after = self.bytes.saturating_add(more);
+        if after > self.most {
+            return Err(PgError::Internal(format!(
+                "the database's answer is larger than the {} MiB this server holds for one call",
+                self.most >> 20
+            )));
+        }
+        let page = WASM_PAGE as usize;
+        let pages = (after.div_ceil(page) - self.bytes.div_ceil(page)) as u64;
+        let mut taken = Vec::new();
+        for budget in &self.budgets {
+            match budget.take_owned(pages) {
+                Some(permit) => taken.extend(permit),
+                None => {
+                    return Err(PgError::Unavailable(
+                        "the database's answer is past the guest memory budget; retry when fewer requests are running"
+                            .into(),
+                    ));
+                }
+            }
+        }
+        self.permits.extend(taken);
+        self.bytes = after;
+        Ok(())
+    }
+}
+
 impl Sandbox {
     /// The backend's database, or the refusal a guest without one gets.
     fn database(&self) -> Result<Arc<PgStore>, wit::PgError> {
@@ -128,7 +185,10 @@ async fn until<T>(
 impl wit::Host for Sandbox {
     async fn list_names(&mut self) -> Result<Vec<String>, wit::PgError> {
         let db = self.database()?;
-        until(self.core.deadline(), db.list_names()).await
+        let mut held = Held::new(&self.outbound.budgets, MAX_NAMES_BYTES);
+        let max_name = wasmstate_types::names::MAX_NAME_LEN;
+        let names = db.list_names(max_name, |bytes| held.admit(bytes));
+        until(self.core.deadline(), names).await
     }
 
     async fn read_into(
@@ -137,7 +197,11 @@ impl wit::Host for Sandbox {
         into: Resource<StateSink>,
     ) -> Result<Option<u64>, wit::PgError> {
         let db = self.database()?;
-        let Some(data) = until(self.core.deadline(), db.read(&name)).await? else {
+        // The fetched text, charged while it is held (the sink's copy is
+        // charged below, as every host copy into a sink is).
+        let mut held = Held::new(&self.outbound.budgets, usize::MAX);
+        let read = db.read(&name, |bytes| held.admit(bytes));
+        let Some(data) = until(self.core.deadline(), read).await? else {
             return Ok(None);
         };
         let bytes = from_text(&data)?;
@@ -211,5 +275,39 @@ impl wit::Host for Sandbox {
         let db = self.database()?;
         let released = db.unlock(&name, &id, force);
         Ok(until(self.core.deadline(), released).await?.map(holder))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Held, WASM_PAGE};
+    use crate::runtime::limits::Budget;
+
+    /// What a call holds is charged to both budgets before it is held,
+    /// refused past either (or past the call's own most), and given back
+    /// when the call ends.
+    #[test]
+    fn fetched_bytes_are_charged_to_the_budgets_while_held() {
+        let page = WASM_PAGE as usize;
+        let (backend, server) = (Budget::new(8 * WASM_PAGE), Budget::new(100 * WASM_PAGE));
+        let budgets = [backend.clone(), server.clone()];
+        {
+            let mut held = Held::new(&budgets, 64 * page);
+            held.admit(100).unwrap();
+            held.admit(100).unwrap();
+            assert_eq!(backend.used_bytes(), WASM_PAGE, "names share pages");
+            held.admit(5 * page).unwrap();
+            assert_eq!(backend.used_bytes(), 6 * WASM_PAGE);
+            assert_eq!(server.used_bytes(), 6 * WASM_PAGE);
+            // Past the backend's share: refused, and nothing more charged.
+            assert!(held.admit(4 * page).is_err());
+            assert_eq!(backend.used_bytes(), 6 * WASM_PAGE);
+            assert_eq!(server.used_bytes(), 6 * WASM_PAGE);
+        }
+        assert_eq!(backend.used_bytes(), 0, "given back with the call");
+        assert_eq!(server.used_bytes(), 0);
+        let mut capped = Held::new(&budgets, 2 * page);
+        assert!(capped.admit(3 * page).is_err());
+        assert_eq!(backend.used_bytes(), 0);
     }
 }

@@ -22,6 +22,57 @@ pub const MAX_LOG_LINE: usize = 2048;
 /// Bytes of guest stderr kept (panic messages); writing more traps the guest.
 pub const STDERR_CAPACITY: usize = 16 * 1024;
 
+// What WASI allocates on the host for a guest, outside its memory limit
+// (GHSA-852m-cvvp-9p4w), sized to this server rather than left at
+// wasmtime's generic defaults: a guest of any backend holds at most
+// MAX_HANDLES x MAX_FIELDS_BYTES (64 MiB) of header sets, asks at most
+// MAX_RANDOM_BYTES at once, and hands the host at most what the host lifts
+// from it anyway (`max_lift_bytes`) in one call.
+
+/// Most resource handles (files, streams, requests, header sets) one
+/// instance holds, in the host's table and the component's own: a storage
+/// guest holds a few dozen at once (wasmtime: a million entries of host
+/// memory, and 100,000 component handles).
+pub const MAX_HANDLES: usize = 4096;
+/// Largest random-byte request (`wasi:random`): a guest asks for a seed or
+/// an ID, a few dozen bytes (wasmtime: 64 MiB, allocated on the host).
+pub const MAX_RANDOM_BYTES: u64 = 1 << 20;
+/// Largest in-memory size of one set of HTTP header fields: a storage
+/// API's headers are a few KiB on the wire (wasmtime: 128 KiB per set).
+pub const MAX_FIELDS_BYTES: usize = 16 << 10;
+
+/// WASI for one instance, with its host allocations bounded as above.
+pub fn wasi_builder() -> wasmtime_wasi::WasiCtxBuilder {
+    let mut wasi = wasmtime_wasi::WasiCtxBuilder::new();
+    wasi.max_random_size(MAX_RANDOM_BYTES);
+    wasi
+}
+
+/// `wasi:http` for one instance, its header sets bounded as above.
+pub fn http_ctx() -> WasiHttpCtx {
+    let mut http = WasiHttpCtx::new();
+    http.set_field_size_limit(MAX_FIELDS_BYTES);
+    http
+}
+
+/// The host's table of an instance's resources, bounded as above.
+pub fn resource_table() -> ResourceTable {
+    let mut table = ResourceTable::new();
+    table.set_max_capacity(MAX_HANDLES);
+    table
+}
+
+/// Bound what the component model lets a guest of `store` allocate on the
+/// host: live component handles, and the bytes it hands the host in one
+/// call (`max_lift_bytes`, what the host takes back from a guest at most:
+/// the largest state plus a margin; wasmtime's default of 128 MiB would
+/// both allow more than that and refuse a server configured for larger
+/// states).
+pub fn limit_store<T>(store: &mut wasmtime::Store<T>, max_lift_bytes: usize) {
+    store.set_hostcall_fuel(max_lift_bytes);
+    store.set_max_component_handles(MAX_HANDLES);
+}
+
 /// The state of one sandboxed instance, for one request.
 pub struct Sandbox {
     /// WASI context: no environment, no arguments, no network, and only the
@@ -113,5 +164,31 @@ impl host::Host for Sandbox {
             .iter()
             .find(|(k, _)| *k == name)
             .map(|(_, v)| v.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_wasi_allocates_for_a_guest_is_sized_to_this_server() {
+        use wasmtime_wasi::p2::bindings::random::random::Host as _;
+        let mut wasi = wasi_builder().build();
+        let random = wasi.random();
+        assert!(random.get_random_bytes(MAX_RANDOM_BYTES + 1).is_err());
+        assert_eq!(random.get_random_bytes(64).unwrap().len(), 64);
+        // wasmtime keeps the limit private; its Debug shows it.
+        let http = format!("{:?}", http_ctx());
+        assert!(
+            http.contains(&format!("field_size_limit: {MAX_FIELDS_BYTES}")),
+            "{http}"
+        );
+        assert_eq!(resource_table().max_capacity(), MAX_HANDLES);
+        let engine = wasmtime::Engine::default();
+        let mut store = wasmtime::Store::new(&engine, ());
+        limit_store(&mut store, 65 << 20);
+        assert_eq!(store.hostcall_fuel(), 65 << 20);
+        assert_eq!(store.max_component_handles(), MAX_HANDLES);
     }
 }

@@ -20,6 +20,17 @@
 //! makes the state fail to open. Every write uses a fresh random nonce.
 //! The key id names which configured key sealed it, so keys can rotate.
 //! Which key seals and how keys are fetched is [`super::sealer`]'s.
+//!
+//! Formats 2 and 3 may also carry `started`: when the state's current life
+//! on storage began (Unix nanoseconds; see [`super::rollback`]), in clear
+//! beside a `started_tag`, an HMAC-SHA256 under a key derived from the
+//! sealing key over the same bound fields, `started` and the envelope's
+//! nonce. It is bound by its own tag, not by the ciphertext's associated
+//! data, so wasmstate builds that predate it still open these envelopes
+//! (they ignore both fields). Editing `started` or moving it to another
+//! envelope makes the state fail to open here; removing both fields makes
+//! it read as started 0, the earliest, which can only make the rollback
+//! check refuse it.
 
 use aes_gcm::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
 use aes_gcm::{Aes256Gcm, Key, Nonce};
@@ -84,11 +95,21 @@ struct Sealed {
     /// it can only make that check start later, never refuse a state.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     restarts: bool,
+    /// When the state's life began (Unix ns); absent (0) in older envelopes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    started: u64,
+    /// The tag binding `started` (base64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    started_tag: Option<String>,
     /// Format 3: the data key, wrapped by the key service.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     wrapped_key: Option<String>,
     nonce: String,
     ciphertext: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Whether `stored` is an envelope written with `allow_force_push` on
@@ -105,6 +126,10 @@ pub struct StateHeader {
     pub serial: Option<u64>,
     /// Terraform's `lineage`.
     pub lineage: Option<String>,
+    /// When the state's life began, from its envelope (0: not sealed, or
+    /// sealed before envelopes carried it). Never read from a state.
+    #[serde(skip)]
+    pub started: u64,
 }
 
 impl StateHeader {
@@ -126,6 +151,9 @@ pub struct Label {
     pub key_id: String,
     /// Written with `allow_force_push` on.
     pub restarts: bool,
+    /// When the state's life began, as written in clear (0 when absent);
+    /// unchecked until the envelope is opened.
+    pub started: u64,
 }
 
 /// The label of a sealed `stored`; `None` when it is not an envelope.
@@ -136,6 +164,8 @@ pub fn label(stored: &[u8]) -> Option<Label> {
         key_id: String,
         #[serde(default)]
         restarts: bool,
+        #[serde(default)]
+        started: u64,
     }
     #[derive(Deserialize)]
     struct Outer {
@@ -147,7 +177,43 @@ pub fn label(stored: &[u8]) -> Option<Label> {
         format: f.format,
         key_id: f.key_id,
         restarts: f.restarts,
+        started: f.started,
     })
+}
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+/// The MAC binding `started` to the envelope sealed under `key` with
+/// `nonce`: HMAC-SHA256 under a key derived from `key` (the sealing key is
+/// not used as is for a second primitive), over what the associated data
+/// binds, `started` and the nonce.
+fn started_mac(
+    key: &[u8; 32],
+    format: u32,
+    place: Place<'_>,
+    header: &StateHeader,
+    started: u64,
+    nonce: &[u8],
+) -> HmacSha256 {
+    use hmac::Mac;
+    let mut derive = <HmacSha256 as Mac>::new_from_slice(key).expect("HMAC takes any key length");
+    derive.update(b"wasmstate-started-key");
+    let derived = derive.finalize().into_bytes();
+    let mut mac = <HmacSha256 as Mac>::new_from_slice(&derived).expect("HMAC takes any key length");
+    let serial = header.serial.map(|s| s.to_string()).unwrap_or_default();
+    let bound = serde_json::to_vec(&(
+        "wasmstate-started",
+        format,
+        place.backend,
+        place.workspace,
+        header.lineage.as_deref().unwrap_or(""),
+        serial,
+        started.to_string(),
+        BASE64.encode(nonce),
+    ))
+    .expect("strings serialise");
+    mac.update(&bound);
+    mac
 }
 
 fn associated_data(format: u32, place: Place<'_>, header: &StateHeader) -> Vec<u8> {
@@ -179,7 +245,8 @@ pub struct Sealing<'a> {
 }
 
 /// Encrypt a plain state of `place`, whose clear fields are `header`,
-/// into an envelope; `restarts` when written with `allow_force_push`.
+/// into an envelope; `restarts` when written with `allow_force_push`. The
+/// envelope says its life began at `header.started` (none when 0).
 pub fn seal(
     sealing: Sealing<'_>,
     place: Place<'_>,
@@ -204,12 +271,20 @@ pub fn seal(
             },
         )
         .map_err(|_| "AES-GCM encryption failed".to_string())?;
+    let started = header.started;
+    let started_tag = (started != 0).then(|| {
+        use hmac::Mac;
+        let mac = started_mac(sealing.key, format, place, header, started, &nonce);
+        BASE64.encode(mac.finalize().into_bytes())
+    });
     let envelope = Envelope {
         wasmstate_encrypted: Sealed {
             format,
             algorithm: ALGORITHM.into(),
             key_id: sealing.key_id.to_string(),
             restarts,
+            started,
+            started_tag,
             wrapped_key: sealing.wrapped.map(|w| BASE64.encode(w)),
             nonce: BASE64.encode(nonce),
             ciphertext: BASE64.encode(ciphertext),
@@ -228,8 +303,10 @@ pub struct Parsed {
     pub key_id: String,
     /// Format 3: the wrapped data key.
     pub wrapped: Option<Vec<u8>>,
-    /// Its clear fields.
+    /// Its clear fields, `started` among them.
     pub header: StateHeader,
+    /// The tag binding `header.started` (when not 0).
+    started_tag: Option<Vec<u8>>,
     nonce: Vec<u8>,
     ciphertext: Vec<u8>,
 }
@@ -280,6 +357,20 @@ pub fn parse(stored: &[u8], accept_unbound: bool) -> Result<Parsed, String> {
     if nonce.len() != 12 {
         return Err("the stored state's nonce is not 12 bytes".into());
     }
+    // `started` comes with its tag, or neither is there.
+    let started_tag = match (sealed.started, &sealed.started_tag) {
+        (0, None) => None,
+        (started, Some(tag)) if started != 0 && sealed.format != FORMAT_UNBOUND => {
+            Some(decode("started tag", tag)?)
+        }
+        _ => {
+            return Err(
+                "the stored state's envelope has `started` without its tag, or a tag without `started`: \
+                 it was altered"
+                    .into(),
+            );
+        }
+    };
     Ok(Parsed {
         format: sealed.format,
         wrapped: sealed
@@ -292,7 +383,9 @@ pub fn parse(stored: &[u8], accept_unbound: bool) -> Result<Parsed, String> {
         header: StateHeader {
             serial: envelope.serial,
             lineage: envelope.lineage,
+            started: sealed.started,
         },
+        started_tag,
         nonce,
     })
 }
@@ -300,6 +393,27 @@ pub fn parse(stored: &[u8], accept_unbound: bool) -> Result<Parsed, String> {
 /// Decrypt `parsed` for `place` with `key` (the material, or the data key
 /// its wrapped key held).
 pub fn decrypt(parsed: &Parsed, key: &[u8; 32], place: Place<'_>) -> Result<Vec<u8>, String> {
+    let altered = || {
+        format!(
+            "the stored state does not open with key {:?} for {}/{}: it was sealed with other key \
+             material, for another backend or workspace, or its bytes were altered",
+            parsed.key_id, place.backend, place.workspace
+        )
+    };
+    if let Some(tag) = &parsed.started_tag {
+        use hmac::Mac;
+        let header = &parsed.header;
+        started_mac(
+            key,
+            parsed.format,
+            place,
+            header,
+            header.started,
+            &parsed.nonce,
+        )
+        .verify_slice(tag)
+        .map_err(|_| altered())?;
+    }
     let cipher = Aes256Gcm::new(Key::<Aes256Gcm>::from_slice(key));
     let aad = associated_data(parsed.format, place, &parsed.header);
     cipher
@@ -310,141 +424,9 @@ pub fn decrypt(parsed: &Parsed, key: &[u8; 32], place: Place<'_>) -> Result<Vec<
                 aad: &aad,
             },
         )
-        .map_err(|_| {
-            format!(
-                "the stored state does not open with key {:?} for {}/{}: it was sealed with other key \
-                 material, for another backend or workspace, or its bytes were altered",
-                parsed.key_id, place.backend, place.workspace
-            )
-        })
+        .map_err(|_| altered())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const STATE: &[u8] =
-        br#"{"version":4,"serial":7,"lineage":"abc","outputs":{"pw":{"value":"hunter2"}}}"#;
-    const HERE: Place<'static> = Place {
-        backend: "prod",
-        workspace: "net",
-    };
-    const KEY: [u8; 32] = [7; 32];
-
-    fn sealed(wrapped: Option<&[u8]>, place: Place<'_>, restarts: bool) -> Vec<u8> {
-        let sealing = Sealing {
-            key_id: "k1",
-            key: &KEY,
-            wrapped,
-        };
-        seal(sealing, place, STATE, &StateHeader::of(STATE), restarts).unwrap()
-    }
-
-    fn open(stored: &[u8], key: &[u8; 32], place: Place<'_>) -> Result<Vec<u8>, String> {
-        decrypt(&parse(stored, false)?, key, place)
-    }
-
-    #[test]
-    fn round_trip_keeps_serial_and_lineage_readable_and_hides_the_rest() {
-        for wrapped in [None, Some(&b"wrapped by KMS"[..])] {
-            let stored = sealed(wrapped, HERE, false);
-            assert!(is_sealed(&stored));
-            let text = String::from_utf8(stored.clone()).unwrap();
-            assert!(!text.contains("hunter2"), "{text}");
-            let clear = StateHeader {
-                serial: Some(7),
-                lineage: Some("abc".into()),
-            };
-            assert_eq!(StateHeader::of(&stored), clear);
-            // What the history listing reads without parsing the ciphertext.
-            assert_eq!(
-                crate::statefile::version_of_envelope(&stored),
-                Some(("abc".to_string(), 7))
-            );
-            let parsed = parse(&stored, false).unwrap();
-            assert_eq!(parsed.wrapped.as_deref(), wrapped);
-            let format = if wrapped.is_some() { 3 } else { 2 };
-            assert_eq!(parsed.format, format);
-            assert_eq!(
-                label(&stored),
-                Some(Label {
-                    format,
-                    key_id: "k1".into(),
-                    restarts: false
-                })
-            );
-            assert_eq!(open(&stored, &KEY, HERE).unwrap(), STATE);
-        }
-        assert_eq!(crate::statefile::version_of_envelope(STATE), None);
-        assert!(!restarts(&sealed(None, HERE, false)));
-        assert!(restarts(&sealed(None, HERE, true)));
-    }
-
-    #[test]
-    fn nonces_are_fresh() {
-        assert_ne!(sealed(None, HERE, false), sealed(None, HERE, false));
-    }
-
-    #[test]
-    fn an_envelope_opens_only_where_it_was_sealed_and_with_its_key() {
-        for wrapped in [None, Some(&b"w"[..])] {
-            let stored = sealed(wrapped, HERE, false);
-            for elsewhere in [
-                Place {
-                    backend: "prod",
-                    workspace: "other",
-                },
-                Place {
-                    backend: "dev",
-                    workspace: "net",
-                },
-            ] {
-                let err = open(&stored, &KEY, elsewhere).unwrap_err();
-                assert!(err.contains("for another backend or workspace"), "{err}");
-            }
-            let err = open(&stored, &[8; 32], HERE).unwrap_err();
-            assert!(err.contains("does not open with key \"k1\""), "{err}");
-        }
-    }
-
-    #[test]
-    fn tampering_with_the_clear_serial_or_the_format_is_detected() {
-        let stored = String::from_utf8(sealed(None, HERE, false)).unwrap();
-        let forged = stored.replace("\"serial\":7", "\"serial\":70");
-        assert_ne!(forged, stored);
-        assert!(open(forged.as_bytes(), &KEY, HERE).is_err());
-        // A format-3 envelope relabelled format 2 (dropping its wrapped
-        // key) or the reverse is refused before any key is used.
-        let wrapped = String::from_utf8(sealed(Some(b"w"), HERE, false)).unwrap();
-        let relabelled = wrapped.replace("\"format\":3", "\"format\":2");
-        let err = parse(relabelled.as_bytes(), false).err().unwrap();
-        assert!(err.contains("does not know"), "{err}");
-        let unknown = stored.replace("\"format\":2", "\"format\":9");
-        assert!(parse(unknown.as_bytes(), false).is_err());
-    }
-
-    #[test]
-    fn format_one_needs_the_migration_switch() {
-        let stored = String::from_utf8(sealed(None, HERE, false))
-            .unwrap()
-            .replace("\"format\":2", "\"format\":1");
-        let err = parse(stored.as_bytes(), false).err().unwrap();
-        assert!(err.contains("format 1"), "{err}");
-        assert!(parse(stored.as_bytes(), true).is_ok());
-    }
-
-    #[test]
-    fn bad_key_material_is_explained() {
-        assert!(
-            parse_material("k", "not base64!")
-                .unwrap_err()
-                .contains("generate-key")
-        );
-        assert!(
-            parse_material("k", "AAAA")
-                .unwrap_err()
-                .contains("needs 32")
-        );
-        assert!(parse_material("k", &generate_material()).is_ok());
-    }
-}
+#[path = "envelope_tests.rs"]
+mod tests;

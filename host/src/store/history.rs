@@ -92,14 +92,19 @@ impl History {
         .map_err(io::Error::other)?
     }
 
-    /// The lineage and serial of the newest kept version of `workspace`
-    /// (read from its clear fields, sealed or not), if it has a serial.
-    pub async fn newest_version(&self, workspace: &str) -> Option<(Option<String>, u64)> {
+    /// The lineage, `started` (0 where none) and serial of the newest kept
+    /// version of `workspace` (read from its clear fields, sealed or not),
+    /// if it has a serial.
+    pub async fn newest_version(&self, workspace: &str) -> Option<(Option<String>, u64, u64)> {
         let newest = self.list(workspace).await.ok()?.into_iter().next()?;
         newest.serial?;
         let stored = self.read(workspace, &newest.id).await.ok()??;
         let header = super::envelope::StateHeader::of(&stored);
-        Some((header.lineage, header.serial?))
+        let started = match super::envelope::is_sealed(&stored) {
+            true => super::envelope::label(&stored).map_or(0, |l| l.started),
+            false => 0,
+        };
+        Some((header.lineage, started, header.serial?))
     }
 
     /// The stored bytes of version `id`, `None` when it is not kept (or the

@@ -8,6 +8,7 @@
 //! sealed before the guest and the history see them, so both hold only
 //! ciphertext when encryption is on.
 
+mod checked;
 pub mod envelope;
 pub mod history;
 pub mod keys;
@@ -21,7 +22,7 @@ use bytes::Bytes;
 use envelope::StateHeader;
 use history::History;
 use keys::EncryptionSpec;
-use rollback::{ReadStart, RollbackMarks};
+use rollback::{ReadStart, RollbackMarks, Stamp};
 use sealer::{Opened, Sealer};
 use seed::Seed;
 use std::sync::Arc;
@@ -165,15 +166,42 @@ impl<S: Storage> Store<S> {
         self.open_as(&self.backend, workspace, stored).await
     }
 
+    /// What storage holds as the current state of `workspace`, where
+    /// Terraform's plain empty state counts as none under encryption
+    /// ([`sealer::is_plain_empty_state`]): the `postgres` guest writes it
+    /// when a workspace is created, and it is neither served nor judged
+    /// (storage could plant one to reset the rollback marks, or one with
+    /// outputs hidden behind duplicate keys), so the workspace reads as
+    /// empty and its first write is sealed.
+    pub(super) async fn read_stored(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
+        let stored = self.inner.read(workspace).await?;
+        match (&self.sealer, &stored) {
+            (Some(sealer), Some(bytes))
+                if !sealer.accepts_plain()
+                    && !envelope::is_sealed(bytes)
+                    && sealer::is_plain_empty_state(bytes) =>
+            {
+                Ok(None)
+            }
+            _ => Ok(stored),
+        }
+    }
+
     /// The clear fields of a state to write and what to store for it
-    /// (sealed, with keys), computed as the backend's host work.
-    async fn seal(&self, workspace: &str, state: Bytes) -> StorageResult<(StateHeader, Bytes)> {
+    /// (sealed, with keys, its life's `started` from `stamp`), computed as
+    /// the backend's host work.
+    async fn seal(
+        &self,
+        workspace: &str,
+        state: Bytes,
+        stamp: Stamp,
+    ) -> StorageResult<(StateHeader, Bytes)> {
         match &self.sealer {
             Some(sealer) => {
                 let work = self.inner.host_work();
                 let restarts = self.older_states_allowed;
                 sealer
-                    .seal(&work, &self.backend, workspace, state, restarts)
+                    .seal(&work, &self.backend, workspace, state, restarts, stamp)
                     .await
             }
             None if self.history.is_none() => Ok((StateHeader::default(), state)),
@@ -193,8 +221,9 @@ impl<S: Storage> Store<S> {
         &self,
         workspace: &str,
         state: Bytes,
+        stamp: Stamp,
     ) -> StorageResult<(StateHeader, Bytes)> {
-        let (header, stored) = self.seal(workspace, state).await?;
+        let (header, stored) = self.seal(workspace, state, stamp).await?;
         if stored.len() > self.max_stored_bytes {
             return Err(StorageError::TooLarge(format!(
                 "the state is {} bytes as stored (sealed), more than the {} this server reads back \
@@ -213,16 +242,26 @@ impl<S: Storage> Store<S> {
         }
     }
 
+    /// Whether reads are checked for rollbacks: with encryption on, unless
+    /// older states are written on purpose (`allow_force_push`).
+    fn checks_rollbacks(&self) -> bool {
+        self.sealer.is_some() && !self.older_states_allowed
+    }
+
     /// Before reading `workspace` under encryption: a workspace this host
     /// has not seen yet starts from the newest version its history kept
-    /// (after a restart), then the read's start is noted.
+    /// (after a restart), then the read's start is noted. (A reseal's
+    /// read; a request's starts in [`Self::read_checked`].)
     async fn read_start(&self, workspace: &str) -> Option<ReadStart> {
-        if self.sealer.is_none() || self.older_states_allowed {
+        if !self.checks_rollbacks() {
             return None;
         }
         if !self.marks.knows(workspace) {
-            match self.newest_kept(workspace).await {
-                Seed::At(lineage, serial) => self.marks.seed(workspace, lineage.as_deref(), serial),
+            match self.newest_kept(workspace).await.0 {
+                Seed::At(lineage, started, serial) => {
+                    self.marks
+                        .seed(workspace, lineage.as_deref(), started, serial)
+                }
                 // Nothing kept of this life: whatever comes starts over, and
                 // the history is not asked again at every read.
                 Seed::Fresh => self.marks.start_fresh(workspace),
@@ -233,25 +272,24 @@ impl<S: Storage> Store<S> {
     }
 
     /// The newest state of `workspace` any history holds: the storage's,
-    /// which every replica shares ([`seed`]), else this replica's own.
-    async fn newest_kept(&self, workspace: &str) -> Seed {
-        let listed = self.inner.list_versions(workspace).await;
-        self.learned(&listed);
-        match listed {
-            Ok(versions) => {
-                let read = |id: String| async move {
-                    self.inner.read_version(workspace, &id).await.ok().flatten()
-                };
-                seed::newest_of_life(&versions, read).await
-            }
-            Err(StorageError::NoHistory) => self.newest_in_replica(workspace).await,
+    /// which every replica shares ([`seed`]), else this replica's own;
+    /// `true` when it is the storage's.
+    async fn newest_kept(&self, workspace: &str) -> (Seed, bool) {
+        if let Some(seed) = self.newest_in_storage(workspace).await {
+            return (seed, true);
+        }
+        let seed = match self.history_source() {
             // The storage's history cannot be read now: this replica's own
             // is still something to start from.
-            Err(_) => match self.newest_in_replica(workspace).await {
-                Seed::Fresh => Seed::Unknown,
-                seeded => seeded,
-            },
-        }
+            HistorySource::Storage | HistorySource::Unknown => {
+                match self.newest_in_replica(workspace).await {
+                    Seed::Fresh => Seed::Unknown,
+                    seeded => seeded,
+                }
+            }
+            _ => self.newest_in_replica(workspace).await,
+        };
+        (seed, false)
     }
 
     /// This replica's own newest version; fresh where it keeps none (the
@@ -262,7 +300,7 @@ impl<S: Storage> Store<S> {
             return Seed::Fresh;
         };
         match history.newest_version(workspace).await {
-            Some((lineage, serial)) => Seed::At(lineage, serial),
+            Some((lineage, started, serial)) => Seed::At(lineage, started, serial),
             None => Seed::Fresh,
         }
     }
@@ -285,16 +323,10 @@ impl<S: Storage> Store<S> {
         let (Some(start), Some(serial)) = (start, header.serial) else {
             return Ok(state);
         };
+        let lineage = header.lineage.as_deref();
         self.marks
-            .read(workspace, header.lineage.as_deref(), serial, start)
-            .map_err(|seen| {
-                StorageError::Encryption(format!(
-                    "state of {workspace:?}: storage returned serial {serial}, older than serial {} \
-                     of the same lineage written or read here before; refused as a rollback \
-                     (restore a version on purpose with `wasmstate state restore`)",
-                    seen.newest
-                ))
-            })?;
+            .read(workspace, lineage, header.started, serial, start)
+            .map_err(|seen| checked::rollback_refused(workspace, serial, &seen))?;
         Ok(state)
     }
 }
@@ -331,10 +363,12 @@ impl<S: Storage> Storage for Store<S> {
     }
 
     async fn read(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
-        let start = self.read_start(workspace).await;
-        match self.inner.read(workspace).await? {
+        if self.checks_rollbacks() {
+            return self.read_checked(workspace).await;
+        }
+        match self.read_stored(workspace).await? {
             Some(stored) => self
-                .open_current(&self.backend, workspace, stored, start)
+                .open_current(&self.backend, workspace, stored, None)
                 .await
                 .map(Some),
             None => Ok(None),
@@ -366,8 +400,14 @@ impl<S: Storage> Storage for Store<S> {
         state: Bytes,
         lock_id: Option<&str>,
     ) -> StorageResult<()> {
+        // The stored state's life goes on, or a new one begins: from what
+        // the stale-write guard's read here found, no call of its own.
+        let stamp = match &self.sealer {
+            Some(_) => self.marks.stamp(workspace, self.checks_rollbacks()),
+            None => Stamp::none(),
+        };
         // Read the clear fields once, for the envelope and the history both.
-        let (header, stored) = self.seal_to_store(workspace, state).await?;
+        let (header, stored) = self.seal_to_store(workspace, state, stamp).await?;
         // Storage that keeps versions itself needs no copy here.
         let kept = (self.history_source() != HistorySource::Storage)
             .then(|| self.history.as_ref().map(|_| stored.clone()))
@@ -376,8 +416,8 @@ impl<S: Storage> Storage for Store<S> {
         if self.sealer.is_some()
             && let Some(serial) = header.serial
         {
-            self.marks
-                .wrote(workspace, header.lineage.as_deref(), serial);
+            let lineage = header.lineage.as_deref();
+            self.marks.wrote(workspace, lineage, header.started, serial);
         }
         if let (Some(history), Some(kept)) = (&self.history, kept)
             && let Err(e) = history.record(workspace, kept, header.serial).await

@@ -151,9 +151,10 @@ impl<S: Storage> Store<S> {
             // A read of the new name before now left a fresh start, which
             // would never consult what was just moved in: raise it.
             if !request.dry_run
-                && let Some((lineage, serial)) = history.newest_version(workspace).await
+                && let Some((lineage, started, serial)) = history.newest_version(workspace).await
             {
-                self.marks.adopt(workspace, lineage.as_deref(), serial);
+                let lineage = lineage.as_deref();
+                self.marks.adopt(workspace, lineage, started, serial);
             }
         }
         // Read through the rollback check, as a request would; a dry run
@@ -162,7 +163,7 @@ impl<S: Storage> Store<S> {
             true => None,
             false => self.read_start(workspace).await,
         };
-        if let Some(stored) = self.inner.read(workspace).await? {
+        if let Some(stored) = self.read_stored(workspace).await? {
             report.state = match self.standing(workspace, &stored, old).await? {
                 Err(reason) => Outcome::Failed { reason },
                 // After a rename, another replica may have re-bound it
@@ -185,11 +186,13 @@ impl<S: Storage> Store<S> {
                     stale: Some(from),
                 }) => {
                     let read = Sha256::digest(&stored);
+                    // Its life goes on (opened below, so its stamp is checked).
+                    let started = super::envelope::label(&stored).map_or(0, |l| l.started);
                     let state = self
                         .open_current(&bound_to, workspace, stored, start)
                         .await?;
                     match self
-                        .write_resealed(workspace, Bytes::from(state), &read, lock_id)
+                        .write_resealed(workspace, Bytes::from(state), started, &read, lock_id)
                         .await?
                     {
                         true => Outcome::Resealed { from },
@@ -290,23 +293,25 @@ impl<S: Storage> Store<S> {
         &self,
         workspace: &str,
         state: Bytes,
+        started: u64,
         read: &[u8],
         lock_id: Option<&str>,
     ) -> StorageResult<bool> {
-        let (header, sealed) = self.seal_to_store(workspace, state).await?;
+        let stamp = super::rollback::Stamp::keep(started);
+        let (header, sealed) = self.seal_to_store(workspace, state, stamp).await?;
         // Read again once sealed (a key service call may have taken a
         // while), just before writing back: a write under a lock that was
         // forced open may have landed since the first read, and the older
         // state written back would replace it. What stays open is this
         // read to the guest's own lock check, as with any writer.
-        let now = self.inner.read(workspace).await?;
+        let now = self.read_stored(workspace).await?;
         if now.map(Sha256::digest).as_deref() != Some(read) {
             return Ok(false);
         }
         self.inner.write(workspace, sealed, lock_id).await?;
         if let Some(serial) = header.serial {
-            self.marks
-                .wrote(workspace, header.lineage.as_deref(), serial);
+            let lineage = header.lineage.as_deref();
+            self.marks.wrote(workspace, lineage, header.started, serial);
         }
         Ok(true)
     }
@@ -394,11 +399,13 @@ impl<S: Storage> Store<S> {
         workspace: &str,
         stored: Vec<u8>,
     ) -> StorageResult<Result<Vec<u8>, String>> {
-        let (state, _) = match self.open_as(bound_to, workspace, stored).await? {
+        let (state, header) = match self.open_as(bound_to, workspace, stored).await? {
             Ok(opened) => opened,
             Err(reason) => return Ok(Err(reason)),
         };
-        let (_, sealed) = self.seal(workspace, Bytes::from(state)).await?;
+        // A kept version keeps the life it was written in.
+        let stamp = super::rollback::Stamp::keep(header.started);
+        let (_, sealed) = self.seal(workspace, Bytes::from(state), stamp).await?;
         Ok(Ok(sealed.to_vec()))
     }
 

@@ -16,6 +16,7 @@
 use super::envelope::{self, Label, Place, Sealing, StateHeader};
 use super::keys::cache::DataKeyCache;
 use super::keys::{Context, EncryptionSpec, Key, KeyError};
+use super::rollback::Stamp;
 use crate::backend::{StorageError, StorageResult};
 use crate::metrics::KeyCalls;
 use crate::work::HostWork;
@@ -45,6 +46,55 @@ fn key_error(id: &str, e: KeyError) -> Result<StorageError, Refusal> {
         }
         KeyError::Refused(cause) => Err(format!("key {id:?}: {cause}")),
     }
+}
+
+/// Whether `stored` is Terraform's plain empty state: version 4, serial 1,
+/// no resources, no outputs, and nothing else but a lineage, a Terraform
+/// version and empty check results, each key once. It is what the
+/// `postgres` guest writes when a workspace is created through the API, as
+/// Terraform's own `pg` backend does (so native clients sharing the
+/// database read the new workspace). Under encryption the store reads it
+/// as no state at all (`Store::read_stored`): never served, never judged
+/// by the rollback marks, so storage that plants one gains nothing it
+/// could not have by deleting the state (a planted empty state of another
+/// lineage cannot reset the marks, and one with outputs behind duplicate
+/// keys, which Go's JSON decoder merges, is never served).
+///
+/// Why this rather than the host sealing that state at creation: sealing
+/// at creation would need either a change to the contract
+/// (`create-workspace` carries no state; the guest writes what it writes)
+/// or a second write after the guest's, unlocked, which could land over a
+/// client's first write. Every other plain state is refused under
+/// encryption.
+pub fn is_plain_empty_state(stored: &[u8]) -> bool {
+    /// Larger than any empty state with a sane lineage and version.
+    const MOST: usize = 1024;
+    /// The one shape taken; derived, so a key given twice is an error.
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)] // read only to be checked
+    struct EmptyState {
+        version: u64,
+        serial: u64,
+        lineage: String,
+        #[serde(default)]
+        terraform_version: Option<String>,
+        outputs: serde_json::Map<String, serde_json::Value>,
+        resources: Vec<serde_json::Value>,
+        #[serde(default)]
+        check_results: Option<Vec<serde_json::Value>>,
+    }
+    if stored.len() > MOST {
+        return false;
+    }
+    let Ok(state) = serde_json::from_slice::<EmptyState>(stored) else {
+        return false;
+    };
+    state.version == 4
+        && state.serial == 1
+        && state.outputs.is_empty()
+        && state.resources.is_empty()
+        && state.check_results.is_none_or(|c| c.is_empty())
 }
 
 impl Sealer {
@@ -102,8 +152,8 @@ impl Sealer {
     }
 
     /// Seal `state` for `backend`/`workspace` with the first key; its
-    /// clear fields and the envelope. `restarts`: written with
-    /// `allow_force_push`.
+    /// clear fields (with the `started` that `stamp` gives its lineage)
+    /// and the envelope. `restarts`: written with `allow_force_push`.
     pub async fn seal(
         &self,
         work: &HostWork,
@@ -111,6 +161,7 @@ impl Sealer {
         workspace: &str,
         state: Bytes,
         restarts: bool,
+        stamp: Stamp,
     ) -> StorageResult<(StateHeader, Bytes)> {
         let (id, key) = &self.keys[0];
         let (backend, workspace, id_owned) = (backend.clone(), workspace.to_string(), id.clone());
@@ -138,7 +189,8 @@ impl Sealer {
             }
         };
         let sealed = work.run(state.len(), move || {
-            let header = header.unwrap_or_else(|| StateHeader::of(&state));
+            let mut header = header.unwrap_or_else(|| StateHeader::of(&state));
+            header.started = stamp.started_for(header.lineage.as_deref());
             let sealing = Sealing {
                 key_id: &id_owned,
                 key: &material,
@@ -333,7 +385,8 @@ mod tests {
     async fn seal(sealer: &Sealer, workspace: &str) -> StorageResult<Bytes> {
         let work = HostWork::default();
         let backend = backend();
-        let sealed = sealer.seal(&work, &backend, workspace, Bytes::from_static(STATE), false);
+        let state = Bytes::from_static(STATE);
+        let sealed = sealer.seal(&work, &backend, workspace, state, false, Stamp::keep(9));
         Ok(sealed.await?.1)
     }
 
@@ -461,6 +514,34 @@ mod tests {
             "{plain}"
         );
         assert!(open_unkeyed(by_k1.to_vec()).unwrap_err().contains("\"k1\""));
+        // Terraform's empty state, which the postgres guest writes for a
+        // workspace created through the API, is recognised (the store reads
+        // it as no state) but never opened as a state; nothing else plain
+        // is recognised, a key given twice included.
+        let sealer = sealer(vec![material("k1")], Duration::ZERO);
+        let empty = br#"{"version":4,"terraform_version":"1.0.0","serial":1,"lineage":"a1b2","outputs":{},"resources":[],"check_results":null}"#;
+        assert!(is_plain_empty_state(empty));
+        let refusal = open(&sealer, "net", empty).await.unwrap();
+        assert!(refusal.unwrap_err().contains("not sealed"));
+        for twice in [
+            r#"{"version":4,"serial":1,"serial":1,"lineage":"a","outputs":{},"resources":[]}"#,
+            r#"{"version":4,"serial":1,"lineage":"a","outputs":{"o":{"value":"x","type":"string"}},"resources":[],"outputs":{}}"#,
+        ] {
+            assert!(!is_plain_empty_state(twice.as_bytes()), "{twice}");
+        }
+        for holding in [
+            r#"{"version":4,"serial":1,"lineage":"a","outputs":{"pw":{"value":"x"}},"resources":[]}"#,
+            r#"{"version":4,"serial":1,"lineage":"a","outputs":{},"resources":[{"mode":"managed"}]}"#,
+            r#"{"version":4,"serial":2,"lineage":"a","outputs":{},"resources":[]}"#,
+            r#"{"version":4,"serial":1,"lineage":"a","outputs":{},"resources":[],"encryption_version":"v0"}"#,
+            r#"{"version":4,"serial":1,"lineage":"a","outputs":{}}"#,
+            r#"{"version":3,"serial":1,"lineage":"a","modules":[{"resources":{"x":1}}]}"#,
+            r#"{"version":4,"serial":1,"lineage":"a","outputs":{},"resources":[],"check_results":[{"x":1}]}"#,
+        ] {
+            let refusal = open(&sealer, "net", holding.as_bytes()).await.unwrap();
+            assert!(refusal.unwrap_err().contains("not sealed"), "{holding}");
+            assert!(!is_plain_empty_state(holding.as_bytes()), "{holding}");
+        }
         assert_eq!(open_unkeyed(STATE.to_vec()).unwrap().0, STATE);
         assert_eq!(
             open_unkeyed(STATE.to_vec()).unwrap().1,

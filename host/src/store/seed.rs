@@ -3,9 +3,9 @@
 //! from the history the storage keeps, so that every replica on the same
 //! storage reaches the same verdict.
 //!
-//! The seed is the newest version's lineage with the highest serial any
-//! version of that lineage reached since the state last began (a version
-//! of 0 bytes: a delete, or a workspace created empty). So an older
+//! The seed is the newest version's lineage with the newest `(started,
+//! serial)` any version of that lineage reached since the state last began
+//! (a version of 0 bytes: a delete, or a workspace created empty). So an older
 //! envelope put back as the newest object (a rollback the seal cannot
 //! tell) is refused by every replica, not only by the one that wrote the
 //! newer state; and a state deleted and started again is judged afresh,
@@ -13,6 +13,17 @@
 
 use crate::backend::Version;
 use std::future::Future;
+
+/// `lineage`, `started` and `serial` a stored state (sealed or not) keeps
+/// in clear, read without opening it (`started`: 0 where there is none).
+pub fn clear_life(stored: &[u8]) -> Option<(Option<String>, u64, u64)> {
+    let (lineage, serial) = clear_version(stored)?;
+    let started = match super::envelope::is_sealed(stored) {
+        true => super::envelope::label(stored).map_or(0, |l| l.started),
+        false => 0,
+    };
+    Some((lineage, started, serial))
+}
 
 /// `lineage` and `serial` a stored state (sealed or not) keeps in clear,
 /// read without opening it.
@@ -34,8 +45,8 @@ pub const MAX_SEED_VERSIONS: usize = 100;
 /// Where a workspace's rollback check starts, from a history.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Seed {
-    /// At this lineage and serial.
-    At(Option<String>, u64),
+    /// At this lineage, `started` and serial.
+    At(Option<String>, u64, u64),
     /// Afresh: the history holds no state of the current life (none at
     /// all, or a delete or an empty creation is the newest).
     Fresh,
@@ -66,11 +77,11 @@ where
     let Some(stored) = read(newest.id.clone()).await else {
         return Seed::Unknown;
     };
-    let Some((lineage, mut serial)) = clear_version(&stored) else {
+    let Some((lineage, mut started, mut serial)) = clear_life(&stored) else {
         return Seed::Unknown;
     };
     if super::envelope::restarts(&stored) {
-        return Seed::At(lineage, serial);
+        return Seed::At(lineage, started, serial);
     }
     // Versions that might raise the seed: a serial above it, or unknown.
     let may_raise = |v: &&Version, serial: u64| v.serial.is_none_or(|s| s > serial);
@@ -81,16 +92,17 @@ where
         let Some(bytes) = read(version.id.clone()).await else {
             continue;
         };
-        if let Some((their_lineage, their_serial)) = clear_version(&bytes)
+        if let Some((their_lineage, their_started, their_serial)) = clear_life(&bytes)
             && their_lineage == lineage
+            && (their_started, their_serial) > (started, serial)
         {
-            serial = serial.max(their_serial);
+            (started, serial) = (their_started, their_serial);
         }
         if super::envelope::restarts(&bytes) {
             break;
         }
     }
-    Seed::At(lineage, serial)
+    Seed::At(lineage, started, serial)
 }
 
 #[cfg(test)]
@@ -139,7 +151,7 @@ mod tests {
         ];
         assert_eq!(
             seed(&versions, &stored).await,
-            Seed::At(Some("L".into()), 7)
+            Seed::At(Some("L".into()), 0, 7)
         );
     }
 
@@ -158,7 +170,7 @@ mod tests {
         ];
         assert_eq!(
             seed(&versions, &stored).await,
-            Seed::At(Some("L".into()), 2)
+            Seed::At(Some("L".into()), 0, 2)
         );
     }
 
@@ -168,7 +180,7 @@ mod tests {
         let stored = [("b", state("L", 3)), ("a", state("L", 8))];
         assert_eq!(
             seed(&versions, &stored).await,
-            Seed::At(Some("L".into()), 8)
+            Seed::At(Some("L".into()), 0, 8)
         );
         assert_eq!(
             seed(&[version("gone", Some(1), 10)], &[]).await,
@@ -210,12 +222,12 @@ mod tests {
         ];
         assert_eq!(
             seed(&versions, &stored).await,
-            Seed::At(Some("L".into()), 31)
+            Seed::At(Some("L".into()), 0, 31)
         );
         let stored = [("forced", sealed(30, true)), ("before", sealed(40, false))];
         assert_eq!(
             seed(&versions[1..], &stored).await,
-            Seed::At(Some("L".into()), 30)
+            Seed::At(Some("L".into()), 0, 30)
         );
         // Without the mark, the same history is a rollback from 40.
         let stored = [
@@ -225,7 +237,7 @@ mod tests {
         ];
         assert_eq!(
             seed(&versions, &stored).await,
-            Seed::At(Some("L".into()), 40)
+            Seed::At(Some("L".into()), 0, 40)
         );
     }
 }

@@ -5,7 +5,7 @@
 //! other began), so a report is a real violation, never a race of the
 //! checker's own.
 
-use super::history::{Event, Op, Outcome, Seen};
+use super::history::{Event, NO_WORKSPACE, Op, Outcome, Seen};
 use std::collections::{BTreeMap, HashSet};
 
 /// One violation, with the events that show it.
@@ -17,8 +17,17 @@ pub struct Anomaly {
     pub events: Vec<usize>,
 }
 
-/// Every violation in `events` (a whole run's history).
+/// Every violation in `events` (a whole run's history), on storage that
+/// keeps a history every replica reads (the strictest promise).
+#[cfg(test)]
 pub fn check(events: &[Event]) -> Vec<Anomaly> {
+    check_with(events, true)
+}
+
+/// Every violation in `events` (a whole run's history); `history_shared`:
+/// the storage keeps the history every replica reads, so every replica
+/// reaches the same verdict on a state pushed again ([`super::rules`]).
+pub fn check_with(events: &[Event], history_shared: bool) -> Vec<Anomaly> {
     let mut anomalies = Vec::new();
     let mut by_workspace: BTreeMap<&str, Vec<&Event>> = BTreeMap::new();
     for event in events {
@@ -27,11 +36,23 @@ pub fn check(events: &[Event]) -> Vec<Anomaly> {
             .or_default()
             .push(event);
     }
-    for events in by_workspace.values() {
+    // When hosts were killed: a kill ends a host's PostgreSQL sessions
+    // and the advisory locks they held for wasmstate's clients.
+    let kills: Vec<u64> = events
+        .iter()
+        .filter(|e| e.op == Op::Fault(true))
+        .map(|e| e.start)
+        .collect();
+    for (workspace, events) in &by_workspace {
+        if *workspace == NO_WORKSPACE {
+            continue;
+        }
         torn_or_unknown_states(events, &mut anomalies);
         older_states(events, &mut anomalies);
         lost_writes(events, &mut anomalies);
-        double_locks(events, &mut anomalies);
+        super::locks::check(events, &kills, &mut anomalies);
+        super::rules::other_lineages(events, &mut anomalies);
+        super::rules::refusals(events, &overridden(events), history_shared, &mut anomalies);
     }
     anomalies
 }
@@ -43,11 +64,12 @@ fn seen(event: &Event) -> Option<&Seen> {
     }
 }
 
-/// The workspace deletes that may have taken effect, to ask whether one
+/// The deletes (of the workspace, or of its state by an administrator)
+/// that may have taken effect, to ask whether one
 /// did between two operations in O(log deletes): the rules ask it for
 /// pairs of operations, and a scan of the history per pair made a two-
 /// minute run's check take hours.
-struct Deletes {
+pub(super) struct Deletes {
     /// Start times, ascending.
     starts: Vec<u64>,
     /// `latest_end[i]`: the latest end among the first `i + 1` deletes.
@@ -55,10 +77,11 @@ struct Deletes {
 }
 
 impl Deletes {
-    fn new(events: &[&Event]) -> Deletes {
+    pub(super) fn new(events: &[&Event]) -> Deletes {
         let mut spans: Vec<(u64, u64)> = events
             .iter()
-            .filter(|d| d.op == Op::DeleteWorkspace && d.outcome.may_have_applied())
+            .filter(|d| matches!(d.op, Op::DeleteWorkspace | Op::DeleteState(_)))
+            .filter(|d| d.outcome.may_have_applied())
             .map(|d| (d.start, d.end))
             .collect();
         spans.sort();
@@ -79,7 +102,7 @@ impl Deletes {
     /// A delete that may have taken effect after `after` did and before
     /// `before` did (it ended after `after` began and began before
     /// `before` ended): what came before it may be gone.
-    fn between(&self, after: &Event, before: &Event) -> bool {
+    pub(super) fn between(&self, after: &Event, before: &Event) -> bool {
         let began_before = self.starts.partition_point(|&start| start < before.end);
         began_before > 0 && self.latest_end[began_before - 1] > after.start
     }
@@ -96,7 +119,7 @@ const FORCED_WRITE_LINGER_MICROS: u64 = 11_000_000;
 /// while its holder may still be writing, as it does with Terraform's own
 /// backends: such a write may land after a newer one, and a newer one may
 /// land over it. The promise is kept for every other write.
-fn overridden(events: &[&Event]) -> HashSet<usize> {
+pub(super) fn overridden(events: &[&Event]) -> HashSet<usize> {
     let forced: Vec<&Event> = events
         .iter()
         .copied()
@@ -139,7 +162,9 @@ fn digest_of<'a>(events: &[&'a Event], indexes: &HashSet<usize>) -> HashSet<&'a 
 }
 
 /// (d) Every state a GET returns is one a client sent whole; a body cut
-/// short by its client never is.
+/// short by its client never is. A workspace created through the API may
+/// also hold Terraform's empty state (nothing in it), which no client here
+/// writes.
 fn torn_or_unknown_states(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
     let whole: HashSet<&str> = events
         .iter()
@@ -148,8 +173,17 @@ fn torn_or_unknown_states(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
             _ => None,
         })
         .collect();
+    let first_create = events
+        .iter()
+        .filter(|e| e.op == Op::CreateWorkspace)
+        .filter(|e| e.outcome.is(201) || e.outcome.may_have_applied())
+        .map(|e| e.start)
+        .min();
     for get in events {
         let Some(seen) = seen(get) else { continue };
+        if seen.blank && first_create.is_some_and(|start| start < get.end) {
+            continue;
+        }
         if !whole.contains(seen.digest.as_str()) {
             let partial = events
                 .iter()
@@ -269,50 +303,6 @@ fn lost_writes(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
     }
 }
 
-/// (c) Never two lock holders at once. A holder surely holds the lock from
-/// its LOCK's answer to its UNLOCK's start, or to the start of the first
-/// force-unlock or workspace delete that may have applied after the grant;
-/// two such spans must not overlap.
-fn double_locks(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
-    let mut spans: Vec<(u64, u64, usize)> = Vec::new();
-    for lock in events {
-        let (Op::Lock(id), true) = (&lock.op, lock.outcome.is(200)) else {
-            continue;
-        };
-        // Anything that may have released it after it was granted (its
-        // effect can follow the grant's) ends the span, at the earliest
-        // when it began.
-        let released = events
-            .iter()
-            .filter(|e| e.end > lock.start)
-            .filter(|e| match &e.op {
-                Op::Unlock(other) => other == id,
-                Op::ForceUnlock | Op::DeleteWorkspace => e.outcome.may_have_applied(),
-                _ => false,
-            })
-            .map(|e| e.start.max(lock.end))
-            .min()
-            .unwrap_or(u64::MAX);
-        if released > lock.end {
-            spans.push((lock.end, released, lock.index));
-        }
-    }
-    spans.sort();
-    for (i, &(_, end, index)) in spans.iter().enumerate() {
-        for &(other_start, _, other) in &spans[i + 1..] {
-            // Sorted by start: every later span that begins before this
-            // one ends overlaps it.
-            if other_start >= end {
-                break;
-            }
-            anomalies.push(Anomaly {
-                what: "the lock was granted to two holders at once".into(),
-                events: vec![index, other],
-            });
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     //! Each rule fails on a history that breaks it, and passes the same
@@ -341,6 +331,7 @@ mod tests {
             serial,
             digest: digest.into(),
             lock_id: Some("a".into()),
+            shape: "",
         })
     }
 
@@ -350,6 +341,7 @@ mod tests {
             serial,
             digest: digest.into(),
             lock_id: None,
+            shape: "",
         })
     }
 
@@ -360,6 +352,7 @@ mod tests {
                 lineage: "l".into(),
                 serial,
                 digest: digest.into(),
+                blank: false,
             }),
         )
     }
@@ -479,6 +472,7 @@ mod tests {
             serial: 2,
             digest: "half".into(),
             lock_id: None,
+            shape: "",
         });
         let history = [
             event(0, 0, 10, partial, Outcome::Unknown("client hung up".into())),

@@ -3,6 +3,7 @@
 
 use super::history::{Op, Outcome, Recorder, Seen, Written};
 pub use crate::common::Rng;
+use base64::Engine as _;
 use sha2::{Digest, Sha256};
 use std::io::Write;
 use std::sync::{Arc, RwLock};
@@ -23,16 +24,21 @@ impl Hosts {
         self.0.write().unwrap()[i] = url;
     }
 
+    /// Every host that is up now: (index, base URL).
+    pub fn up(&self) -> Vec<(usize, String)> {
+        let hosts = self.0.read().unwrap().clone();
+        hosts
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, url)| Some((i, url?)))
+            .collect()
+    }
+
     /// A host that is up, at random: (index, base URL).
     pub fn pick(&self, rng: &mut Rng) -> (usize, String) {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            let hosts = self.0.read().unwrap().clone();
-            let up: Vec<(usize, String)> = hosts
-                .into_iter()
-                .enumerate()
-                .filter_map(|(i, url)| Some((i, url?)))
-                .collect();
+            let up = self.up();
             if !up.is_empty() {
                 return up[rng.below(up.len())].clone();
             }
@@ -50,10 +56,21 @@ pub fn digest(bytes: &[u8]) -> String {
 /// What the checker needs of a state body.
 fn seen(body: &[u8]) -> Seen {
     let value: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let nothing_in = |field: &str| match &value[field] {
+        serde_json::Value::Null => true,
+        serde_json::Value::Array(items) => items.is_empty(),
+        serde_json::Value::Object(items) => items.is_empty(),
+        _ => false,
+    };
     Seen {
         lineage: value["lineage"].as_str().unwrap_or_default().to_string(),
         serial: value["serial"].as_u64().unwrap_or_default(),
         digest: digest(body),
+        blank: value["version"].as_u64().is_some_and(|v| v >= 4)
+            && nothing_in("resources")
+            && nothing_in("outputs")
+            && value.get("modules").is_none()
+            && value.get("encrypted_data").is_none(),
     }
 }
 
@@ -62,6 +79,29 @@ fn seen(body: &[u8]) -> Seen {
 pub fn state_body(lineage: &str, serial: u64, writer: &str, pad: usize) -> Vec<u8> {
     format!(
         r#"{{"version":4,"terraform_version":"1.11.4","serial":{serial},"lineage":"{lineage}","outputs":{{"writer":{{"type":"string","value":"{writer}"}},"pad":{{"type":"string","value":"{}"}}}},"resources":[]}}"#,
+        "x".repeat(pad)
+    )
+    .into_bytes()
+}
+
+/// The same state as OpenTofu's client-side encryption sends it
+/// (`tests/integration/opentofu.rs` builds real ones): an envelope whose
+/// only clear fields are `serial` and `lineage`. The server cannot look
+/// inside, so stand-in ciphertext (the plain body, base64'd) is as good.
+pub fn opaque_body(lineage: &str, serial: u64, writer: &str, pad: usize) -> Vec<u8> {
+    let sealed =
+        base64::engine::general_purpose::STANDARD.encode(state_body(lineage, serial, writer, pad));
+    format!(
+        r#"{{"serial":{serial},"lineage":"{lineage}","meta":{{"key_provider.pbkdf2.chaos":"eyJzYWx0IjoiY2hhb3MifQ=="}},"encrypted_data":"{sealed}","encryption_version":"v0"}}"#
+    )
+    .into_bytes()
+}
+
+/// A legacy format-3 state (Terraform ≤ 0.11): its outputs and resources
+/// sit under `modules`.
+pub fn v3_body(lineage: &str, serial: u64, writer: &str, pad: usize) -> Vec<u8> {
+    format!(
+        r#"{{"version":3,"terraform_version":"0.11.14","serial":{serial},"lineage":"{lineage}","modules":[{{"path":["root"],"outputs":{{"writer":{{"sensitive":false,"type":"string","value":"{writer}"}},"pad":{{"sensitive":false,"type":"string","value":"{}"}}}},"resources":{{}},"depends_on":[]}}]}}"#,
         "x".repeat(pad)
     )
     .into_bytes()
@@ -81,8 +121,11 @@ pub struct Client {
     pub backend: String,
     /// The workspaces it picks from.
     pub workspaces: Vec<String>,
-    http: reqwest::blocking::Client,
+    pub(super) http: reqwest::blocking::Client,
     ops: u64,
+    /// States it wrote and had acknowledged, by workspace (a few each):
+    /// the backups an operator pushes again after deleting the state.
+    pub(super) backups: std::collections::HashMap<String, Vec<(Written, Vec<u8>)>>,
 }
 
 impl Client {
@@ -107,21 +150,29 @@ impl Client {
                 .build()
                 .unwrap(),
             ops: 0,
+            backups: Default::default(),
         }
     }
 
     /// Act until `until`: mostly Terraform's lock → read → write → unlock,
     /// with unlocked writers, plain reads, force-unlocks, workspace deletes
-    /// and bodies cut short mixed in.
+    /// and bodies cut short mixed in, and what operators and other teams
+    /// do beside them ([`super::operators`]): a state deleted under a lock
+    /// (and a backup pushed again), a second writer of another lineage, a
+    /// workspace deleted and created again through the API.
     pub fn run(&mut self, until: Instant) {
         while Instant::now() < until {
             let workspace = self.workspaces[self.rng.below(self.workspaces.len())].clone();
             match self.rng.below(100) {
-                0..50 => self.locked_write(&workspace),
-                50..75 => self.unlocked_write(&workspace),
-                75..88 => {
+                0..45 => self.locked_write(&workspace),
+                45..47 => self.delete_under_lock(&workspace),
+                47..49 => self.second_lineage(&workspace),
+                49..51 => self.recreate_workspace(super::operators::API_WORKSPACE),
+                51..75 => self.unlocked_write(&workspace),
+                75..85 => {
                     self.get(&workspace);
                 }
+                85..88 => self.pull_backup(&workspace),
                 88..93 => self.force_unlock(&workspace),
                 93..96 => self.delete_workspace(&workspace),
                 96..98 => self.hang_up(&workspace, true),
@@ -130,7 +181,7 @@ impl Client {
         }
     }
 
-    fn next_name(&mut self) -> String {
+    pub(super) fn next_name(&mut self) -> String {
         self.ops += 1;
         format!("c{}-{}", self.id, self.ops)
     }
@@ -186,6 +237,18 @@ impl Client {
         base: &(String, u64),
         lock_id: Option<&str>,
     ) -> (Written, Vec<u8>) {
+        self.written_as(workspace, base, lock_id, None)
+    }
+
+    /// The next state on top of `base`, shaped as `shape` says ("opaque",
+    /// "v3", "" for plain), or at random.
+    pub(super) fn written_as(
+        &mut self,
+        workspace: &str,
+        base: &(String, u64),
+        lock_id: Option<&str>,
+        shape: Option<&'static str>,
+    ) -> (Written, Vec<u8>) {
         let writer = format!("{}@{workspace}", self.next_name());
         // Now and then a state past the 64 KiB the guard reads first.
         let pad = if self.rng.below(8) == 0 {
@@ -193,12 +256,24 @@ impl Client {
         } else {
             self.rng.below(512)
         };
-        let body = state_body(&base.0, base.1 + 1, &writer, pad);
+        // OpenTofu-encrypted clients, and now and then a legacy state:
+        // bodies the guard cannot see into, on the same lineages.
+        let shape = shape.unwrap_or_else(|| match self.rng.below(16) {
+            0..3 => "opaque",
+            3 => "v3",
+            _ => "",
+        });
+        let body = match shape {
+            "opaque" => opaque_body(&base.0, base.1 + 1, &writer, pad),
+            "v3" => v3_body(&base.0, base.1 + 1, &writer, pad),
+            _ => state_body(&base.0, base.1 + 1, &writer, pad),
+        };
         let written = Written {
             lineage: base.0.clone(),
             serial: base.1 + 1,
             digest: digest(&body),
             lock_id: lock_id.map(str::to_string),
+            shape,
         };
         (written, body)
     }
@@ -211,11 +286,48 @@ impl Client {
         lock_id: Option<&str>,
     ) -> Outcome {
         let (written, body) = self.written(workspace, base, lock_id);
-        let query = lock_id.map(|id| format!("?ID={id}")).unwrap_or_default();
-        self.send_to(workspace, Op::Post(written), "POST", &query, Some(body))
+        self.post_body(workspace, written, body)
     }
 
-    fn delete_workspace(&mut self, workspace: &str) {
+    /// POST `body` (described by `written`, whose lock id it sends), and
+    /// keep it as a backup when it is acknowledged.
+    pub(super) fn post_body(
+        &mut self,
+        workspace: &str,
+        written: Written,
+        body: Vec<u8>,
+    ) -> Outcome {
+        let query = written
+            .lock_id
+            .as_ref()
+            .map(|id| format!("?ID={id}"))
+            .unwrap_or_default();
+        let outcome = self.send_to(
+            workspace,
+            Op::Post(written.clone()),
+            "POST",
+            &query,
+            Some(body.clone()),
+        );
+        if outcome.is(200) {
+            self.keep_backup(workspace, written, body);
+        }
+        outcome
+    }
+
+    /// Keep `body` as a backup of `workspace` (a few each, the oldest
+    /// replaced at random).
+    pub(super) fn keep_backup(&mut self, workspace: &str, written: Written, body: Vec<u8>) {
+        let kept = self.backups.entry(workspace.to_string()).or_default();
+        if kept.len() < 4 {
+            kept.push((written, body));
+        } else {
+            let slot = self.rng.below(kept.len());
+            kept[slot] = (written, body);
+        }
+    }
+
+    pub(super) fn delete_workspace(&mut self, workspace: &str) {
         let (host, base) = self.hosts.pick(&mut self.rng);
         let url = format!("{base}/workspaces/{}/{workspace}", self.backend);
         let http = self.http.clone();
@@ -263,11 +375,17 @@ impl Client {
         });
     }
 
-    fn send(&mut self, workspace: &str, op: Op, method: &str, body: Option<Vec<u8>>) -> Outcome {
+    pub(super) fn send(
+        &mut self,
+        workspace: &str,
+        op: Op,
+        method: &str,
+        body: Option<Vec<u8>>,
+    ) -> Outcome {
         self.send_to(workspace, op, method, "", body)
     }
 
-    fn send_to(
+    pub(super) fn send_to(
         &mut self,
         workspace: &str,
         op: Op,
@@ -295,19 +413,36 @@ impl Client {
 }
 
 /// A lock's body as Terraform sends it.
-fn lock_info(id: &str) -> Vec<u8> {
+pub(super) fn lock_info(id: &str) -> Vec<u8> {
     crate::common::lock_info(id, "chaos@checker")
 }
 
 /// The outcome of a request: for a GET answered 200, the state it returned.
-fn answer(sent: reqwest::Result<reqwest::blocking::Response>, is_get: bool) -> Outcome {
+pub(super) fn answer(sent: reqwest::Result<reqwest::blocking::Response>, is_get: bool) -> Outcome {
+    answer_keeping(sent, is_get, &mut None)
+}
+
+/// [`answer`], keeping in `kept` the state a GET answered 200 returned.
+pub(super) fn answer_keeping(
+    sent: reqwest::Result<reqwest::blocking::Response>,
+    is_get: bool,
+    kept: &mut Option<Vec<u8>>,
+) -> Outcome {
     let response = match sent {
         Ok(response) => response,
         Err(e) => return Outcome::Unknown(one_line(&e)),
     };
     let status = response.status().as_u16();
     match response.bytes() {
-        Ok(body) if is_get && status == 200 => Outcome::Answered(200, Some(seen(&body))),
+        Ok(body) if is_get && status == 200 => {
+            let seen = seen(&body);
+            *kept = Some(body.to_vec());
+            Outcome::Answered(200, Some(seen))
+        }
+        Ok(body) if status >= 500 => {
+            let said = String::from_utf8_lossy(&body);
+            Outcome::Failed(status, one_line(&said).chars().take(400).collect())
+        }
         Ok(_) => Outcome::Answered(status, None),
         // The status came, the body did not: for a GET, no state was seen.
         Err(e) if is_get => Outcome::Unknown(one_line(&e)),

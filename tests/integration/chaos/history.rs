@@ -24,7 +24,28 @@ pub enum Op {
     PartialPost(Written),
     /// DELETE /workspaces/{backend}/{workspace}.
     DeleteWorkspace,
+    /// An administrator's DELETE of the state (`?ID=` the lock it holds,
+    /// if any): the state goes, the lock stays.
+    DeleteState(Option<String>),
+    /// PUT /workspaces/{backend}/{workspace} (`wasmstate workspace create`).
+    CreateWorkspace,
+    /// A native Terraform client's lock (on host [`NATIVE`]) with this
+    /// id; `true` when a force-unlock through wasmstate releases it (an S3
+    /// lock file: deleted), `false` when only its holder can (a pg advisory
+    /// lock: its session's). Released by `Unlock` with the same id.
+    NativeLock(String, bool),
+    /// A host killed with `kill -9` (`true`) or reloaded with SIGHUP, in
+    /// no workspace: when it happened, for the rules that allow for it.
+    Fault(bool),
 }
+
+/// The host of an operation a native Terraform client ran on the storage
+/// itself (its `backend "pg"` advisory lock, its S3 lock file), beside
+/// wasmstate: its locks exclude wasmstate's clients as theirs do.
+pub const NATIVE: usize = usize::MAX;
+
+/// The workspace of events that belong to none (faults).
+pub const NO_WORKSPACE: &str = "";
 
 /// A state a client sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +58,10 @@ pub struct Written {
     pub digest: String,
     /// The lock id sent with it (`?ID=`), if any.
     pub lock_id: Option<String>,
+    /// What kind of body, for the report: "" (a plain format-4 state),
+    /// "opaque" (OpenTofu-encrypted: only serial and lineage in clear),
+    /// "v3" (a legacy format-3 state), "re-push" (a backup sent again).
+    pub shape: &'static str,
 }
 
 /// A state a GET returned.
@@ -48,6 +73,10 @@ pub struct Seen {
     pub serial: u64,
     /// sha256 of its bytes, shortened.
     pub digest: String,
+    /// Nothing in it (format 4, no resources, no outputs): a state no
+    /// client here writes, which a workspace created through the API may
+    /// start with (Terraform's empty state).
+    pub blank: bool,
 }
 
 /// What came back.
@@ -55,6 +84,9 @@ pub struct Seen {
 pub enum Outcome {
     /// An HTTP answer; for a GET that answered 200, the state it returned.
     Answered(u16, Option<Seen>),
+    /// A 5xx answer, with the first line of what it said (a state the
+    /// host refused to open says why).
+    Failed(u16, String),
     /// No answer (timeout, connection dropped, host killed): it may or may
     /// not have taken effect.
     Unknown(String),
@@ -63,7 +95,7 @@ pub enum Outcome {
 impl Outcome {
     /// Answered with `status`.
     pub fn is(&self, status: u16) -> bool {
-        matches!(self, Outcome::Answered(s, _) if *s == status)
+        matches!(self, Outcome::Answered(s, _) | Outcome::Failed(s, _) if *s == status)
     }
 
     /// It may have taken effect: answered 200, or no answer at all. A 5xx
@@ -71,7 +103,7 @@ impl Outcome {
     pub fn may_have_applied(&self) -> bool {
         match self {
             Outcome::Answered(status, _) => *status == 200 || *status >= 500,
-            Outcome::Unknown(_) => true,
+            Outcome::Failed(..) | Outcome::Unknown(_) => true,
         }
     }
 }
@@ -105,33 +137,52 @@ impl fmt::Display for Event {
             Op::ForceUnlock => "FORCE-UNLOCK".into(),
             Op::Get => "GET".into(),
             Op::Post(w) => format!(
-                "POST {}#{} {}{}",
+                "POST {}#{} {}{}{}",
                 w.lineage,
                 w.serial,
                 w.digest,
                 w.lock_id
                     .as_ref()
                     .map(|id| format!(" ?ID={id}"))
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                if w.shape.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", w.shape)
+                }
             ),
             Op::PartialPost(w) => format!("PARTIAL POST {}#{} {}", w.lineage, w.serial, w.digest),
             Op::DeleteWorkspace => "DELETE WORKSPACE".into(),
+            Op::DeleteState(id) => format!(
+                "DELETE STATE{}",
+                id.as_ref()
+                    .map(|id| format!(" ?ID={id}"))
+                    .unwrap_or_default()
+            ),
+            Op::CreateWorkspace => "CREATE WORKSPACE".into(),
+            Op::NativeLock(id, _) => format!("LOCK {id}"),
+            Op::Fault(true) => "kill -9, restarted".into(),
+            Op::Fault(false) => "SIGHUP".into(),
         };
         let outcome = match &self.outcome {
             Outcome::Answered(status, Some(seen)) => {
                 format!("{status} {}#{} {}", seen.lineage, seen.serial, seen.digest)
             }
             Outcome::Answered(status, None) => status.to_string(),
+            Outcome::Failed(status, said) => format!("{status} {said}"),
             Outcome::Unknown(why) => format!("unknown ({why})"),
+        };
+        let host = match self.host {
+            NATIVE => "native Terraform".to_string(),
+            host => format!("host {host}"),
         };
         write!(
             f,
-            "#{:<5} [{:>9.3} s – {:>9.3} s] client {} → host {} {}: {op} ⇒ {outcome}",
+            "#{:<5} [{:>9.3} s – {:>9.3} s] client {} → {host} {}: {op} ⇒ {outcome}",
             self.index,
             self.start as f64 / 1e6,
             self.end as f64 / 1e6,
             self.client,
-            self.host,
             self.workspace,
         )
     }

@@ -4,6 +4,17 @@
 //! of the whole history for lost writes, older states coming back, double
 //! lock holders, torn states and workspaces left stuck ([`check`]).
 //!
+//! Beside them, what issue 47 found at the seams ([`operators`],
+//! [`native`]): OpenTofu-encrypted and format-3 states, a second writer of
+//! another lineage, an administrator's DELETE under a held lock and a
+//! backup pushed again after it (which every replica must serve), a
+//! workspace deleted and created again through the API, and a native
+//! Terraform client taking the same locks on the storage itself (pg
+//! advisory locks, the S3 lock file); checked for a second lineage
+//! accepted, a host refusing a state the history allows, a write accepted
+//! under another's lock, and two holders counting the native one
+//! ([`rules`], [`locks`]).
+//!
 //! Each run prints its seed; `WASMSTATE_CHAOS_SEED=N` replays the same
 //! schedule of choices (which client does what, where, which fault when;
 //! the threads' interleaving is the machine's). `WASMSTATE_CHAOS_SECONDS`
@@ -15,13 +26,22 @@
 
 mod check;
 mod clients;
+mod cluster;
 mod history;
+mod locks;
+mod native;
+mod operators;
+mod report;
+mod rules;
 
 use crate::common::*;
 use check::Anomaly;
 use clients::{Client, Hosts};
-use history::{Event, Op, Outcome, Recorder};
-use std::path::{Path, PathBuf};
+use cluster::{Cluster, inject_faults};
+use history::{Event, Op, Recorder};
+use native::Native;
+use report::Report;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -50,6 +70,17 @@ struct Setup {
     /// Whether a `wasmstate state reseal` runs against random hosts all
     /// along, racing the clients.
     resealer: bool,
+    /// A native Terraform client taking the same locks on the storage
+    /// itself all along ([`native`]).
+    native: Option<Native>,
+    /// Configs a reload rewrites a host's config file to first (the same
+    /// storage said another way), one at random.
+    reload_variants: Vec<String>,
+    /// Whether every replica must serve a state deleted and pushed again
+    /// below a serial it served: true for every guest since sealed states
+    /// carry their life's start (docs/guarantees.md); false only for a
+    /// run that models storage where replicas cannot agree.
+    history_shared: bool,
 }
 
 impl Setup {
@@ -69,72 +100,11 @@ impl Setup {
             env: Vec::new(),
             per_host: Vec::new(),
             resealer: false,
+            native: None,
+            reload_variants: Vec::new(),
+            history_shared: true,
         }
     }
-}
-
-/// What a run did and found.
-struct Report {
-    seed: u64,
-    events: Vec<Event>,
-    faults: Vec<String>,
-    anomalies: Vec<Anomaly>,
-}
-
-impl std::fmt::Display for Report {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let unknown = self
-            .events
-            .iter()
-            .filter(|e| matches!(e.outcome, Outcome::Unknown(_)))
-            .count();
-        let acknowledged = self
-            .events
-            .iter()
-            .filter(|e| matches!(e.op, Op::Post(_)) && e.outcome.is(200))
-            .count();
-        writeln!(
-            f,
-            "seed {} (replay: WASMSTATE_CHAOS_SEED={}): {} operations ({acknowledged} writes acknowledged, {unknown} without an answer), {} faults, {} anomalies",
-            self.seed,
-            self.seed,
-            self.events.len(),
-            self.faults.len(),
-            self.anomalies.len()
-        )?;
-        for anomaly in self.anomalies.iter().take(5) {
-            writeln!(f, "\nANOMALY: {}", anomaly.what)?;
-            for event in context(&self.events, anomaly) {
-                let mark = if anomaly.events.contains(&event.index) {
-                    ">>"
-                } else {
-                    "  "
-                };
-                writeln!(f, "{mark} {event}")?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The events of an anomaly's workspace around it: from shortly before
-/// the first involved event began to its last one's end.
-fn context<'a>(events: &'a [Event], anomaly: &Anomaly) -> Vec<&'a Event> {
-    let involved: Vec<&Event> = anomaly.events.iter().map(|&i| &events[i]).collect();
-    let Some(workspace) = involved.first().map(|e| e.workspace.as_str()) else {
-        return Vec::new();
-    };
-    let from = involved.iter().map(|e| e.start).min().unwrap_or(0);
-    let to = involved.iter().map(|e| e.end).max().unwrap_or(0);
-    let mut shown: Vec<&Event> = events
-        .iter()
-        .filter(|e| e.workspace == workspace && e.end + 200_000 >= from && e.start <= to)
-        .collect();
-    shown.sort_by_key(|e| (e.start, e.index));
-    if shown.len() > 40 {
-        shown.retain(|e| anomaly.events.contains(&e.index) || !matches!(e.op, Op::Get));
-    }
-    shown
 }
 
 /// The seed: `WASMSTATE_CHAOS_SEED`, or a new one.
@@ -150,108 +120,24 @@ fn seed() -> u64 {
         })
 }
 
-/// The hosts of a run: each with its own data directory (history, cache
-/// key), all serving one config, so they share only the guest's storage.
-struct Cluster {
-    dir: PathBuf,
-    configs: Vec<PathBuf>,
-    env: Vec<(&'static str, &'static str)>,
-    servers: Vec<Option<Server>>,
-    hosts: Arc<Hosts>,
-}
-
-impl Cluster {
-    fn start(dir: &Path, setup: &Setup) -> Cluster {
-        let texts = if setup.per_host.is_empty() {
-            vec![setup.config.clone()]
-        } else {
-            setup.per_host.clone()
-        };
-        let configs = texts
-            .iter()
-            .enumerate()
-            .map(|(i, text)| {
-                let config = dir.join(format!("wasmstate-{i}.toml"));
-                std::fs::write(&config, text).unwrap();
-                config
-            })
-            .collect();
-        let mut cluster = Cluster {
-            dir: dir.to_path_buf(),
-            configs,
-            env: setup.env.clone(),
-            servers: (0..setup.hosts).map(|_| None).collect(),
-            hosts: Arc::new(Hosts::new(setup.hosts)),
-        };
-        for i in 0..setup.hosts {
-            cluster.restart(i);
-        }
-        cluster
-    }
-
-    /// Start host `i` (again).
-    fn restart(&mut self, i: usize) {
-        let config = &self.configs[i % self.configs.len()];
-        let server =
-            Server::with_config_env(&self.dir.join(format!("host-{i}")), config, &self.env);
-        self.hosts.set(i, Some(server.url.clone()));
-        self.servers[i] = Some(server);
-    }
-
-    /// `kill -9` host `i` with whatever it had under way, then start it again.
-    fn kill_and_restart(&mut self, i: usize) {
-        self.hosts.set(i, None);
-        // Dropping a server kills it with SIGKILL and reaps it.
-        drop(self.servers[i].take());
-        self.restart(i);
-    }
-
-    /// SIGHUP host `i`: it reloads its config while serving.
-    fn reload(&self, i: usize) {
-        if let Some(server) = &self.servers[i] {
-            let _ = std::process::Command::new("kill")
-                .args(["-HUP", &server.pid().to_string()])
-                .status();
-        }
-    }
-}
-
-/// Inject faults until `stop`: every 0.3–1.5 s (seeded) a host is killed
-/// and restarted, or reloaded. Returns what it did.
-fn inject_faults(
-    cluster: &mut Cluster,
-    kills: bool,
-    mut rng: Rng,
-    stop: &AtomicBool,
-) -> Vec<String> {
-    let mut done = Vec::new();
-    let mut next = Instant::now();
-    while !stop.load(Ordering::Acquire) {
-        if Instant::now() < next {
-            // The fault schedule's clock, not a wait for anything.
-            std::thread::sleep(Duration::from_millis(20));
-            continue;
-        }
-        let host = rng.below(cluster.servers.len());
-        if rng.below(10) < 6 && kills {
-            cluster.kill_and_restart(host);
-            done.push(format!("kill -9 host {host}, restarted"));
-        } else {
-            cluster.reload(host);
-            done.push(format!("SIGHUP host {host}"));
-        }
-        next = Instant::now() + Duration::from_millis(300 + rng.next() % 1200);
-    }
-    done
-}
-
 /// After the faults: every workspace, through every host, must take the
 /// lock, read, write and unlock again within a minute (a lock left behind
 /// by a client whose host was killed is force-unlocked, as an operator
 /// would). What does not is stuck.
 fn settle(setup: &Setup, recorder: &Arc<Recorder>, cluster: &Cluster, seed: u64) -> Vec<Anomaly> {
     let mut stuck = Vec::new();
-    let workspaces = workspace_names(setup);
+    // The workspace only created through the API must settle too.
+    let mut workspaces = workspace_names(setup);
+    workspaces.push(operators::API_WORKSPACE.to_string());
+    // An operator reaching every host, for the one documented remedy.
+    let mut operator = Client::new(
+        setup.clients + setup.hosts + 1,
+        seed.wrapping_sub(1),
+        recorder.clone(),
+        cluster.hosts.clone(),
+        BACKEND,
+        workspaces.clone(),
+    );
     for (i, server) in cluster.servers.iter().enumerate() {
         // A client that reaches only host `i`.
         let only = Arc::new(Hosts::new(setup.hosts));
@@ -269,7 +155,8 @@ fn settle(setup: &Setup, recorder: &Arc<Recorder>, cluster: &Cluster, seed: u64)
             let settled = loop {
                 let from = recorder.events().len();
                 client.locked_write(workspace);
-                let wrote = recorder.events()[from..]
+                let tried = recorder.events()[from..].to_vec();
+                let wrote = tried
                     .iter()
                     .any(|e| matches!(e.op, Op::Post(_)) && e.outcome.is(200));
                 if wrote {
@@ -277,6 +164,18 @@ fn settle(setup: &Setup, recorder: &Arc<Recorder>, cluster: &Cluster, seed: u64)
                 }
                 if Instant::now() > deadline {
                     break false;
+                }
+                // Storage without a shared history: a replica that served
+                // serial N refuses a state deleted and pushed again below
+                // it, and the documented remedy is to push it once more
+                // above N (the check still judges every step of it).
+                if let Some(newest) = tried
+                    .iter()
+                    .find_map(|e| operators::refused_below(&e.outcome))
+                    .filter(|_| !setup.history_shared)
+                {
+                    operator.push_above(workspace, newest);
+                    continue;
                 }
                 client.force_unlock(workspace);
             };
@@ -357,9 +256,19 @@ fn run(setup: Setup) -> Report {
             );
             scope.spawn(move || clients::reseal_along(&hosts, rng, &workspaces, BACKEND, until))
         });
-        let faults = setup
-            .faults
-            .then(|| scope.spawn(move || inject_faults(cluster, kills, fault_rng, stop)));
+        let native = setup.native.clone().map(|native| {
+            let (recorder, rng, workspaces) = (
+                recorder.clone(),
+                Rng::new(rng.next()),
+                workspace_names(&setup),
+            );
+            let id = setup.clients + setup.hosts;
+            scope.spawn(move || native::hold_along(&native, id, &recorder, rng, &workspaces, until))
+        });
+        let faults = setup.faults.then(|| {
+            let recorder = recorder.clone();
+            scope.spawn(move || inject_faults(cluster, kills, fault_rng, &recorder, stop))
+        });
         for client in clients {
             client.join().unwrap();
         }
@@ -370,12 +279,22 @@ fn run(setup: Setup) -> Report {
             );
             assert!(resealed > 0, "the resealer never sealed a state again");
         }
+        if let Some(native) = native {
+            let held = native.join().unwrap();
+            println!("native Terraform client: {held} locks held");
+        }
         stop.store(true, Ordering::Release);
         faults.map(|f| f.join().unwrap()).unwrap_or_default()
     });
     let mut anomalies = settle(&setup, &recorder, &cluster, rng.next());
     let events = recorder.events();
-    anomalies.splice(0..0, check::check(&events));
+    // The whole history, for a person to read: `WASMSTATE_CHAOS_HISTORY=FILE`
+    // (written to `FILE.<seed>`).
+    if let Ok(path) = std::env::var("WASMSTATE_CHAOS_HISTORY") {
+        let lines: Vec<String> = events.iter().map(Event::to_string).collect();
+        std::fs::write(format!("{path}.{seed}"), lines.join("\n") + "\n").unwrap();
+    }
+    anomalies.splice(0..0, check::check_with(&events, setup.history_shared));
     Report {
         seed,
         events,
@@ -402,9 +321,10 @@ fn chaos_local_on_a_shared_directory_sealed_and_plain() {
     let key = key_file(dir.path());
     for encryption in [sealed(&key), String::new()] {
         let store = dir.path().join(format!("store-{}", unique()));
-        run_clean(Setup::new(format!(
+        let setup = Setup::new(format!(
             "[backends.{BACKEND}]\nguest = \"local\"\ndir = {store:?}\n{encryption}"
-        )));
+        ));
+        run_clean(setup);
     }
 }
 
@@ -458,6 +378,15 @@ fn chaos_s3_lockfile_and_dynamodb_on_moto() {
             moto.enable_versioning(crate::aws::BUCKET);
         }
         let mut setup = Setup::new(String::new());
+        // Terraform's own `backend "s3"` (`use_lockfile`) on the same
+        // bucket, taking the same `.tflock` objects straight from S3.
+        if locking == crate::aws::Locking::LockFile {
+            setup.native = Some(Native::S3LockFile {
+                s3: moto.url.clone(),
+                bucket: crate::aws::BUCKET.into(),
+                key: crate::aws::KEY.into(),
+            });
+        }
         let proxy = FaultProxy::random(&moto.url, setup.seed, 3);
         setup.config = backend_table(
             BACKEND,
@@ -520,18 +449,32 @@ fn chaos_git_over_http_behind_a_fault_proxy() {
 /// `postgres` on a real PostgreSQL: three hosts holding Terraform's
 /// advisory locks in their lock sessions, killed (`-9`: the session and
 /// its locks die with the host; another host takes them over) and
-/// reloaded under concurrent clients; sealed, so the rollback check runs
-/// too.
+/// reloaded under concurrent clients, some reloads with `conn_str`
+/// written another way; sealed, so the rollback check runs too. Beside
+/// them, a native Terraform `backend "pg"` client takes the same advisory
+/// locks straight from PostgreSQL: never at the same time as a wasmstate
+/// client.
 #[test]
 fn chaos_postgres_with_advisory_locks() {
     let dir = tempdir();
     let pg = Postgres::start();
     let key = key_file(dir.path());
-    run_clean(Setup::new(format!(
-        "[backends.{BACKEND}]\nguest = \"postgres\"\n{}[backends.{BACKEND}.config]\nconn_str = {:?}\n",
-        sealed(&key),
-        pg.conn_str()
-    )));
+    let config = |conn_str: &str| {
+        format!(
+            "[backends.{BACKEND}]\nguest = \"postgres\"\n{}[backends.{BACKEND}.config]\nconn_str = {conn_str:?}\n",
+            sealed(&key),
+        )
+    };
+    let mut setup = Setup::new(config(&pg.conn_str()));
+    setup.native = Some(Native::Pg {
+        conn_str: pg.conn_str(),
+        schema: "terraform_remote_state".into(),
+    });
+    setup.reload_variants = vec![
+        config(&pg.conn_str()),
+        config(&format!("{}&keepalives_idle=30", pg.conn_str())),
+    ];
+    run_clean(setup);
 }
 
 /// `azure` on Azurite behind the fault proxy (throttled, failed, and
@@ -562,7 +505,8 @@ fn chaos_azure_on_azurite_behind_a_fault_proxy() {
 
 /// The checker finds what it is for: with the stale-write guard off
 /// (`allow_force_push`), unlocked writers from one serial overwrite each
-/// other, and the history shows the lost write.
+/// other, a second lineage replaces the first, and the history shows the
+/// lost write.
 #[test]
 fn chaos_finds_lost_writes_when_the_guard_is_off() {
     let dir = tempdir();
@@ -581,6 +525,13 @@ fn chaos_finds_lost_writes_when_the_guard_is_off() {
             .iter()
             .any(|a| a.what.contains("same serial") || a.what.contains("older state")),
         "the checker found no anomaly with the guard off: {report}"
+    );
+    assert!(
+        report
+            .anomalies
+            .iter()
+            .any(|a| a.what.contains("another lineage was accepted")),
+        "the checker found no second lineage accepted with the guard off: {report}"
     );
     assert!(report.to_string().contains(">> #"), "{report}");
 }

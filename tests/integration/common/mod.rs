@@ -18,7 +18,7 @@ pub mod tools;
 
 pub use azurite::Azurite;
 pub use canary::{CANARY, Canary};
-pub use fault_proxy::{Fault, FaultProxy};
+pub use fault_proxy::{Fault, FaultProxy, Rule};
 pub use gcs::FakeGcs;
 pub use google::{GoogleFront, service_account_key};
 pub use limits::{MemoryCgroup, peak_rss_kib, reset_peak_rss, rss_kib};

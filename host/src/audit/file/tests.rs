@@ -158,3 +158,102 @@ fn files_past_the_setting_are_dropped() {
     let names: Vec<String> = log_files(dir.path()).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["audit.1.jsonl", "audit.2.jsonl", "audit.jsonl"]);
 }
+
+/// Each backend's locks and refusals rotate within their own share: a
+/// flood of one backend's locks leaves another backend's records, and its
+/// own changes, where they were, and the trail within its bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_one_backends_locks_rotates_out_only_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let max = 70 << 10;
+    let log = AuditLog::open_serving(dir.path(), settings(max, 2), ["b", "a"]).unwrap();
+    let mut other = record(1);
+    other.backend = "b".into();
+    log.append(other).await;
+    let mut own = record(2);
+    own.backend = "a".into();
+    log.append(own).await;
+    for n in 0..3_000 {
+        let mut lock = record(n);
+        lock.backend = "a".into();
+        lock.operation = Operation::Lock;
+        log.append(lock).await;
+    }
+    let size = |path: &str| {
+        std::fs::metadata(dir.path().join("audit/r1").join(path)).map_or(0, |m| m.len())
+    };
+    // Three units for each of two backends, one for refusals, one for
+    // records of no backend.
+    let unit = max / 8;
+    let a_rest = size("backends/a/requests.jsonl") + size("backends/a/requests.1.jsonl");
+    assert!(a_rest <= unit && a_rest > unit / 3, "{a_rest} of {unit}");
+    let total: u64 = ["a", "b"]
+        .iter()
+        .flat_map(|b| ["changes", "requests"].map(|k| format!("backends/{b}/{k}")))
+        .flat_map(|p| [format!("{p}.jsonl"), format!("{p}.1.jsonl")])
+        .map(|p| size(&p))
+        .sum::<u64>()
+        + ["audit", "refusals"]
+            .iter()
+            .flat_map(|p| [format!("{p}.jsonl"), format!("{p}.1.jsonl")])
+            .map(|p| size(&p))
+            .sum::<u64>();
+    assert!(total <= max, "{total}");
+    let all = crate::audit::Filter {
+        limit: Some(1000),
+        ..Default::default()
+    };
+    assert_eq!(log.query("b", &all).unwrap().len(), 1);
+    let writes = crate::audit::Filter {
+        operation: Some("write".into()),
+        ..all.clone()
+    };
+    assert_eq!(log.query("a", &writes).unwrap()[0].workspace, "w2");
+    let kept = log.query("a", &all).unwrap();
+    assert!(kept.len() < 3_000, "the flood rotated: {}", kept.len());
+    // Newest first, across a's two sequences: the lock flood, then the write.
+    assert_eq!(kept.last().unwrap().operation, Operation::Write);
+    assert_eq!(kept[0].workspace, "w2999");
+}
+
+/// Refusals (which callers with no grant on a backend can cause at will)
+/// go to a sequence of their own: a flood of them rotates out only older
+/// refusals, never a backend's lock record, and searches still find them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_rotate_out_only_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let max = 70 << 10;
+    let log = AuditLog::open_serving(dir.path(), settings(max, 2), ["a"]).unwrap();
+    let mut lock = record(0);
+    lock.backend = "a".into();
+    lock.operation = Operation::Lock;
+    log.append(lock).await;
+    for n in 0..3_000 {
+        let mut refused = record(n);
+        refused.backend = "a".into();
+        refused.caller = format!("stranger-{n}");
+        refused.operation = Operation::Lock;
+        refused.status = 403;
+        refused.result = "forbidden: no grant".into();
+        log.append_refusal(refused).await;
+    }
+    let size = |path: &str| {
+        std::fs::metadata(dir.path().join("audit/r1").join(path)).map_or(0, |m| m.len())
+    };
+    let unit = max / 5;
+    let refusals = size("refusals.jsonl") + size("refusals.1.jsonl");
+    assert!(
+        refusals <= unit && refusals > unit / 3,
+        "{refusals} of {unit}"
+    );
+    let requests =
+        std::fs::read_to_string(dir.path().join("audit/r1/backends/a/requests.jsonl")).unwrap();
+    assert_eq!(requests.lines().count(), 1, "the lock record stays, alone");
+    let all = crate::audit::Filter {
+        limit: Some(1000),
+        ..Default::default()
+    };
+    let found = log.query("a", &all).unwrap();
+    assert_eq!(found.last().unwrap().workspace, "w0", "the lock, oldest");
+    assert!(found.iter().any(|r| r.status == 403), "refusals are found");
+}

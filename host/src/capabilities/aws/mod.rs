@@ -14,7 +14,7 @@ pub mod settings;
 mod sign;
 mod sts;
 
-pub use scope::{Service, SigningScope};
+pub use scope::{Service, SigningScope, check_disjoint};
 pub use settings::AwsSettings;
 
 use crate::policy::Origin;
@@ -39,9 +39,11 @@ impl AwsGrant {
     /// The grant of a backend whose requests to `origins` are signed: its
     /// credential settings are taken out of `guest_config` (relative paths
     /// from `base`), and `origins` become reachable in `allow_http`. `None`
-    /// (and nothing taken) without origins.
+    /// (and nothing taken) without origins. A guest that is not
+    /// `first_party` must name its states ([`SigningScope::for_stranger`]).
     pub fn take(
         origins: Vec<Origin>,
+        first_party: bool,
         guest_config: &mut Vec<(String, String)>,
         allow_http: &mut Vec<Origin>,
         base: &std::path::Path,
@@ -60,7 +62,10 @@ impl AwsGrant {
                 origin.scheme, origin.host
             ));
         }
-        let scope = SigningScope::from_config(guest_config);
+        let scope = match first_party {
+            true => SigningScope::from_config(guest_config),
+            false => SigningScope::for_stranger(guest_config)?,
+        };
         let settings = settings::take_from_config(guest_config, base)?;
         for origin in &origins {
             if !allow_http.contains(origin) {

@@ -224,7 +224,9 @@ impl RepoHandle<'_> {
         let mut slot = self.lock_slot()?;
         self.bound_clone(&mut slot)?;
         let (repo, clone_bytes, damaged) = self.open_tracked(&mut slot)?;
-        let auth = self.auth();
+        // One download brings at most a clone's bound: a clone past it is
+        // started afresh at the next call anyway.
+        let auth = self.auth().downloading_at_most(self.host.max_clone_bytes);
         let mut remote = repo
             .remote_anonymous(&self.url)
             .or_internal(self, "cannot set up the remote")?;
@@ -361,7 +363,9 @@ impl RepoHandle<'_> {
         Ok(versions)
     }
 
-    /// Fetch the full history behind the tracking refs of a shallow clone.
+    /// Fetch the full history behind the tracking refs of a shallow clone,
+    /// as far as the clone's bound allows: a history past it is refused
+    /// while it downloads, and nothing is kept.
     fn unshallow(&self, repo: &Repository, clone_bytes: &Cell<u64>) -> Result<(), GitError> {
         let specs: Vec<String> = repo
             .references_glob(&format!("{TRACKING_PREFIX}*"))
@@ -373,7 +377,8 @@ impl RepoHandle<'_> {
                 format!("+{remote}:{tracking}")
             })
             .collect();
-        let auth = self.auth();
+        let room = self.host.max_clone_bytes.saturating_sub(clone_bytes.get());
+        let auth = self.auth().downloading_at_most(room);
         let mut remote = repo
             .remote_anonymous(&self.url)
             .or_internal(self, "cannot set up the remote")?;

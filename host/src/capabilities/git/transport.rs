@@ -405,6 +405,15 @@ impl RepoHandle<'_> {
                 "talking to {url} was stopped at the request's deadline; retry"
             ));
         }
+        if auth.over.get() {
+            // Retrying would download the same again: say what to change.
+            return GitError::Denied(format!(
+                "{url} sent more than the host's clone may hold (git_clone_max_mib = {} MiB, what it \
+                 holds already counted): the download was stopped and nothing was kept; raise \
+                 git_clone_max_mib for this repository's history",
+                self.host.max_clone_bytes >> 20
+            ));
+        }
         if auth.refused.get() || e.code() == ErrorCode::Auth {
             return GitError::Denied(format!(
                 "{url} refused the credentials ({msg}); check the username/password or ssh key granted for it"
@@ -457,6 +466,11 @@ pub(super) struct Auth<'g> {
     /// The URL these credentials are for; asked for another (a redirect),
     /// they are not offered.
     url: Option<String>,
+    /// The most bytes a download may bring (what the clone may still
+    /// take); past it the download is stopped.
+    max_received: Option<u64>,
+    /// Set when a download was stopped at `max_received`.
+    pub(super) over: Cell<bool>,
 }
 
 impl<'g> Auth<'g> {
@@ -468,7 +482,24 @@ impl<'g> Auth<'g> {
             deadline,
             expired: Cell::new(false),
             url: None,
+            max_received: None,
+            over: Cell::new(false),
         }
+    }
+
+    /// Stop a download that brings more than `bytes`.
+    pub(super) fn downloading_at_most(mut self, bytes: u64) -> Self {
+        self.max_received = Some(bytes);
+        self
+    }
+
+    /// Whether a download that has brought `received` bytes may go on.
+    fn within(&self, received: usize) -> bool {
+        let within = self.max_received.is_none_or(|m| received as u64 <= m);
+        if !within {
+            self.over.set(true);
+        }
+        within
     }
 
     /// Offer the credentials only when libgit2 asks on behalf of `url`.
@@ -504,7 +535,7 @@ impl<'g> Auth<'g> {
             }
             self.offer(url_user, allowed)
         });
-        cb.transfer_progress(move |_| self.in_time());
+        cb.transfer_progress(move |p| self.in_time() && self.within(p.received_bytes()));
         cb.sideband_progress(move |_| self.in_time());
         cb.push_negotiation(move |_| {
             if self.in_time() {

@@ -19,10 +19,28 @@
 //!   every role may read) takes the key, then the row;
 //! - a write under a lock is accepted only while the row's holder holds
 //!   its key, and an unlocked write takes the keys for its transaction, so
-//!   neither can slip past a lock another client holds.
+//!   neither can slip past a lock another client holds;
+//! - the key follows the workspace's row as a native client's attempt
+//!   would: a lock is taken on the key looked up, then the lookup is made
+//!   again (a row deleted or created between the two starts it over), and
+//!   a delete under the lock moves the lock onto `-1` before the row goes
+//!   ([`Session::keep_through_delete`]), where it stays whatever rows are
+//!   written next (a native client that finds a row tries its id and
+//!   `-1`, so `-1` alone keeps it out, as it does behind a native holder);
+//! - a store that goes away (a reload that changed its `conn_str`) leaves
+//!   its session holding the keys rows still name until each row goes, for
+//!   an hour at most, when its successor keeps its rows in the same
+//!   database and schema; else it lets them go at once and logs which
+//!   locks it leaves ([`LockSession::linger`]).
 //!
 //! Lock operations run to completion in a task of their own: a request
 //! that gives up mid-way cannot leave a key held that no row accounts for.
+
+mod holders;
+mod moves;
+
+use holders::{holds, native_holder};
+pub use moves::LINGER_MOST;
 
 use super::{Holder, PgError, PgStore};
 use std::collections::HashSet;
@@ -54,12 +72,14 @@ const HOLDER_HOLDS_KEY: &str = "EXISTS (SELECT 1 FROM pg_locks l
       AND l.objid = (w.key & 4294967295)::bigint::oid
       AND l.pid = split_part(w.holder, '@', 1)::int)";
 
-struct Session {
+pub(super) struct Session {
     client: Client,
     /// `pid@backend_start`: this session, as rows name their holder.
     me: String,
     /// Advisory keys this session holds (each once).
     mine: HashSet<i64>,
+    /// `wasmstate_locks`, quoted with its schema.
+    table: String,
 }
 
 /// A row of `wasmstate_locks`.
@@ -76,7 +96,7 @@ fn lock_id(info: &serde_json::Value) -> &str {
 impl LockSession {
     /// The session, connected (again, if it was lost: its locks went with
     /// it, and rows naming it are taken over like a dead replica's).
-    async fn session(
+    pub(super) async fn session(
         &self,
         store: &PgStore,
     ) -> Result<tokio::sync::MutexGuard<'_, Option<Session>>, PgError> {
@@ -105,21 +125,14 @@ impl LockSession {
             // (a half-open connection), holding keys nobody will release:
             // end it (a role may end its own sessions), so its rows are
             // taken over.
-            if let Some(previous) = previous
-                && let Some((pid, start)) = previous.split_once('@')
-                && let Ok(pid) = pid.parse::<i32>()
-            {
-                let _ = client
-                    .execute(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND backend_start::text = $2",
-                        &[&pid, &start],
-                    )
-                    .await;
+            if let Some(previous) = previous {
+                let _ = moves::end_session(&client, &previous).await;
             }
             *guard = Some(Session {
                 client,
                 me,
                 mine: HashSet::new(),
+                table: store.table("wasmstate_locks"),
             });
         }
         Ok(guard)
@@ -185,7 +198,7 @@ impl LockSession {
                 .map(|r| Holder::Wasmstate(r.info)));
         }
         if row.holder == session.me {
-            session.release_if_unneeded(store, row.key).await?;
+            session.release_if_unneeded(row.key).await?;
         }
         // Otherwise the holding replica's sweep releases the key.
         Ok(None)
@@ -280,7 +293,7 @@ impl LockSession {
         let mut guard = self.session(store).await?;
         let session = guard.as_mut().expect("connected");
         for key in session.mine.clone() {
-            session.release_if_unneeded(store, key).await?;
+            session.release_if_unneeded(key).await?;
         }
         let rows = session
             .client
@@ -349,7 +362,7 @@ impl Session {
     }
 
     /// Release `key` unless a row says this session holds it.
-    async fn release_if_unneeded(&mut self, store: &PgStore, key: i64) -> Result<(), PgError> {
+    async fn release_if_unneeded(&mut self, key: i64) -> Result<(), PgError> {
         if !self.mine.contains(&key) {
             return Ok(());
         }
@@ -358,7 +371,7 @@ impl Session {
             .query_one(
                 &format!(
                     "SELECT EXISTS (SELECT 1 FROM {} WHERE key = $1 AND holder = $2)",
-                    store.table("wasmstate_locks")
+                    self.table
                 ),
                 &[&key, &self.me],
             )
@@ -408,7 +421,7 @@ impl Session {
             )
             .await?;
         if updated == 0 && !had {
-            self.release_if_unneeded(store, row.key).await?;
+            self.release_if_unneeded(row.key).await?;
         }
         Ok(())
     }
@@ -442,7 +455,7 @@ impl Session {
             if key != CREATION_KEY && !self.mine.contains(&CREATION_KEY) {
                 if !self.try_lock(CREATION_KEY).await? {
                     if !had {
-                        self.release_if_unneeded(store, key).await?;
+                        self.release_if_unneeded(key).await?;
                     }
                     return Ok(Some(
                         native_holder(&self.client, CREATION_KEY)
@@ -452,7 +465,19 @@ impl Session {
                             )),
                     ));
                 }
-                self.release_if_unneeded(store, CREATION_KEY).await?;
+                self.release_if_unneeded(CREATION_KEY).await?;
+            }
+            // Lock, then verify: the row looked up may have been deleted
+            // meanwhile (its id is then nobody's key: a native client
+            // takes -1) or created (a native client tries its id). While
+            // this key is held no unlocked change can move the row (it
+            // takes the same keys), so a lookup that still agrees stays
+            // true until the lock's row is in.
+            if key_of(&self.client, store, name).await? != key {
+                if !had {
+                    self.release_if_unneeded(key).await?;
+                }
+                continue;
             }
             let inserted = self
                 .client
@@ -468,7 +493,7 @@ impl Session {
                 return Ok(None);
             }
             // Another replica's lock won the row: look again.
-            self.release_if_unneeded(store, key).await?;
+            self.release_if_unneeded(key).await?;
         }
         Err(PgError::Unavailable(format!(
             "the lock of {name} keeps changing; retry"
@@ -507,63 +532,4 @@ async fn key_of(client: &impl GenericClient, store: &PgStore, name: &str) -> Res
         )
         .await?;
     Ok(row.map_or(CREATION_KEY, |r| r.get(0)))
-}
-
-/// A session other than wasmstate's holding advisory lock `key` or the
-/// creation key: a native Terraform client.
-async fn native_holder(client: &impl GenericClient, key: i64) -> Result<Option<Holder>, PgError> {
-    let row = client
-        .query_opt(
-            "SELECT l.pid, (l.objid::bigint | (l.classid::bigint << 32))::bigint AS k, a.application_name, a.client_addr::text
-             FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-               AND l.classid = (($1::bigint >> 32) & 4294967295)::bigint::oid
-               AND l.objid = ($1::bigint & 4294967295)::bigint::oid
-               AND a.application_name <> $3
-             UNION ALL
-             SELECT l.pid, -1, a.application_name, a.client_addr::text
-             FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-               AND l.classid = 4294967295::bigint::oid AND l.objid = 4294967295::bigint::oid
-               AND a.application_name <> $3 AND $2
-             LIMIT 1",
-            &[&key, &(key != CREATION_KEY), &APPLICATION],
-        )
-        .await?;
-    Ok(row.map(|r| {
-        let pid: i32 = r.get(0);
-        let k: i64 = r.get(1);
-        let from: Option<String> = r.get(3);
-        let what = if k == CREATION_KEY {
-            "locked for workspace creation"
-        } else {
-            "locked"
-        };
-        Holder::Native(format!(
-            "{what} by a Terraform pg backend client (database session {pid}{}, advisory lock {k}); it is released when that client unlocks or ends",
-            from.map(|f| format!(" from {f}")).unwrap_or_default()
-        ))
-    }))
-}
-
-/// Whether the session `holder` (`pid@backend_start`) holds advisory lock
-/// `key`: what "alive" means for a lock's holder (`pg_locks` is readable by
-/// every role, unlike other roles' `pg_stat_activity` details).
-async fn holds(client: &Client, holder: &str, key: i64) -> Result<bool, PgError> {
-    let Some(Ok(pid)) = holder.split_once('@').map(|(pid, _)| pid.parse::<i32>()) else {
-        return Ok(false);
-    };
-    Ok(client
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks l
-               WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = $1
-                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                 AND l.classid = (($2::bigint >> 32) & 4294967295)::bigint::oid
-                 AND l.objid = ($2::bigint & 4294967295)::bigint::oid)",
-            &[&pid, &key],
-        )
-        .await?
-        .get(0))
 }

@@ -11,6 +11,7 @@
 
 pub mod locks;
 mod schema;
+mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,8 +23,15 @@ pub const CREDENTIAL_KEYS: &[&str] = &["conn_str"];
 
 /// Idle connections kept per backend for reads and writes.
 const MAX_IDLE: usize = 4;
+/// How many bytes of a state the first statement of a read fetches, its
+/// size admitted beforehand: a small state (most are) comes in one round
+/// trip, a larger one after its own size has been admitted.
+const FIRST_FETCH: i32 = 64 * 1024;
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The application name of the connections that read and write states
+/// (a lock session's is [`locks`]' own).
+const POOL_APPLICATION: &str = "wasmstate";
 
 /// What a backend is granted: one database, one schema.
 #[derive(Clone, PartialEq, Eq)]
@@ -54,6 +62,20 @@ impl std::fmt::Debug for PgGrant {
 pub use schema::Skip;
 
 impl PgGrant {
+    /// Whether `other` keeps its rows where this grant does: the same
+    /// hosts, ports, database and schema (what a rotated password or
+    /// another connection setting leaves as it is).
+    pub fn same_place(&self, other: &PgGrant) -> bool {
+        let database = |c: &tokio_postgres::Config| {
+            (
+                c.get_hosts().to_vec(),
+                c.get_ports().to_vec(),
+                c.get_dbname().or(c.get_user()).map(str::to_owned),
+            )
+        };
+        self.schema == other.schema && database(&self.config) == database(&other.config)
+    }
+
     /// The grant of a backend whose guest's config names `conn_str` (or
     /// `PG_CONN_STR`, as Terraform reads it): the connection string leaves
     /// `guest_config`; `schema_name` and the `skip_*` settings are read and
@@ -69,7 +91,7 @@ impl PgGrant {
         let conn_str = super::setting(&taken, "conn_str")
             .or_else(|| std::env::var("PG_CONN_STR").ok().filter(|v| !v.is_empty()))
             .ok_or("conn_str: required (e.g. conn_str = { env = \"PG_CONN_STR\" }, \"postgres://user@db.example.com/terraform\")")?;
-        let (conn_str, root_cert) = tls_settings(&conn_str)?;
+        let (conn_str, root_cert) = tls::settings(&conn_str)?;
         let root_certs = root_cert
             .map(|path| {
                 std::fs::read(&path)
@@ -79,18 +101,20 @@ impl PgGrant {
         let mut config: tokio_postgres::Config = conn_str
             .parse()
             .map_err(|e| format!("conn_str: not a PostgreSQL connection string: {e}"))?;
-        config.application_name("wasmstate");
+        config.application_name(POOL_APPLICATION);
         config.connect_timeout(CONNECT_TIMEOUT);
         let setting = |name: &str| super::setting(guest_config, name);
         let schema = setting("schema_name").unwrap_or("terraform_remote_state".into());
         let flag = |name: &str| setting(name).is_some_and(|v| v == "true");
-        // Like lib/pq, which Terraform uses: TLS unless told otherwise.
-        let tls = !matches!(
-            config.get_ssl_mode(),
-            tokio_postgres::config::SslMode::Disable
-        );
-        if tls && !conn_str.contains("sslmode") {
-            config.ssl_mode(tokio_postgres::config::SslMode::Require);
+        // Like lib/pq, which Terraform uses: TLS unless `sslmode=disable`,
+        // and never a fall back to plain text. tokio-postgres' own default
+        // (and `sslmode=prefer`) falls back, so `prefer` becomes `require`.
+        // The mode is the parsed one: whatever a password or another value
+        // holds (the word "sslmode" included) cannot change it.
+        use tokio_postgres::config::SslMode;
+        let tls = !matches!(config.get_ssl_mode(), SslMode::Disable);
+        if matches!(config.get_ssl_mode(), SslMode::Prefer) {
+            config.ssl_mode(SslMode::Require);
         }
         Ok(Some(PgGrant {
             config,
@@ -104,55 +128,6 @@ impl PgGrant {
             root_certs,
         }))
     }
-}
-
-/// `conn_str` as tokio-postgres reads it, and its `sslrootcert`: libpq's
-/// `sslmode=verify-ca` / `verify-full` become `require` (the host always
-/// verifies the server's certificate), `sslrootcert` is read by the host.
-/// Client certificates are refused with a message.
-fn tls_settings(conn_str: &str) -> Result<(String, Option<std::path::PathBuf>), String> {
-    let mut root = None;
-    let mut keep = |key: &str, value: &str| -> Result<Option<String>, String> {
-        match key {
-            "sslrootcert" => {
-                root = Some(std::path::PathBuf::from(value));
-                Ok(None)
-            }
-            "sslcert" | "sslkey" | "sslpassword" => Err(format!(
-                "conn_str: {key}: client certificates are not supported yet; use a password"
-            )),
-            "sslmode" if matches!(value, "verify-ca" | "verify-full") => Ok(Some("require".into())),
-            _ => Ok(Some(value.to_string())),
-        }
-    };
-    if conn_str.starts_with("postgres://") || conn_str.starts_with("postgresql://") {
-        let mut url = url::Url::parse(conn_str)
-            .map_err(|e| format!("conn_str: not a PostgreSQL URL: {e}"))?;
-        let pairs: Vec<(String, String)> = url.query_pairs().into_owned().collect();
-        let mut kept = Vec::new();
-        for (k, v) in pairs {
-            if let Some(v) = keep(&k, &v)? {
-                kept.push((k, v));
-            }
-        }
-        url.set_query(None);
-        if !kept.is_empty() {
-            url.query_pairs_mut().extend_pairs(kept);
-        }
-        return Ok((url.to_string(), root));
-    }
-    // key=value words; a quoted value (with spaces) is left as written.
-    if conn_str.contains('\'') {
-        return Ok((conn_str.to_string(), None));
-    }
-    let mut words = Vec::new();
-    for word in conn_str.split_whitespace() {
-        let (k, v) = word.split_once('=').unwrap_or((word, ""));
-        if let Some(v) = keep(k, v)? {
-            words.push(format!("{k}={v}"));
-        }
-    }
-    Ok((words.join(" "), root))
 }
 
 /// Why a call failed.
@@ -189,7 +164,11 @@ pub enum Holder {
 /// end the lock session that holds the backend's locks (its advisory
 /// locks would be free until another session took them over).
 #[derive(Default)]
-pub struct PgStores(std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<PgStore>>>);
+pub struct PgStores(Arc<Registry>);
+
+/// The store in use for each backend, as a store that goes finds its
+/// successor ([`locks::LockSession::linger`]).
+type Registry = std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<PgStore>>>;
 
 impl PgStores {
     /// The store of `backend` for `grant`: the one in use when its grant
@@ -200,13 +179,30 @@ impl PgStores {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         stores.retain(|_, store| store.strong_count() > 0);
-        if let Some(store) = stores.get(backend).and_then(std::sync::Weak::upgrade)
+        let replaced = stores.get(backend).and_then(std::sync::Weak::upgrade);
+        if let Some(store) = &replaced
             && store.grant == *grant
         {
-            return store;
+            return store.clone();
         }
         let store = PgStore::new(backend, grant);
+        *store
+            .registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::downgrade(&self.0);
         stores.insert(backend.to_string(), Arc::downgrade(&store));
+        if replaced.is_some() {
+            // The replaced store's locks stay with its session until they
+            // are released, if this one keeps its rows in the same place
+            // ([`locks::LockSession::linger`]); this one
+            // starts its sweep now, not at its first request, so a lock
+            // whose session is lost meanwhile is taken over in seconds.
+            store.start_early();
+        }
+        // The map first: a replaced store that goes with `replaced` looks
+        // its successor up in it.
+        drop(stores);
+        drop(replaced);
         store
     }
 }
@@ -220,6 +216,27 @@ pub struct PgStore {
     idle: std::sync::Mutex<Vec<Client>>,
     prepared: tokio::sync::OnceCell<()>,
     locks: locks::LockSession,
+    /// The stores of every backend, when this one was made by them.
+    registry: std::sync::Mutex<std::sync::Weak<Registry>>,
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        // The store now in use for this backend, if any: whether it keeps
+        // its locks in the same place decides what becomes of this one's.
+        // (`try_lock`: a store can go while [`PgStores::of`] holds the map.)
+        let registry = std::mem::take(
+            self.registry
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        let successor = registry.upgrade().and_then(|registry| {
+            let stores = registry.try_lock().ok()?;
+            stores.get(&*self.backend)?.upgrade()
+        });
+        let successor = successor.map(|next| next.grant.same_place(&self.grant));
+        self.locks.linger(&self.backend, &self.grant, successor);
+    }
 }
 
 impl PgStore {
@@ -232,6 +249,7 @@ impl PgStore {
             idle: std::sync::Mutex::default(),
             prepared: tokio::sync::OnceCell::new(),
             locks: locks::LockSession::default(),
+            registry: std::sync::Mutex::default(),
         })
     }
 
@@ -246,13 +264,32 @@ impl PgStore {
         let idle = self.idle.lock().expect("not poisoned").pop();
         let client = match idle {
             Some(client) if !client.is_closed() => client,
-            _ => connect(&self.grant, "wasmstate").await?,
+            _ => connect(&self.grant, POOL_APPLICATION).await?,
         };
         self.prepared
             .get_or_try_init(|| schema::prepare(&client, &self.grant))
             .await?;
         self.locks.start_sweep(self);
         Ok(client)
+    }
+
+    /// Connect, make the tables and start the lock sweep now, in a task.
+    fn start_early(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let me = self.me.clone();
+        runtime.spawn(async move {
+            let Some(store) = me.upgrade() else {
+                return;
+            };
+            match store.checkout().await {
+                Ok(client) => store.give_back(client),
+                Err(e) => {
+                    tracing::warn!(backend = %store.backend, "postgres: connecting after a reload: {e:?}")
+                }
+            }
+        });
     }
 
     fn give_back(&self, client: Client) {
@@ -262,22 +299,74 @@ impl PgStore {
         }
     }
 
-    /// The names of the rows of `states`, sorted.
-    pub async fn list_names(&self) -> Result<Vec<String>, PgError> {
+    /// The names of the rows of `states` no longer than `max_name` bytes
+    /// (longer ones are no workspace's), sorted. `admit` is asked for the
+    /// bytes of each name before it is kept (the caller charges them to
+    /// its memory budgets, and may refuse): the rows come as a stream, so
+    /// no more is held than was admitted.
+    pub async fn list_names(
+        &self,
+        max_name: usize,
+        mut admit: impl FnMut(usize) -> Result<(), PgError>,
+    ) -> Result<Vec<String>, PgError> {
+        use futures_util::TryStreamExt as _;
         let client = self.checkout().await?;
-        let sql = format!("SELECT name FROM {} ORDER BY name", self.table("states"));
-        let rows = client.query(&sql, &[]).await?;
+        let sql = format!(
+            "SELECT name FROM {} WHERE octet_length(name) <= $1 ORDER BY name",
+            self.table("states")
+        );
+        let max_name = i32::try_from(max_name).unwrap_or(i32::MAX);
+        let rows = client.query_raw(sql.as_str(), [max_name]).await?;
+        let mut rows = std::pin::pin!(rows);
+        let mut names = Vec::new();
+        while let Some(row) = rows.try_next().await? {
+            let name: String = row.get(0);
+            admit(name.len() + std::mem::size_of::<String>())?;
+            names.push(name);
+        }
         self.give_back(client);
-        Ok(rows.iter().map(|r| r.get::<_, String>(0)).collect())
+        Ok(names)
     }
 
-    /// Row `name`'s data, if there is such a row (Terraform's Get).
-    pub async fn read(&self, name: &str) -> Result<Option<String>, PgError> {
+    /// Row `name`'s data, if there is such a row with data (Terraform's
+    /// Get). `admit` is asked for the size of each fetch before the bytes
+    /// are fetched (the caller charges them to its memory budgets, and may
+    /// refuse): a state too large for them never reaches the host. The
+    /// size and the data are read in one statement, so a state that grew
+    /// in between is not fetched past what was admitted.
+    pub async fn read(
+        &self,
+        name: &str,
+        mut admit: impl FnMut(usize) -> Result<(), PgError>,
+    ) -> Result<Option<String>, PgError> {
         let client = self.checkout().await?;
-        let sql = format!("SELECT data FROM {} WHERE name = $1", self.table("states"));
-        let row = client.query_opt(&sql, &[&name]).await?;
-        self.give_back(client);
-        Ok(row.and_then(|r| r.get::<_, Option<String>>(0)))
+        let sql = format!(
+            "SELECT octet_length(data), CASE WHEN octet_length(data) <= $2 THEN data END FROM {} WHERE name = $1",
+            self.table("states")
+        );
+        let mut admitted = FIRST_FETCH;
+        admit(FIRST_FETCH as usize)?;
+        for _ in 0..3 {
+            let Some(row) = client.query_opt(&sql, &[&name, &admitted]).await? else {
+                self.give_back(client);
+                return Ok(None);
+            };
+            let (size, data): (Option<i32>, Option<String>) = (row.get(0), row.get(1));
+            match (size, data) {
+                (Some(size), None) => {
+                    admit(size.max(0) as usize)?;
+                    admitted = size;
+                }
+                // A row with no data (NULL) is no state.
+                (_, data) => {
+                    self.give_back(client);
+                    return Ok(data);
+                }
+            }
+        }
+        Err(PgError::Unavailable(format!(
+            "the state of {name} kept growing while it was read; retry"
+        )))
     }
 
     /// Set row `name` to `data` (Terraform's Put) or delete it (`None`),
@@ -290,10 +379,52 @@ impl PgStore {
         data: Option<&str>,
         lock_id: Option<&str>,
     ) -> Result<Option<locks::Refusal>, PgError> {
+        // A delete under a lock drives the lock session (it takes and
+        // releases advisory keys): to completion in a task of its own, as
+        // the lock operations, so that a request that gives up cannot
+        // leave the server holding a key the session never recorded, or
+        // the session recording one the server released.
+        if data.is_none()
+            && let Some(id) = lock_id
+        {
+            let (name, id) = (name.to_string(), id.to_string());
+            return self
+                .locking(move |store| async move { store.change_now(&name, None, Some(&id)).await })
+                .await;
+        }
+        self.change_now(name, data, lock_id).await
+    }
+
+    /// [`PgStore::change`], in the caller's future.
+    async fn change_now(
+        &self,
+        name: &str,
+        data: Option<&str>,
+        lock_id: Option<&str>,
+    ) -> Result<Option<locks::Refusal>, PgError> {
+        // A delete under a lock moves the lock onto the creation key
+        // ([`locks::Session::keep_through_delete`]) through this replica's
+        // lock session, held from before the transaction to after it, so
+        // that its sweep cannot release that key between the take and the
+        // commit. (No transaction waits for the session: this is the only
+        // path that holds both, and it takes the session first.)
+        let mut session = match (data, lock_id) {
+            (None, Some(_)) => Some(self.locks.session(self).await?),
+            _ => None,
+        };
         let mut client = self.checkout().await?;
         let result = async {
             let tx = client.transaction().await?;
             if let Some(refusal) = self.locks.may_change(self, &tx, name, lock_id).await? {
+                return Ok(Some(refusal));
+            }
+            if let Some(guard) = session.as_mut()
+                && let Some(refusal) = guard
+                    .as_mut()
+                    .expect("connected")
+                    .keep_through_delete(&tx, name)
+                    .await?
+            {
                 return Ok(Some(refusal));
             }
             match data {
@@ -316,6 +447,12 @@ impl PgStore {
         .await;
         if result.is_ok() {
             self.give_back(client);
+        }
+        if let Some(session) = session.as_mut().and_then(|guard| guard.as_mut())
+            && let Err(e) = session.release_unneeded().await
+        {
+            // The sweep releases them in a second.
+            tracing::warn!(backend = %self.backend, "postgres: releasing keys after a delete: {e:?}");
         }
         result
     }
@@ -397,7 +534,7 @@ async fn connect(grant: &PgGrant, application: &str) -> Result<Client, PgError> 
     let mut config = grant.config.clone();
     config.application_name(application);
     if grant.tls {
-        let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config(grant)?);
+        let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls::config(grant)?);
         let (client, connection) = config.connect(tls).await?;
         tokio::spawn(connection);
         Ok(client)
@@ -408,54 +545,33 @@ async fn connect(grant: &PgGrant, application: &str) -> Result<Client, PgError> 
     }
 }
 
-/// The TLS configuration of `grant`'s connections: the host's, plus its
-/// `sslrootcert`.
-fn tls_config(grant: &PgGrant) -> Result<tokio_rustls::rustls::ClientConfig, PgError> {
-    use tokio_rustls::rustls::pki_types::{CertificateDer, pem::PemObject};
-    let Some(pem) = &grant.root_certs else {
-        return Ok((*super::tls_client()).clone());
-    };
-    let mut roots = tokio_rustls::rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.into(),
-    };
-    for cert in CertificateDer::pem_slice_iter(pem) {
-        let cert = cert.map_err(|e| PgError::Internal(format!("sslrootcert: {e}")))?;
-        roots
-            .add(cert)
-            .map_err(|e| PgError::Internal(format!("sslrootcert: {e}")))?;
-    }
-    tokio_rustls::rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        tokio_rustls::rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map(|b| b.with_root_certificates(roots).with_no_client_auth())
-    .map_err(|e| PgError::Internal(format!("TLS: {e}")))
-}
-
 #[cfg(test)]
 mod tests {
-    use super::tls_settings;
+    use super::PgGrant;
 
+    fn grant(conn_str: &str, schema: &str) -> PgGrant {
+        let mut config = vec![
+            ("conn_str".to_string(), conn_str.to_string()),
+            ("schema_name".to_string(), schema.to_string()),
+        ];
+        PgGrant::take(true, &mut config).unwrap().unwrap()
+    }
+
+    /// A replaced store's session keeps its keys only for a successor that
+    /// finds the same rows: a rotated password or another setting keeps
+    /// the place; another database, host, port or schema does not.
     #[test]
-    fn libpq_tls_settings_become_what_the_host_verifies() {
-        let (url, root) = tls_settings(
-            "postgres://u:p@db.example.com:5432/tf?sslmode=verify-full&sslrootcert=/etc/ca.pem&application_name=x",
-        )
-        .unwrap();
-        assert_eq!(
-            url,
-            "postgres://u:p@db.example.com:5432/tf?sslmode=require&application_name=x"
-        );
-        assert_eq!(root.unwrap().to_str(), Some("/etc/ca.pem"));
-        let (words, root) =
-            tls_settings("host=db user=u sslmode=verify-ca sslrootcert=ca.pem").unwrap();
-        assert_eq!(words, "host=db user=u sslmode=require");
-        assert!(root.is_some());
-        assert!(tls_settings("host=db sslcert=c.pem sslkey=k.pem").is_err());
-        let (plain, root) = tls_settings("postgres://u@127.0.0.1/tf?sslmode=disable").unwrap();
-        assert_eq!(
-            (plain.as_str(), root),
-            ("postgres://u@127.0.0.1/tf?sslmode=disable", None)
-        );
+    fn only_the_same_database_and_schema_is_the_same_place() {
+        let base = grant("postgres://u:old@db:5432/tf?sslmode=disable", "s");
+        let same = |conn: &str, schema: &str| base.same_place(&grant(conn, schema));
+        assert!(same("postgres://u:new@db:5432/tf?sslmode=disable", "s"));
+        assert!(same(
+            "postgres://u:old@db:5432/tf?sslmode=disable&keepalives_idle=120",
+            "s"
+        ));
+        assert!(!same("postgres://u:old@db:5432/tf?sslmode=disable", "t"));
+        assert!(!same("postgres://u:old@db:5432/other?sslmode=disable", "s"));
+        assert!(!same("postgres://u:old@db2:5432/tf?sslmode=disable", "s"));
+        assert!(!same("postgres://u:old@db:5433/tf?sslmode=disable", "s"));
     }
 }

@@ -8,6 +8,10 @@
 //! call to STS. The host picks the service, from the host name or the
 //! endpoint the configuration gave for it, never from the guest's headers.
 
+mod layout;
+
+pub use layout::check_disjoint;
+
 use crate::policy::Origin;
 
 /// S3 query parameters of the calls a state store makes: object GET,
@@ -88,6 +92,10 @@ pub struct SigningScope {
     table: Option<String>,
     /// The endpoint named for DynamoDB (`endpoints.dynamodb`).
     dynamodb_origin: Option<Origin>,
+    /// The guest is not first-party (installed, or a file): only the
+    /// states its `key` names, never the whole bucket, even were a scope
+    /// without a key to get past [`SigningScope::for_stranger`].
+    stranger: bool,
 }
 
 impl SigningScope {
@@ -108,7 +116,57 @@ impl SigningScope {
             dynamodb_origin: get("endpoints.dynamodb")
                 .or_else(|| get("dynamodb_endpoint"))
                 .and_then(|e| Origin::parse(e.trim_end_matches('/')).ok()),
+            stranger: false,
         }
+    }
+
+    /// The scope of a guest that is not first-party: as
+    /// [`SigningScope::from_config`], but only if the configuration names
+    /// the states it reaches. Without a `key` a first-party guest refuses
+    /// to start, and its scope would be the whole bucket (every object,
+    /// every listing, every `LockID` under it): a stranger's guest would
+    /// read, overwrite and delete other tenants' states with the host's
+    /// credentials. An empty `workspace_key_prefix` would give it every
+    /// `NAME/<key>` of the bucket and listings of all of it. `Err`: the
+    /// config key at fault and what to write, in one line.
+    pub fn for_stranger(config: &[(String, String)]) -> Result<SigningScope, String> {
+        let scope = SigningScope {
+            stranger: true,
+            ..SigningScope::from_config(config)
+        };
+        const WHY: &str = "a guest that is not first-party gets AWS requests signed only for the states its config names";
+        match scope.key.as_deref() {
+            None | Some("") => {
+                return Err(format!(
+                    "key: missing: {WHY}; add key = \"PATH/terraform.tfstate\" (its default workspace's state object; other workspaces are <workspace_key_prefix>/NAME/<key>)"
+                ));
+            }
+            Some(key) if !plain_path(key) => {
+                return Err(format!(
+                    "key: {key:?} is not an object key: {WHY}; write one such as \"team/terraform.tfstate\" (no leading, trailing or doubled '/', no '.' or '..' segment)"
+                ));
+            }
+            Some(_) => {}
+        }
+        if scope.workspace_prefix.is_empty() {
+            return Err(format!(
+                "workspace_key_prefix: empty: {WHY}, and with no prefix they would be every NAME/<key> in the bucket; remove the setting (default \"env:\") or set a prefix of its own"
+            ));
+        }
+        if !plain_path(&scope.workspace_prefix) {
+            return Err(format!(
+                "workspace_key_prefix: {:?} is not a key prefix: {WHY}; write one such as \"team-env\" (no leading, trailing or doubled '/', no '.' or '..' segment)",
+                scope.workspace_prefix
+            ));
+        }
+        // A `LockID` is `<bucket>/<key>`: a `/` in the bucket would make
+        // another bucket's `LockID`s this backend's in a shared table.
+        if let Some(bucket) = scope.bucket.as_deref().filter(|b| b.contains('/')) {
+            return Err(format!(
+                "bucket: {bucket:?} is not a bucket name: {WHY}; write the bucket's name alone (no '/')"
+            ));
+        }
+        Ok(scope)
     }
 
     /// The service `request` is for, if it is one signed for this backend
@@ -121,6 +179,11 @@ impl SigningScope {
     }
 
     fn service(&self, request: &http::Request<bytes::Bytes>) -> Result<Service, String> {
+        // Before any service is picked: the checks read one value, a
+        // service might act on another.
+        if request.headers().get_all("x-amz-target").iter().count() > 1 {
+            return Err("X-Amz-Target given twice".into());
+        }
         let host = request.uri().host().unwrap_or_default();
         if let Some(name) = host.strip_suffix(".amazonaws.com") {
             for label in name.split('.') {
@@ -133,9 +196,6 @@ impl SigningScope {
             return Err(format!(
                 "{host} is not S3 or DynamoDB: the host signs nothing else for a guest"
             ));
-        }
-        if request.headers().get_all("x-amz-target").iter().count() > 1 {
-            return Err("X-Amz-Target given twice".into());
         }
         let target = request
             .headers()
@@ -259,11 +319,15 @@ impl SigningScope {
         }
     }
 
-    /// A listing (a GET of the bucket)'s `prefix` must stay within the backend's states: the
-    /// workspaces' prefix for objects (the whole bucket when it is
-    /// empty), one of its keys for unfinished uploads.
+    /// A listing (a GET of the bucket)'s `prefix` must stay within the
+    /// backend's states: the workspaces' prefix and `/` for objects (the
+    /// whole bucket when it is empty, never for a stranger), one of its
+    /// keys for unfinished uploads and versions. Every key a listing
+    /// returns then starts with `<prefix>/` or the backend's key: for a
+    /// stranger, a namespace no other backend served on the bucket shares
+    /// ([`check_disjoint`], at load).
     fn check_listing(&self, query: &str) -> Result<(), String> {
-        if self.key.is_none() {
+        if self.key.is_none() && !self.stranger {
             return Ok(());
         }
         let params: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
@@ -283,7 +347,7 @@ impl SigningScope {
             self.key_allowed(prefix)
         } else {
             match self.workspace_prefix.as_str() {
-                "" => true,
+                "" => !self.stranger,
                 ws => prefix.strip_prefix(ws).is_some_and(|r| r.starts_with('/')),
             }
         };
@@ -296,7 +360,8 @@ impl SigningScope {
     }
 
     /// A state key of this backend or its lock file (every key, when the
-    /// configuration names no `key`: the guest refuses that anyway).
+    /// configuration of a first-party guest names no `key`: the guest
+    /// refuses that anyway; none for another guest).
     fn key_allowed(&self, key: &str) -> bool {
         self.state_key_allowed(key.strip_suffix(".tflock").unwrap_or(key))
     }
@@ -307,7 +372,7 @@ impl SigningScope {
     /// stays out of reach.
     fn state_key_allowed(&self, candidate: &str) -> bool {
         let Some(state_key) = &self.key else {
-            return true;
+            return !self.stranger;
         };
         if candidate == state_key {
             return true;
@@ -318,8 +383,14 @@ impl SigningScope {
                 .strip_prefix(prefix)
                 .and_then(|r| r.strip_prefix('/')),
         };
+        // A stranger's workspace is never `.` or `..`: a store or proxy
+        // normalising the path would take it for another key.
         rest.and_then(|r| r.split_once('/'))
-            .is_some_and(|(workspace, key)| !workspace.is_empty() && key == state_key)
+            .is_some_and(|(workspace, key)| {
+                !workspace.is_empty()
+                    && key == state_key
+                    && !(self.stranger && matches!(workspace, "." | ".."))
+            })
     }
 
     /// A DynamoDB `LockID` of this backend: `<bucket>/<state key>`, or
@@ -397,6 +468,14 @@ impl SigningScope {
         }
         Ok(())
     }
+}
+
+/// A key or prefix a store takes as written: no leading, trailing or
+/// doubled `/`, no `.` or `..` segment (a store or proxy normalising the
+/// path would take it for another).
+fn plain_path(path: &str) -> bool {
+    path.split('/')
+        .all(|segment| !matches!(segment, "" | "." | ".."))
 }
 
 fn percent_decode(path: &str) -> String {

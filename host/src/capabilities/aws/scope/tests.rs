@@ -369,3 +369,211 @@ fn object_versions_are_read_and_never_removed() {
         );
     }
 }
+
+fn owned(config: &[(&str, &str)]) -> Vec<(String, String)> {
+    config
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Issue 47, security 1: a guest that is not first-party with a `bucket`
+/// and no `key` had every object, listing and `LockID` of the bucket
+/// signed. Its grant must now name its states, or it is refused at start
+/// with the key to add.
+#[test]
+fn a_strangers_grant_must_name_its_states() {
+    let refused = |config: &[(&str, &str)]| SigningScope::for_stranger(&owned(config)).unwrap_err();
+    let keyless = refused(&[("bucket", "states"), ("dynamodb_table", "locks")]);
+    assert!(keyless.starts_with("key: missing"), "{keyless}");
+    assert!(keyless.contains("add key = "), "{keyless}");
+    assert!(!keyless.contains('\n'), "{keyless}");
+    for key in ["", "/a/terraform.tfstate", "tenants/acme/", "a//b"] {
+        let bad = refused(&[("bucket", "states"), ("key", key)]);
+        assert!(bad.starts_with("key: "), "{key:?}: {bad}");
+    }
+    let unprefixed = refused(&[
+        ("bucket", "states"),
+        ("key", "terraform.tfstate"),
+        ("workspace_key_prefix", ""),
+    ]);
+    assert!(
+        unprefixed.starts_with("workspace_key_prefix: empty"),
+        "{unprefixed}"
+    );
+    let named = SigningScope::for_stranger(&owned(&[
+        ("bucket", "states"),
+        ("key", "tenants/acme/terraform.tfstate"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        named.check(&request(
+            "GET",
+            "http://127.0.0.1:5000/states/tenants/acme/terraform.tfstate",
+            &[],
+            ""
+        )),
+        Ok(Service::S3)
+    );
+    // A first-party guest keeps its scope: it refuses to start without a
+    // key itself.
+    let first_party = scope_of(&[("bucket", "states")]);
+    let other = "http://127.0.0.1:5000/states/tenants/other/terraform.tfstate";
+    assert_eq!(
+        first_party.check(&request("GET", other, &[], "")),
+        Ok(Service::S3)
+    );
+}
+
+/// A stranger's guest named `tenants/acme/terraform.tfstate` reaches that
+/// state, its workspaces and their lock files, and nothing else of the
+/// bucket or table: not another tenant's state, not a listing of the
+/// whole bucket, not another `LockID`. And a stranger's scope that names
+/// no key (were one built past `for_stranger`) reaches nothing.
+#[test]
+fn a_strangers_guest_is_signed_only_for_the_states_it_names() {
+    let acme = SigningScope::for_stranger(&owned(&[
+        ("bucket", "states"),
+        ("key", "tenants/acme/terraform.tfstate"),
+        ("dynamodb_table", "locks"),
+        ("endpoints.dynamodb", "http://127.0.0.1:5000"),
+    ]))
+    .unwrap();
+    let base = "http://127.0.0.1:5000/states";
+    for (method, path) in [
+        ("GET", "/tenants/acme/terraform.tfstate"),
+        ("PUT", "/tenants/acme/terraform.tfstate.tflock"),
+        ("DELETE", "/env%3A/dev/tenants/acme/terraform.tfstate"),
+        // Its own workspaces: every key under `env:/` is its own, since
+        // no other backend served on the bucket may have a key or prefix
+        // there (`check_disjoint`, at load).
+        ("GET", "?list-type=2&prefix=env%3A%2F"),
+        ("GET", "?versions&prefix=tenants%2Facme%2Fterraform.tfstate"),
+    ] {
+        let uri = format!("{base}{path}");
+        assert_eq!(
+            acme.check(&request(method, &uri, &[], "")),
+            Ok(Service::S3),
+            "{method} {uri}"
+        );
+    }
+    let keyless = SigningScope {
+        stranger: true,
+        ..scope_of(&[("bucket", "states"), ("dynamodb_table", "locks")])
+    };
+    for scope in [&acme, &keyless] {
+        for (method, path) in [
+            ("GET", "/tenants/other/terraform.tfstate"),
+            ("PUT", "/tenants/other/terraform.tfstate"),
+            ("DELETE", "/tenants/other/terraform.tfstate"),
+            ("GET", ""),
+            ("GET", "?list-type=2"),
+            ("GET", "?list-type=2&prefix=tenants%2F"),
+            // Outside `env:/` and its key: another backend's namespace.
+            ("GET", "?list-type=2&prefix=env%3A"),
+            ("GET", "?list-type=2&prefix=tenants%2Facme%2F"),
+            ("GET", "?versions&prefix=tenants%2F"),
+            ("GET", "?versions&prefix=env%3A%2F"),
+        ] {
+            let uri = format!("{base}{path}");
+            assert!(
+                scope.check(&request(method, &uri, &[], "")).is_err(),
+                "{method} {uri} was signed"
+            );
+        }
+    }
+    let other_item = request(
+        "POST",
+        "http://127.0.0.1:5000/",
+        &[("x-amz-target", "DynamoDB_20120810.DeleteItem")],
+        r#"{"TableName":"locks","Key":{"LockID":{"S":"states/tenants/other/terraform.tfstate"}}}"#,
+    );
+    assert!(acme.check(&other_item).is_err());
+    let own_item = request(
+        "POST",
+        "http://127.0.0.1:5000/",
+        &[("x-amz-target", "DynamoDB_20120810.GetItem")],
+        r#"{"TableName":"locks","Key":{"LockID":{"S":"states/tenants/acme/terraform.tfstate-md5"}}}"#,
+    );
+    assert_eq!(acme.check(&own_item), Ok(Service::DynamoDb));
+}
+
+/// Review of issue 47, F7: on `*.amazonaws.com` the service was picked
+/// before the "given twice" check ran, so two `X-Amz-Target` headers
+/// passed: the scope checked the first, DynamoDB might act on the other.
+#[test]
+fn a_target_given_twice_is_refused_on_amazonaws_too() {
+    let s = scope_of(&[
+        ("bucket", "states"),
+        ("key", "app/terraform.tfstate"),
+        ("dynamodb_table", "locks"),
+    ]);
+    let body = r#"{"TableName":"locks","Key":{"LockID":{"S":"states/app/terraform.tfstate"}}}"#;
+    let uri = "https://dynamodb.eu-west-1.amazonaws.com/";
+    let once = request(
+        "POST",
+        uri,
+        &[("x-amz-target", "DynamoDB_20120810.GetItem")],
+        body,
+    );
+    assert_eq!(s.check(&once), Ok(Service::DynamoDb));
+    let twice = request(
+        "POST",
+        uri,
+        &[
+            ("x-amz-target", "DynamoDB_20120810.GetItem"),
+            ("x-amz-target", "DynamoDB_20120810.DeleteTable"),
+        ],
+        body,
+    );
+    assert_eq!(s.check(&twice), Err("X-Amz-Target given twice".into()));
+}
+
+/// Review of issue 47: a stranger's key or prefix with a `.` or `..`
+/// segment, a bucket with a `/` (its `LockID`s would be another bucket's),
+/// and a workspace named `.` or `..` in its signed keys are refused: a
+/// store or proxy normalising the path would take them for other keys.
+#[test]
+fn a_strangers_paths_have_no_dot_segments() {
+    let refused = |config: &[(&str, &str)]| SigningScope::for_stranger(&owned(config)).unwrap_err();
+    for key in ["../terraform.tfstate", "a/./terraform.tfstate", "a/.."] {
+        let e = refused(&[("bucket", "states"), ("key", key)]);
+        assert!(e.starts_with("key: "), "{key:?}: {e}");
+    }
+    for prefix in ["..", "a/.", "/env", "env/", "a//b"] {
+        let e = refused(&[
+            ("bucket", "states"),
+            ("key", "terraform.tfstate"),
+            ("workspace_key_prefix", prefix),
+        ]);
+        assert!(e.starts_with("workspace_key_prefix: "), "{prefix:?}: {e}");
+    }
+    let e = refused(&[("bucket", "states/tenants"), ("key", "terraform.tfstate")]);
+    assert!(e.starts_with("bucket: "), "{e}");
+
+    let acme = SigningScope::for_stranger(&owned(&[
+        ("bucket", "states"),
+        ("key", "acme/terraform.tfstate"),
+        ("workspace_key_prefix", "acme-env"),
+    ]))
+    .unwrap();
+    let base = "http://127.0.0.1:5000/states";
+    let get = |path: &str| acme.check(&request("GET", &format!("{base}{path}"), &[], ""));
+    assert_eq!(get("/acme-env/dev/acme/terraform.tfstate"), Ok(Service::S3));
+    for path in [
+        "/acme-env/../acme/terraform.tfstate",
+        "/acme-env/%2E%2E/acme/terraform.tfstate",
+        "/acme-env/./acme/terraform.tfstate",
+        // Listings stay inside its namespace.
+        "?list-type=2&prefix=acme-env",
+        "?list-type=2&prefix=acme",
+        "?versions&prefix=acme%2F",
+    ] {
+        assert!(get(path).is_err(), "{path} was signed");
+    }
+    assert_eq!(get("?list-type=2&prefix=acme-env%2F"), Ok(Service::S3));
+    assert_eq!(
+        get("?versions&prefix=acme%2Fterraform.tfstate"),
+        Ok(Service::S3)
+    );
+}

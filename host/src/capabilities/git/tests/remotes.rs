@@ -299,3 +299,53 @@ fn a_push_missing_an_object_is_retryable_and_the_clone_heals() {
     h.push(MAIN, &again, Some(&main)).unwrap();
     assert_eq!(r.rev(MAIN).as_ref(), Some(&again));
 }
+
+/// Deepening a shallow clone's history (`file_history`) is capped while it
+/// downloads: a history past what the clone may still hold is refused,
+/// saying what to raise, and the clone stays as it was.
+#[test]
+fn a_history_past_the_clone_bound_is_refused_while_it_downloads() {
+    let r = Remote::new();
+    // Five commits of 200 KiB that do not compress: about 1 MiB of history.
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    for round in 0..5 {
+        let noise: Vec<u8> = (0..200 << 10)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed as u8
+            })
+            .collect();
+        std::fs::write(r.work.join("big.bin"), noise).unwrap();
+        git(&r.work, &["add", "."]);
+        git(&r.work, &["commit", "-q", "-m", &format!("round {round}")]);
+    }
+    let bare = r.bare.to_str().unwrap();
+    git(&r.work, &["push", "-q", bare, "HEAD:refs/heads/main"]);
+    let (_daemon, port) = Daemon::start(r.tmp.path());
+    let url = format!("git://127.0.0.1:{port}/remote.git");
+    // Room for the newest commit (a shallow fetch), not for its history.
+    let host = GitHost::new(r.tmp.path().join("clones")).with_limits(400 << 10, 64 << 20);
+    let g = grants(&url);
+    let h = host.repo(&g, &url).unwrap();
+    let main = fetch_one(&h, MAIN).unwrap();
+    let refused = h.file_history(&main, "big.bin", 10).unwrap_err();
+    assert!(
+        matches!(&refused, GitError::Denied(m) if m.contains("git_clone_max_mib")),
+        "{refused:?}"
+    );
+    let clone = Repository::open_bare(
+        r.tmp
+            .path()
+            .join("clones")
+            .join(clone_dir_name(&clone_key(&url, &g[0]))),
+    )
+    .unwrap();
+    assert!(clone.is_shallow(), "nothing of the history was kept");
+    // Its newest commit is still read.
+    assert_eq!(
+        h.read_file(&main, "big.bin").unwrap().unwrap().len(),
+        200 << 10
+    );
+}

@@ -1,0 +1,614 @@
+//! Workspaces: list (by name and tags, paged), create, read by name or
+//! id, update (tags, terraform-version), delete and safe-delete.
+//!
+//! Which workspaces exist is what the backend's storage lists, so every
+//! replica agrees; tags and terraform-version are this replica's
+//! ([`super::meta`]).
+
+use super::jsonapi::{
+    self, Actions, Identifier, Incoming, Permissions, Related, Resource, Single, Tags, TfeError,
+    WorkspaceAttributes, WorkspaceInput, WorkspaceRelationships,
+};
+use super::{Client, Tfe, ids};
+use crate::audit::{Facts, Operation};
+use crate::auth::Role;
+use crate::backend::{Storage, StorageError};
+use crate::protocol::{ApiError, Caller};
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// A workspace document.
+pub(super) type Workspace = Resource<WorkspaceAttributes, WorkspaceRelationships>;
+
+/// Largest workspace, tag or lock document read (a few hundred bytes sent).
+pub(super) const SMALL_BODY: usize = 64 << 10;
+
+/// TFE's default and largest page sizes.
+const PAGE_SIZE: usize = 20;
+const MAX_PAGE_SIZE: usize = 100;
+
+/// `org`/`name` as a document for `caller`.
+pub(super) fn document<S: Storage>(
+    tfe: &Tfe<S>,
+    caller: &Caller,
+    org: &str,
+    name: &str,
+    locked: Option<bool>,
+) -> Workspace {
+    let meta = tfe.meta.get(org, name);
+    let may = |role| caller.allows(org, Some(name), role);
+    Resource {
+        id: ids::workspace(org, name),
+        kind: "workspaces",
+        attributes: WorkspaceAttributes {
+            name: name.to_string(),
+            execution_mode: "local",
+            operations: false,
+            terraform_version: meta.terraform_version.unwrap_or_else(|| "latest".into()),
+            tag_names: meta.tags.into_iter().collect(),
+            locked,
+            created_at: meta.created_at,
+            permissions: Permissions {
+                can_destroy: may(Role::Admin),
+                can_force_unlock: may(Role::Admin),
+                can_lock: may(Role::Write),
+                can_unlock: may(Role::Write),
+                can_update: may(Role::Write),
+                can_read_settings: true,
+                can_queue_run: false,
+            },
+            actions: Actions {
+                is_destroyable: true,
+            },
+        },
+        relationships: Some(WorkspaceRelationships {
+            organization: Related {
+                data: Identifier {
+                    id: org.to_string(),
+                    kind: "organizations",
+                },
+            },
+        }),
+    }
+}
+
+/// `org`/`name` as a document, with whether it is locked now.
+pub(super) async fn current<S: Storage>(
+    tfe: &Tfe<S>,
+    caller: &Caller,
+    org: &str,
+    name: &str,
+) -> Result<Workspace, TfeError> {
+    let target = tfe.app.target(org, name)?;
+    let locked = target
+        .storage
+        .current_lock(name)
+        .await
+        .map_err(|e| target.error(e))?
+        .is_some();
+    Ok(document(tfe, caller, org, name, Some(locked)))
+}
+
+/// `GET organizations/{org}/workspaces`: `search[name]` (part of the
+/// name), `search[tags]` (comma-separated, all required), `page[number]`,
+/// `page[size]`; only the workspaces the caller may read.
+pub(super) async fn list<S: Storage>(
+    State(tfe): State<Arc<Tfe<S>>>,
+    Path(org): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    client: Client,
+    headers: HeaderMap,
+) -> Result<Response, TfeError> {
+    let caller = tfe.caller(&headers, client).await?;
+    let storage = tfe.organization(&caller, &org)?;
+    if query.keys().any(|k| k.starts_with("filter[tagged]")) {
+        return Err(TfeError::invalid(
+            "key/value tags are not supported here; use tags = [\"a\", \"b\"] in the cloud block",
+        ));
+    }
+    if query.keys().any(|k| k.starts_with("filter[project]")) {
+        return Err(TfeError::invalid(
+            "projects are not supported here; remove `project` from the cloud block",
+        ));
+    }
+    let search = query.get("search[name]").map(String::as_str).unwrap_or("");
+    let tags: BTreeSet<&str> = query
+        .get("search[tags]")
+        .map(|t| {
+            t.split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    let number = page_number(&query, "page[number]", 1)?;
+    let size = page_number(&query, "page[size]", PAGE_SIZE)?.min(MAX_PAGE_SIZE);
+    let mut names = storage
+        .list_workspaces()
+        .await
+        .map_err(|e| ApiError::from_storage(&org, e))?;
+    names.sort();
+    names.dedup();
+    let found: Vec<Workspace> = names
+        .iter()
+        .filter(|n| caller.allows(&org, Some(n), Role::Read) && n.contains(search))
+        .map(|n| document(&tfe, &caller, &org, n, None))
+        .filter(|w| {
+            tags.iter()
+                .all(|t| w.attributes.tag_names.iter().any(|have| have == t))
+        })
+        .collect();
+    Ok(jsonapi::json(&jsonapi::page(found, number, size)))
+}
+
+fn page_number(
+    query: &HashMap<String, String>,
+    key: &str,
+    default: usize,
+) -> Result<usize, TfeError> {
+    match query.get(key) {
+        None => Ok(default),
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| TfeError::invalid(format!("{key} must be a positive number"))),
+    }
+}
+
+/// Tags as TFE allows them: letters, digits, `-`, `_`, `:`, `.`.
+fn check_tags<'a>(tags: impl IntoIterator<Item = &'a str>) -> Result<BTreeSet<String>, TfeError> {
+    let mut checked = BTreeSet::new();
+    for tag in tags {
+        let ok = !tag.is_empty()
+            && tag.len() <= 255
+            && tag
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | ':' | '.'));
+        if !ok {
+            return Err(TfeError::invalid(format!(
+                "tag {tag:?} is not valid: use 1 to 255 letters, digits, '-', '_', ':' or '.'"
+            )));
+        }
+        checked.insert(tag.to_ascii_lowercase());
+    }
+    Ok(checked)
+}
+
+fn tag_names(tags: &Tags) -> Result<BTreeSet<String>, TfeError> {
+    if tags.data.len() > super::meta::MAX_TAGS {
+        return Err(TfeError::invalid(format!(
+            "a workspace has at most {} tags; nothing was changed",
+            super::meta::MAX_TAGS
+        )));
+    }
+    let names: Option<Vec<&str>> = tags
+        .data
+        .iter()
+        .map(|t| t.attributes.as_ref().map(|a| a.name.as_str()))
+        .collect();
+    check_tags(names.ok_or_else(|| {
+        TfeError::invalid("each tag must be sent with its name (attributes.name)")
+    })?)
+}
+
+fn check_version(version: &str) -> Result<(), TfeError> {
+    let ok = !version.is_empty()
+        && version.len() <= 64
+        && version.chars().all(|c| {
+            c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+' | '~' | '<' | '>' | '=' | ' ')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(TfeError::invalid(format!(
+            "terraform-version {version:?} is not a version: use \"latest\" or a version such as \"1.11.4\""
+        )))
+    }
+}
+
+fn saved(result: std::io::Result<super::meta::WorkspaceMeta>) -> Result<(), TfeError> {
+    result.map(|_| ()).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::InvalidInput {
+            return TfeError::invalid(e.to_string());
+        }
+        TfeError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot save the workspace's tags in the data directory: {e}"),
+        )
+    })
+}
+
+/// `POST organizations/{org}/workspaces`: 201, or 422 when the name is taken.
+pub(super) async fn create<S: Storage>(
+    State(tfe): State<Arc<Tfe<S>>>,
+    Path(org): Path<String>,
+    client: Client,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, TfeError> {
+    let caller = tfe.caller(&headers, client).await?;
+    tfe.organization(&caller, &org)?;
+    let body = tfe.app.read_body_up_to(body, SMALL_BODY).await?;
+    let doc: Incoming<WorkspaceInput> = jsonapi::parse(&body)?;
+    let input = doc.data.attributes.unwrap_or_default();
+    let name = input
+        .name
+        .ok_or_else(|| TfeError::invalid("a workspace needs a name (attributes.name)"))?;
+    crate::names::check_name("workspace", &name).map_err(TfeError::invalid)?;
+    if doc.data.relationships.tag_bindings.is_some() {
+        return Err(TfeError::invalid(
+            "key/value tags are not supported here; use tags = [\"a\", \"b\"] in the cloud block",
+        ));
+    }
+    let tags = match &doc.data.relationships.tags {
+        Some(tags) => tag_names(tags)?,
+        None => BTreeSet::new(),
+    };
+    if let Some(version) = &input.terraform_version {
+        check_version(version)?;
+    }
+    let at = (org.as_str(), name.as_str());
+    tfe.app
+        .permit(&caller, at, Role::Write, Operation::WorkspaceCreate)
+        .await?;
+    tfe.app.refuse_while_draining()?;
+    let recorded = caller.clone();
+    let created = tfe
+        .app
+        .change(&org, &name, move |app, backend, workspace| async move {
+            let target = app.target(&backend, &workspace)?;
+            let answer = target
+                .storage
+                .create_workspace(&workspace)
+                .await
+                .map_err(|e| target.error(e))
+                .and_then(|created| {
+                    if created {
+                        Ok(())
+                    } else {
+                        Err(ApiError::Message(
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            format!("Name has already been taken: workspace {workspace:?} exists"),
+                        ))
+                    }
+                });
+            let at = (backend.as_str(), workspace.as_str());
+            app.record(
+                &recorded,
+                at,
+                Operation::WorkspaceCreate,
+                Facts::default(),
+                &answer,
+            )
+            .await;
+            answer
+        })
+        .await;
+    created?;
+    // Created again after a delete: nothing of the old metadata stays.
+    let terraform_version = input.terraform_version;
+    saved(
+        tfe.meta
+            .update(&org, &name, move |meta| {
+                *meta = super::meta::WorkspaceMeta {
+                    tags,
+                    terraform_version,
+                    created_at: Some(jsonapi::now()),
+                };
+            })
+            .await,
+    )?;
+    let doc = document(&tfe, &caller, &org, &name, Some(false));
+    Ok(jsonapi::json_with(
+        StatusCode::CREATED,
+        &Single { data: doc },
+    ))
+}
+
+/// `GET organizations/{org}/workspaces/{name}`.
+pub(super) async fn read_by_name<S: Storage>(
+    State(tfe): State<Arc<Tfe<S>>>,
+    Path((org, name)): Path<(String, String)>,
+    client: Client,
+    headers: HeaderMap,
+) -> Result<Response, TfeError> {
+    let caller = tfe.caller(&headers, client).await?;
+    tfe.existing(&caller, &org, &name).await?;
+    let doc = current(&tfe, &caller, &org, &name).await?;
+    Ok(jsonapi::json(&Single { data: doc }))
+}
+
+/// `GET workspaces/{id}`.
+pub(super) async fn read_by_id<S: Storage>(
+    State(tfe): State<Arc<Tfe<S>>>,
+    Path(id): Path<String>,
+    client: Client,
+    headers: HeaderMap,
+) -> Result<Response, TfeError> {
+    let caller = tfe.caller(&headers, client).await?;
+    let (org, name) = tfe.by_id(&caller, &id).await?;
+    let doc = current(&tfe, &caller, &org, &name).await?;
+    Ok(jsonapi::json(&Single { data: doc }))
+}
+
+/// `PATCH organizations/{org}/workspaces/{name}`.
+pub(super) async fn update_by_name<S: Storage>(
+    State(tfe): State<Arc<Tfe<S>>>,
+    Path((org, name)): Path<(String, String)>,
+    client: Client,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, TfeError> {
+    let caller = tfe.caller(&headers, client).await?;
+    tfe.existing(&caller, &org, &name).await?;
+    update(&tfe, &caller, &org, &name, body).await
+}
+
+/// `PATCH workspaces/{id}`.
+pub(super) async fn update_by_id<S: Storage>(
+    State(tfe): State<Arc<Tfe<S>>>,
+    Path(id): Path<String>,
+    client: Client,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, TfeError> {
+    let caller = tfe.caller(&headers, client).await?;
+    let (org, name) = tfe.by_id(&caller, &id).await?;
+    update(&tfe, &caller, &org, &name, body).await
+}
+
+/// Set terraform-version (the cloud block sends its own right after a
+/// create); a rename is refused, other attributes are not kept.
+async fn update<S: Storage>(
+    tfe: &Tfe<S>,
+    caller: &Caller,
+    org: &str,
+    name: &str,
+    body: Body,
+) -> Result<Response, TfeError> {
+    caller.may(org, Some(name), Role::Write)?;
+    let body = tfe.app.read_body_up_to(body, SMALL_BODY).await?;
+    let doc: Incoming<WorkspaceInput> = jsonapi::parse(&body)?;
+    let input = doc.data.attributes.unwrap_or_default();
+    if input.name.as_deref().is_some_and(|n| n != name) {
+        return Err(TfeError::invalid(
+            "workspaces cannot be renamed here; create a new one and `terraform state push` into it",
+        ));
+    }
+    if let Some(version) = input.terraform_version {
+        check_version(&version)?;
+        saved(
+            tfe.meta
+                .update(org, name, move |meta| {
+                    meta.terraform_version = Some(version);
+                })
+                .await,
+        )?;
+    }
+    let doc = current(tfe, caller, org, name).await?;
+    Ok(jsonapi::json(&Single { data: doc }))
+}
+
+/// `POST workspaces/{id}/relationships/tags`: add tags.
+pub(super) async fn add_tags<S: Storage>(
+    State(tfe): State<Arc<Tfe<S>>>,
+    Path(id): Path<String>,
+    client: Client,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, TfeError> {
+    change_tags(&tfe, &id, client, &headers, body, true).await
+}
+
+/// `DELETE workspaces/{id}/relationships/tags`: remove tags.
+pub(super) async fn remove_tags<S: Storage>(
+    State(tfe): State<Arc<Tfe<S>>>,
+    Path(id): Path<String>,
+    client: Client,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, TfeError> {
+    change_tags(&tfe, &id, client, &headers, body, false).await
+}
+
+async fn change_tags<S: Storage>(
+    tfe: &Tfe<S>,
+    id: &str,
+    client: Client,
+    headers: &HeaderMap,
+    body: Body,
+    add: bool,
+) -> Result<Response, TfeError> {
+    let caller = tfe.caller(headers, client).await?;
+    let (org, name) = tfe.by_id(&caller, id).await?;
+    caller.may(&org, Some(&name), Role::Write)?;
+    let body = tfe.app.read_body_up_to(body, SMALL_BODY).await?;
+    let tags = tag_names(&jsonapi::parse::<Tags>(&body)?)?;
+    saved(
+        tfe.meta
+            .update(&org, &name, move |meta| {
+                if add {
+                    meta.tags.extend(tags);
+                } else {
+                    meta.tags.retain(|t| !tags.contains(t));
+                }
+            })
+            .await,
+    )?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `DELETE organizations/{org}/workspaces/{name}`.
+pub(super) async fn delete_by_name<S: Storage>(
+    State(tfe): State<Arc<Tfe<S>>>,
+    Path((org, name)): Path<(String, String)>,
+    client: Client,
+    headers: HeaderMap,
+) -> Result<Response, TfeError> {
+    let caller = tfe.caller(&headers, client).await?;
+    tfe.existing(&caller, &org, &name).await?;
+    delete(&tfe, caller, org, name, false).await
+}
+
+/// `DELETE workspaces/{id}`.
+pub(super) async fn delete_by_id<S: Storage>(
+    State(tfe): State<Arc<Tfe<S>>>,
+    Path(id): Path<String>,
+    client: Client,
+    headers: HeaderMap,
+) -> Result<Response, TfeError> {
+    let caller = tfe.caller(&headers, client).await?;
+    let (org, name) = tfe.by_id(&caller, &id).await?;
+    delete(&tfe, caller, org, name, false).await
+}
+
+/// `POST organizations/{org}/workspaces/{name}/actions/safe-delete`.
+pub(super) async fn safe_delete_by_name<S: Storage>(
+    State(tfe): State<Arc<Tfe<S>>>,
+    Path((org, name)): Path<(String, String)>,
+    client: Client,
+    headers: HeaderMap,
+) -> Result<Response, TfeError> {
+    let caller = tfe.caller(&headers, client).await?;
+    tfe.existing(&caller, &org, &name).await?;
+    delete(&tfe, caller, org, name, true).await
+}
+
+/// `POST workspaces/{id}/actions/safe-delete`.
+pub(super) async fn safe_delete_by_id<S: Storage>(
+    State(tfe): State<Arc<Tfe<S>>>,
+    Path(id): Path<String>,
+    client: Client,
+    headers: HeaderMap,
+) -> Result<Response, TfeError> {
+    let caller = tfe.caller(&headers, client).await?;
+    let (org, name) = tfe.by_id(&caller, &id).await?;
+    delete(&tfe, caller, org, name, true).await
+}
+
+/// Delete a workspace and its state (admin), as the http door's
+/// `DELETE /workspaces/…` does. `safe`: refused (409) while it is locked
+/// or its state may still manage resources.
+async fn delete<S: Storage>(
+    tfe: &Tfe<S>,
+    caller: Caller,
+    org: String,
+    name: String,
+    safe: bool,
+) -> Result<Response, TfeError> {
+    let at = (org.as_str(), name.as_str());
+    tfe.app
+        .permit(&caller, at, Role::Admin, Operation::WorkspaceDelete)
+        .await?;
+    if name == crate::protocol::DEFAULT_WORKSPACE {
+        return Err(TfeError::invalid(
+            "the default workspace cannot be deleted (as at the http door)",
+        ));
+    }
+    tfe.app.refuse_while_draining()?;
+    let deleted = tfe
+        .app
+        .change(&org, &name, move |app, backend, workspace| async move {
+            let target = app.target(&backend, &workspace)?;
+            let answer = async {
+                if safe {
+                    refuse_unsafe_delete(&target).await?;
+                }
+                match target.storage.delete_workspace(&workspace).await {
+                    Ok(()) => Ok(()),
+                    Err(StorageError::NotFound) => Err(ApiError::not_found(format!(
+                        "workspace {backend}/{workspace} not found"
+                    ))),
+                    Err(e) => Err(target.error(e)),
+                }
+            }
+            .await;
+            let at = (backend.as_str(), workspace.as_str());
+            app.record(
+                &caller,
+                at,
+                Operation::WorkspaceDelete,
+                Facts::default(),
+                &answer,
+            )
+            .await;
+            answer
+        })
+        .await;
+    deleted?;
+    if let Err(e) = tfe.meta.remove(&org, &name).await {
+        tracing::warn!(error = %e, "workspace deleted; forgetting its tags failed");
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn refuse_unsafe_delete<S: Storage>(
+    target: &crate::protocol::Target<'_, S>,
+) -> Result<(), ApiError> {
+    let conflict = |why: &str| Err(ApiError::Message(StatusCode::CONFLICT, why.to_string()));
+    if target
+        .storage
+        .current_lock(target.workspace)
+        .await
+        .map_err(|e| target.error(e))?
+        .is_some()
+    {
+        return conflict("the workspace is locked; unlock it first");
+    }
+    let state = target
+        .storage
+        .read(target.workspace)
+        .await
+        .map_err(|e| target.error(e))?;
+    if state.as_deref().is_some_and(may_manage_resources) {
+        return conflict(
+            "the workspace's state still manages resources; destroy them first, or delete with -force",
+        );
+    }
+    Ok(())
+}
+
+/// Whether a state may hold resources: anything but a plain state whose
+/// `resources` is there and empty (an encrypted one cannot be seen into).
+fn may_manage_resources(state: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Resources {
+        resources: Option<Vec<serde::de::IgnoredAny>>,
+    }
+    !matches!(
+        serde_json::from_slice::<Resources>(state),
+        Ok(Resources { resources: Some(r) }) if r.is_empty()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_state_seen_empty_is_safe_to_delete() {
+        assert!(!may_manage_resources(
+            br#"{"version":4,"serial":1,"resources":[]}"#
+        ));
+        assert!(may_manage_resources(
+            br#"{"version":4,"resources":[{"type":"x"}]}"#
+        ));
+        assert!(may_manage_resources(br#"{"encrypted_data":"AAAA"}"#));
+        assert!(may_manage_resources(b"not json"));
+    }
+
+    #[test]
+    fn tags_are_checked_and_lowercased() {
+        let tags = check_tags(["App", "team:net"]).unwrap();
+        assert_eq!(tags.into_iter().collect::<Vec<_>>(), ["app", "team:net"]);
+        assert!(check_tags(["a b"]).is_err());
+        assert!(check_tags([""]).is_err());
+        assert!(check_version("1.11.4").is_ok());
+        assert!(check_version("x\"y").is_err());
+    }
+}
