@@ -40,8 +40,8 @@ pub enum Native {
 enum Held {
     /// The advisory key, on this session.
     Pg(i64),
-    /// The lock object's URL.
-    S3(String),
+    /// The lock object's URL and the ETag of the lock file it wrote.
+    S3(String, String),
 }
 
 /// The storage side of a native client.
@@ -160,8 +160,14 @@ impl Session {
                     .body(crate::common::lock_info(id, "native@terraform"))
                     .send()
                     .map_err(|e| e.to_string())?;
+                let etag = answer
+                    .headers()
+                    .get("ETag")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
                 match answer.status().as_u16() {
-                    200 => Ok(Some(Held::S3(url))),
+                    200 => Ok(Some(Held::S3(url, etag))),
                     409 | 412 => Ok(None),
                     status => Err(format!("PUT lock file: {status}")),
                 }
@@ -181,8 +187,14 @@ impl Session {
                 .block_on(client.query("SELECT pg_advisory_unlock($1)", &[key]))
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
-            (Session::S3 { http, .. }, Held::S3(url)) => http
+            // Terraform reads the lock file and deletes it only if the ID
+            // is its own (client.go unlockWithFile); the same, made one
+            // step with `If-Match` on what it wrote, so the model has no
+            // check-then-delete race of Terraform's own: a lock file a
+            // force-unlock removed and someone else wrote since is theirs.
+            (Session::S3 { http, .. }, Held::S3(url, etag)) => http
                 .delete(url)
+                .header("If-Match", etag.as_str())
                 .header("Authorization", moto_auth())
                 .send()
                 .map(|_| ())
