@@ -34,9 +34,7 @@ fn on_state_object(what: &str) -> bool {
 /// A rule holding the first table update after the next state PUT, once
 /// armed (each arming holds one): a write's digest update, whatever the
 /// reads around it do.
-fn hold_digest_after_put(
-    armed: Arc<AtomicBool>,
-) -> Rule {
+fn hold_digest_after_put(armed: Arc<AtomicBool>) -> Rule {
     let put_seen = AtomicBool::new(false);
     Box::new(move |what: &str| {
         if !armed.load(Ordering::SeqCst) {
@@ -243,10 +241,7 @@ fn dynamodb_a_state_delete_applied_late_leaves_the_newer_state() {
 }
 
 /// Holds the first request `matches` accepts once armed.
-fn hold_once(
-    armed: Arc<AtomicBool>,
-    matches: fn(&str) -> bool,
-) -> Rule {
+fn hold_once(armed: Arc<AtomicBool>, matches: fn(&str) -> bool) -> Rule {
     Box::new(move |what: &str| {
         (matches(what) && armed.swap(false, Ordering::SeqCst)).then_some(Fault::Held)
     })
