@@ -217,8 +217,7 @@ impl HistorySource {
             }
             HistorySource::Replica => {
                 "kept by this replica in its data directory: versions written through other \
-                 replicas are not here unless that folder is shared (turn on the storage's own \
-                 history, such as S3 bucket versioning, where it has one)"
+                 replicas are not here unless that folder is shared"
             }
             HistorySource::None => "none: the storage keeps no history and `history = 0`",
         }

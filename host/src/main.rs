@@ -7,9 +7,16 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // A compiler child (the server re-executes itself to compile a guest,
+    // so the compiler's memory leaves with the child) does only that.
+    if let Some(code) = wasmstate::runtime::child_main_if_asked() {
+        return code;
+    }
+    let cli = wasmstate::cli::Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_env("WASMSTATE_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_env("WASMSTATE_LOG")
+                .unwrap_or_else(|_| EnvFilter::new(cli.default_log_filter())),
         )
         .with_writer(wasmstate::logline::OneLineStderr)
         .with_ansi(std::io::stderr().is_terminal())
@@ -28,7 +35,6 @@ async fn main() -> ExitCode {
         };
         let _ = rustix::process::setrlimit(rustix::process::Resource::Nofile, raised);
     }
-    let cli = wasmstate::cli::Cli::parse();
     match wasmstate::cli::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

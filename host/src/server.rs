@@ -193,9 +193,9 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
         secure: tls.is_some(),
     };
     let app_state = app.clone();
-    let more =
-        crate::console::routes(app.clone(), console).merge(crate::tfe::routes(app.clone(), tfe));
-    let app = protocol::router_with(app, more);
+    let tfe = crate::tfe::routes(app.clone(), tfe);
+    let more = crate::console::routes(app.clone(), console).merge(tfe.routes.clone());
+    let app = tfe.around(protocol::router_with(app, more));
     let limits = NetworkLimits {
         clocks: Clocks {
             header: network.header_read_timeout,
@@ -210,7 +210,12 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
         shutdown_signal(terminate).await;
         draining.store(true, Ordering::Release);
     };
-    print_banner(scheme, addr, app_state.backends.keys().map(String::as_str));
+    print_banner(
+        scheme,
+        addr,
+        &network.server_names,
+        app_state.backends.keys().map(String::as_str),
+    );
     probe_histories(app_state.backends.values().cloned().collect());
     let changes = app_state.changes.clone();
     crate::listen::serve(listener, tls, app, limits, metrics, signal).await;
@@ -231,7 +236,12 @@ pub async fn serve(config: Config, source: Option<ConfigSource>) -> anyhow::Resu
 
 /// What an operator needs to point Terraform here. The first line is stable
 /// (`wasmstate listening on http[s]://ADDR`): scripts and tests read it.
-fn print_banner<'a>(scheme: &str, addr: SocketAddr, backends: impl Iterator<Item = &'a str>) {
+fn print_banner<'a>(
+    scheme: &str,
+    addr: SocketAddr,
+    server_names: &[String],
+    backends: impl Iterator<Item = &'a str>,
+) {
     let names: Vec<&str> = backends.collect();
     let name = names
         .iter()
@@ -239,20 +249,61 @@ fn print_banner<'a>(scheme: &str, addr: SocketAddr, backends: impl Iterator<Item
         .find(|n| *n == "default")
         .or_else(|| names.first().copied())
         .unwrap_or("default");
+    let (authority, note) = client_authority(addr, server_names, &machine_name());
     let url = format!(
-        "{scheme}://{addr}/states/{name}/{}",
+        "{scheme}://{authority}/states/{name}/{}",
         protocol::DEFAULT_WORKSPACE
     );
+    let note = note.map(|n| format!("{n}\n\n")).unwrap_or_default();
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
         out,
         "wasmstate listening on {scheme}://{addr}\n\
          backends: {}\n\n\
-         Paste into your Terraform configuration (change the last path segment to pick another state):\n\n\
+         {note}Paste into your Terraform configuration (change the last path segment to pick another state):\n\n\
          terraform {{\n  backend \"http\" {{\n    address        = \"{url}\"\n    lock_address   = \"{url}\"\n    unlock_address = \"{url}\"\n  }}\n}}\n",
         names.join(", ")
     );
     let _ = out.flush();
+}
+
+/// This machine's host name, if it has a usable one.
+fn machine_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty() && n != "(none)" && n != "localhost")
+}
+
+/// `host:port` a client can put in its backend's address. A wildcard
+/// listen (`0.0.0.0`, `[::]`) is no address a client can connect to, so
+/// the banner names the server instead: the first `server_names` entry,
+/// else `machine` (this host's name), else loopback; and, unless the name
+/// is the operator's own, a line saying to replace it.
+fn client_authority(
+    addr: SocketAddr,
+    server_names: &[String],
+    machine: &Option<String>,
+) -> (String, Option<String>) {
+    if !addr.ip().is_unspecified() {
+        return (addr.to_string(), None);
+    }
+    let port = addr.port();
+    if let Some(name) = server_names.first() {
+        return (format!("{name}:{port}"), None);
+    }
+    let (host, what) = match (machine, addr) {
+        (Some(name), _) => (name.clone(), format!("this machine's name, {name}")),
+        (None, SocketAddr::V4(_)) => ("127.0.0.1".to_string(), "127.0.0.1".to_string()),
+        (None, SocketAddr::V6(_)) => ("[::1]".to_string(), "[::1]".to_string()),
+    };
+    let note = format!(
+        "Listening on every address ({}): the addresses below use {what}; \
+         replace it with a name or address your clients reach this server by \
+         (or set [network] server_names).",
+        addr.ip()
+    );
+    (format!("{host}:{port}"), Some(note))
 }
 
 /// Who may sign in, as the config says: a reload does not change it.
@@ -339,4 +390,31 @@ async fn shutdown_signal(mut terminate: tokio::signal::unix::Signal) {
         () = term => {},
     }
     tracing::info!("shutdown signal: finishing requests under way");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::client_authority;
+
+    #[test]
+    fn a_wildcard_listen_is_given_an_address_a_client_can_use() {
+        let machine = Some("state-1".to_string());
+        for listen in ["0.0.0.0:6081", "[::]:6081"] {
+            let (authority, note) = client_authority(listen.parse().unwrap(), &[], &machine);
+            assert_eq!(authority, "state-1:6081", "{listen}");
+            assert!(note.unwrap().contains("replace it"), "{listen}");
+        }
+        let (authority, note) = client_authority("0.0.0.0:6081".parse().unwrap(), &[], &None);
+        assert_eq!(authority, "127.0.0.1:6081");
+        assert!(note.unwrap().contains("replace it"));
+        let (authority, _) = client_authority("[::]:6081".parse().unwrap(), &[], &None);
+        assert_eq!(authority, "[::1]:6081");
+        // The operator's own name needs no replacing.
+        let names = ["state.example.com".to_string()];
+        let (authority, note) = client_authority("[::]:443".parse().unwrap(), &names, &machine);
+        assert_eq!((authority.as_str(), note), ("state.example.com:443", None));
+        // A concrete address is already usable, as it is.
+        let (authority, note) = client_authority("[::1]:6061".parse().unwrap(), &[], &machine);
+        assert_eq!((authority.as_str(), note), ("[::1]:6061", None));
+    }
 }

@@ -176,6 +176,78 @@ pub fn read(body: &[u8]) -> Result<Header, String> {
     })
 }
 
+/// `state` as the `outputs` role sees it: the same `version`,
+/// `terraform_version`, `serial` and `lineage`, its outputs that are not
+/// sensitive (values as written), and no resources. Terraform reads it as
+/// a state (`terraform_remote_state`, `state pull`), so a reader shares a
+/// state's outputs without its resources, which hold every attribute of
+/// everything managed, secrets included. Sensitive outputs are left out
+/// altogether rather than blanked: a reader that uses one fails at plan
+/// ("no attribute named …") instead of silently receiving `null`.
+/// `Err` (one line) for anything but a plain format-4 state: an
+/// encrypted or older state's outputs cannot be told from the rest.
+pub fn outputs_only(state: &[u8]) -> Result<Vec<u8>, String> {
+    use serde_json::value::RawValue;
+    use std::collections::BTreeMap;
+
+    #[derive(Deserialize)]
+    struct Full {
+        version: u64,
+        #[serde(default)]
+        terraform_version: Option<String>,
+        serial: u64,
+        lineage: String,
+        #[serde(default)]
+        outputs: BTreeMap<String, Output>,
+        #[serde(default)]
+        encryption_version: Option<serde::de::IgnoredAny>,
+    }
+
+    #[derive(Deserialize, serde::Serialize)]
+    struct Output {
+        value: Box<RawValue>,
+        #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+        kind: Option<Box<RawValue>>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        sensitive: bool,
+    }
+
+    #[derive(serde::Serialize)]
+    struct Shared<'a> {
+        version: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        terraform_version: Option<&'a str>,
+        serial: u64,
+        lineage: &'a str,
+        outputs: BTreeMap<&'a str, &'a Output>,
+        resources: [(); 0],
+    }
+
+    let not_plain = || {
+        "its outputs cannot be told apart from the rest of the state (encrypted by its client, or not a format-4 Terraform state)".to_string()
+    };
+    let full: Full = serde_json::from_slice(state).map_err(|_| not_plain())?;
+    if full.version != 4 || full.encryption_version.is_some() {
+        return Err(not_plain());
+    }
+    let shared = Shared {
+        version: full.version,
+        terraform_version: full.terraform_version.as_deref(),
+        serial: full.serial,
+        lineage: &full.lineage,
+        outputs: full
+            .outputs
+            .iter()
+            .filter(|(_, o)| !o.sensitive)
+            .map(|(name, o)| (name.as_str(), o))
+            .collect(),
+        resources: [],
+    };
+    let mut text = serde_json::to_vec_pretty(&shared).map_err(|e| e.to_string())?;
+    text.push(b'\n');
+    Ok(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,5 +341,35 @@ mod prefix_tests {
             None
         );
         assert_eq!(version_in_prefix(b"not json"), None);
+    }
+}
+
+#[cfg(test)]
+mod outputs_tests {
+    use super::*;
+
+    #[test]
+    fn the_outputs_role_sees_plain_outputs_and_nothing_else() {
+        let state = br#"{"version":4,"terraform_version":"1.11.4","serial":7,"lineage":"l","outputs":{"o":{"value":{"a":[1,2]},"type":["object",{"a":["list","number"]}]},"s":{"value":"hunter2","type":"string","sensitive":true}},"resources":[{"mode":"managed","type":"x","instances":[{"attributes":{"password":"resource-secret"}}]}],"check_results":null}"#;
+        let shared = outputs_only(state).unwrap();
+        let text = String::from_utf8(shared.clone()).unwrap();
+        assert!(
+            !text.contains("resource-secret") && !text.contains("hunter2"),
+            "{text}"
+        );
+        let v: serde_json::Value = serde_json::from_slice(&shared).unwrap();
+        assert_eq!(v["outputs"]["o"]["value"]["a"][1], 2);
+        assert!(v["outputs"].get("s").is_none());
+        assert_eq!(v["resources"], serde_json::json!([]));
+        assert_eq!(read(&shared).unwrap().version(), Some(("l", 7)));
+        assert_eq!(version_in_prefix(&shared), Some(("l".into(), 7)));
+        // Encrypted, older or unparsable states: refused, never passed on.
+        for other in [
+            &br#"{"serial":1,"lineage":"l","meta":{},"encrypted_data":"AAAA","encryption_version":"v0"}"#[..],
+            br#"{"version":3,"serial":1,"lineage":"l","modules":[]}"#,
+            b"not json",
+        ] {
+            assert!(outputs_only(other).is_err());
+        }
     }
 }

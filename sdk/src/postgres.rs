@@ -185,3 +185,34 @@ pub fn lock_holder(name: &str) -> Result<Option<Holder>, PgError> {
 pub fn unlock(name: &str, id: &str, force: bool) -> Result<Option<Holder>, PgError> {
     Ok(wit::unlock(name, id, force)?.map(Into::into))
 }
+
+/// The versions of row `name` the host keeps in the database (written
+/// with each change, in its transaction), newest first; `None` when it
+/// keeps none there (the backend's `history = 0`).
+pub fn list_versions(name: &str) -> Result<Option<Vec<crate::Version>>, PgError> {
+    Ok(wit::list_versions(name)?.map(|kept| {
+        kept.into_iter()
+            .map(|v| crate::Version {
+                id: v.id,
+                serial: v.serial,
+                created_unix_ms: v.created_unix_ms,
+                bytes: v.bytes,
+            })
+            .collect()
+    }))
+}
+
+/// Version `id` of row `name`, written into `out` by the host; `false`
+/// when there is no such version.
+pub fn read_version_into(
+    name: &str,
+    id: &str,
+    out: &mut crate::StateWriter<'_>,
+) -> Result<bool, PgError> {
+    match out.host_sink() {
+        Some(sink) => Ok(wit::read_version(name, id, sink)?),
+        None => Err(PgError::Internal(
+            "postgres reads go to the host's state sink (implement read_version_into)".into(),
+        )),
+    }
+}

@@ -3,6 +3,8 @@
 //! the real `terraform` over plain http through a CLI-config `host` block
 //! and `TF_TOKEN_<host>:<port>` (a literal colon, as terraform maps it).
 
+mod guests;
+mod outputs_role;
 mod remote;
 mod tls;
 mod uploads;
@@ -34,7 +36,16 @@ struct Fixture {
     _data: tempfile::TempDir,
 }
 
+/// Backends `acme` and `other` on the `local` guest.
+const LOCAL: &str = "[backends.acme]\nguest = \"local\"\n[backends.other]\nguest = \"local\"\n";
+
 fn fixture() -> Fixture {
+    fixture_with(LOCAL, "")
+}
+
+/// The fixture's tokens and users over `backends` (which must define
+/// `acme` and `other`), with `extra` config appended.
+fn fixture_with(backends: &str, extra: &str) -> Fixture {
     let data = tempdir();
     let (ci, ci_sha) = generate_token();
     let (foreign, foreign_sha) = generate_token();
@@ -44,10 +55,7 @@ fn fixture() -> Fixture {
         data.path(),
         &format!(
             r#"
-            [backends.acme]
-            guest = "local"
-            [backends.other]
-            guest = "local"
+            {backends}
 
             [[tokens]]
             name = "ci"
@@ -61,6 +69,7 @@ fn fixture() -> Fixture {
             name = "alice"
             password_hash = "{alice_hash}"
             grants = ["acme:team-*:write"]
+            {extra}
             "#
         ),
     );

@@ -14,6 +14,43 @@ fn the_local_guest_passes_the_kit() {
     assert!(passed >= 20, "{out}");
 }
 
+/// `wasmstate guest test ARGS` with WASMSTATE_LOG unset: (stdout, stderr).
+fn kit_streams(args: &[&str]) -> (String, String) {
+    let out = std::process::Command::new(BIN)
+        .args(["guest", "test"])
+        .args(args)
+        .env_remove("WASMSTATE_LOG")
+        .output()
+        .unwrap();
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_kit_prints_only_its_cases_and_the_log_only_when_asked() {
+    let (stdout, stderr) = kit_streams(&["local"]);
+    assert_eq!(stderr, "", "no log lines among the cases");
+    for line in stdout.lines() {
+        assert!(
+            line.starts_with("PASS  ")
+                || line.starts_with("memory cap: ")
+                || line.ends_with(" passed, 0 failed"),
+            "only the kit's own lines: {line:?}\n{stdout}"
+        );
+    }
+    assert!(summary(&stdout).ends_with(" passed, 0 failed"), "{stdout}");
+    // A failing guest's report says where the log is.
+    let (stdout, stderr) = kit_streams(&[MISBEHAVE_WASM, "--config", "mode=trap"]);
+    assert_eq!(stderr, "", "{stdout}");
+    assert!(stdout.contains("add --verbose"), "{stdout}");
+    // --verbose brings the host's log back, on stderr only.
+    let (stdout, stderr) = kit_streams(&["local", "--verbose"]);
+    assert!(stderr.contains(" INFO "), "{stderr}");
+    assert!(!stdout.contains(" INFO "), "{stdout}");
+}
+
 #[test]
 fn a_crashing_guest_fails_the_kit_with_reasons() {
     let (ok, out) = wasmstate(&["guest", "test", MISBEHAVE_WASM, "--config", "mode=trap"]);

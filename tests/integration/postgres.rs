@@ -42,11 +42,17 @@ fn postgres_passes_the_kit() {
     ]);
     assert!(ok, "{out}");
     assert_eq!(summary(&out), "25 passed, 0 failed", "{out}");
-    // Terraform's tables, made as its pg backend makes them.
+    // Terraform's tables, made as its pg backend makes them, and wasmstate's.
     assert_eq!(
-        pg.query("select count(*) from information_schema.tables where table_schema = 'kit' and table_name in ('states', 'wasmstate_locks')"),
-        "2"
+        pg.query("select count(*) from information_schema.tables where table_schema = 'kit' and table_name in ('states', 'wasmstate_locks', 'wasmstate_state_versions')"),
+        "3"
     );
+    // The kit's history case wrote and read versions there.
+    let kept: u64 = pg
+        .query("select count(*) from kit.wasmstate_state_versions where bytes > 0")
+        .parse()
+        .unwrap();
+    assert!(kept >= 3, "{kept} versions kept");
 }
 
 #[test]

@@ -4,6 +4,8 @@
 //! the day the gap closes: invert its key assertion then. `sound_*` tests
 //! pin what was checked and held.
 
+mod followups;
+
 use crate::common::*;
 use base64::Engine as _;
 
@@ -224,74 +226,6 @@ fn fixed_an_upload_fails_after_its_lock_was_force_unlocked() {
     );
 }
 
-/// Finding: a TFE lock belongs to a name, not to the run that took it:
-/// another process with the same (write-only) token releases it and
-/// writes under it, without admin; at the http door that takes the lock's
-/// ID, which is hidden from non-admins.
-#[test]
-fn known_gap_the_same_identity_releases_and_writes_under_another_runs_lock() {
-    let f = fixture();
-    let id = f.create("w", &[]);
-
-    // The http door: pipeline 1 holds L2; pipeline 2 (same token) cannot
-    // learn the ID (hidden) nor release the lock without it.
-    assert_eq!(
-        f.http("LOCK", "/states/acme/w", &f.runner, Some(&lock_info("L2")))
-            .status,
-        200
-    );
-    let conflict = f.http(
-        "LOCK",
-        "/states/acme/w",
-        &f.runner,
-        Some(&lock_info("other")),
-    );
-    assert_eq!(conflict.status, 423);
-    assert!(!conflict.text().contains("\"L2\""), "{}", conflict.text());
-    let guess = f.http(
-        "UNLOCK",
-        "/states/acme/w",
-        &f.runner,
-        Some(&lock_info("guess")),
-    );
-    assert!(guess.status >= 400, "{}", guess.text());
-    let forced = f.http("UNLOCK", "/states/acme/w", &f.runner, None);
-    assert_eq!(forced.status, 403, "{}", forced.text());
-    assert_eq!(f.http("UNLOCK", "/states/acme/w", &f.ci, None).status, 200);
-
-    // The TFE door: pipeline 1 locks; pipeline 2 (same token, never
-    // locked) writes inline under that lock, then releases it.
-    let locked = f.api(
-        "POST",
-        &format!("workspaces/{id}/actions/lock"),
-        &f.runner,
-        None,
-    );
-    assert_eq!(locked.status, 200, "{}", locked.text());
-    let one = state(1);
-    let inline = f.api(
-        "POST",
-        &format!("workspaces/{id}/state-versions"),
-        &f.runner,
-        Some(&format!(
-            r#"{{"data":{{"type":"state-versions","attributes":{{"serial":1,"md5":"{}","lineage":"test-lineage","state":"{}"}}}}}}"#,
-            md5_hex(&one),
-            base64::engine::general_purpose::STANDARD.encode(&one)
-        )),
-    );
-    assert_eq!(inline.status, 201, "{}", inline.text());
-    let unlocked = f.api(
-        "POST",
-        &format!("workspaces/{id}/actions/unlock"),
-        &f.runner,
-        None,
-    );
-    // FINDING: 200 without admin and without knowing anything of the lock.
-    assert_eq!(unlocked.status, 200, "{}", unlocked.text());
-    let doc = f.api("GET", &format!("workspaces/{id}"), &f.ci, None);
-    assert_eq!(doc.json()["data"]["attributes"]["locked"], false);
-}
-
 /// Fixed (F7, defence in depth): the TFE door's lock, force-unlock and
 /// safe-delete are bodyless POSTs, the shape of a browser's `no-cors`
 /// simple request (no preflight): every non-GET under `/api/v2` now needs
@@ -367,40 +301,6 @@ fn fixed_a_ci_token_does_not_sign_in_to_the_console() {
         &[("Authorization", &format!("Basic {basic}"))],
     );
     assert!(![401, 403].contains(&api.status), "{}", api.text());
-}
-
-/// Finding: tags live in `<data_dir>/tfe/workspaces.json`, which the http
-/// door's delete never touches: a workspace deleted there and created
-/// again (by anyone who may create it) comes back with the old tags, so
-/// cloud blocks selecting by those tags pick it up.
-#[test]
-fn known_gap_tags_survive_a_delete_at_the_http_door() {
-    let f = fixture();
-    f.create("old", &["prod"]);
-    assert_eq!(
-        f.http("DELETE", "/workspaces/acme/old", &f.ci, None).status,
-        200
-    );
-    assert_eq!(
-        f.http("PUT", "/workspaces/acme/old", &f.runner, None)
-            .status,
-        201
-    );
-    let tagged = f.api(
-        "GET",
-        "organizations/acme/workspaces?search%5Btags%5D=prod",
-        &f.runner,
-        None,
-    );
-    assert_eq!(tagged.status, 200);
-    let names: Vec<String> = tagged.json()["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w["attributes"]["name"].as_str().unwrap().to_string())
-        .collect();
-    // FINDING: the new workspace carries the deleted one's tag.
-    assert_eq!(names, ["old"]);
 }
 
 /// Fixed (F3): two servers on one data directory (supported: the audit

@@ -18,7 +18,12 @@
 //! `container_name`, `key` (required), `snapshot`; and `blob_endpoint`
 //! (Terraform has none: the blob service's base URL, by default
 //! `https://<account>.blob.core.windows.net`). Credentials (`access_key`,
-//! `sas_token`) stay with the host, which signs every request.
+//! `sas_token`, and for Entra ID `client_secret`,
+//! `client_certificate_path`, `oidc_token_file_path`, …) stay with the
+//! host, which signs every request or adds its bearer token; the guest
+//! sees only the Entra ID choices (`use_azuread_auth`, `use_oidc`,
+//! `use_msi`, `client_id`, `tenant_id`, `environment`, `authority_host`)
+//! and refuses contradictory ones ([`check_sign_in`]).
 
 mod blobs;
 mod clock;
@@ -176,7 +181,15 @@ impl Backend for Azure {
             "key",
             "snapshot",
             "blob_endpoint",
+            "use_azuread_auth",
+            "use_oidc",
+            "use_msi",
+            "client_id",
+            "tenant_id",
+            "environment",
+            "authority_host",
         ])?;
+        check_sign_in(config)?;
         let account = config.required("storage_account_name")?;
         if !(3..=24).contains(&account.len())
             || !account
@@ -384,6 +397,43 @@ impl Backend for Azure {
             self.container.path(&blob)
         )))
     }
+}
+
+/// The Entra ID settings the guest sees agree: one way of signing in, and
+/// Entra ID not turned off while one is asked for.
+fn check_sign_in(config: &Config) -> Result<(), Error> {
+    let flag = |name: &str| -> Result<Option<bool>, Error> {
+        match config.get(name).map(|v| v.trim().to_ascii_lowercase()) {
+            None => Ok(None),
+            Some(v) if v == "true" => Ok(Some(true)),
+            Some(v) if v == "false" => Ok(Some(false)),
+            Some(v) => Err(invalid(name, format!("{v:?} is not true or false"))),
+        }
+    };
+    let (azuread, oidc, msi) = (
+        flag("use_azuread_auth")?,
+        flag("use_oidc")?,
+        flag("use_msi")?,
+    );
+    if oidc == Some(true) && msi == Some(true) {
+        return Err(invalid(
+            "use_msi",
+            "use_oidc and use_msi are both true: keep the one this host signs in with",
+        ));
+    }
+    if azuread == Some(false)
+        && let Some(way) = [("use_oidc", oidc), ("use_msi", msi)]
+            .iter()
+            .find_map(|(name, on)| (*on == Some(true)).then_some(*name))
+    {
+        return Err(invalid(
+            "use_azuread_auth",
+            format!(
+                "false contradicts {way} = true: set use_azuread_auth = true to sign in with Entra ID"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 register_backend!(Azure);

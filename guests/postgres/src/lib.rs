@@ -14,13 +14,19 @@
 //! capability). A native client's lock cannot be force-unlocked here: it
 //! ends when that client unlocks or its session ends.
 //!
+//! - history: every write and delete keeps a version in
+//!   `<schema_name>.wasmstate_state_versions`, in its own transaction (the
+//!   host's `postgres` capability), the newest `history` of each workspace;
+//!   Terraform's pg backend never reads that table. Every replica on the
+//!   database lists, reads and restores the same versions.
+//!
 //! Settings, named as Terraform's: `conn_str` (taken by the host),
 //! `schema_name`, `skip_schema_creation`, `skip_table_creation`,
 //! `skip_index_creation`.
 
 use wasmstate_guest::postgres::{self, Holder, Refused};
 use wasmstate_guest::{
-    Backend, Config, Error, LockInfo, StateReader, StateWriter, register_backend,
+    Backend, Config, Error, LockInfo, StateReader, StateWriter, Version, register_backend,
 };
 
 const DEFAULT: &str = "default";
@@ -149,6 +155,24 @@ impl Backend for Pg {
         Ok(postgres::create(ws, &empty_state())?)
     }
 
+    /// The versions the host keeps in the database; `None` with the
+    /// backend's `history = 0`.
+    fn list_versions(&self, ws: &str) -> Result<Option<Vec<Version>>, Error> {
+        Ok(postgres::list_versions(ws)?)
+    }
+
+    fn read_version_into(
+        &self,
+        ws: &str,
+        id: &str,
+        out: &mut StateWriter<'_>,
+    ) -> Result<bool, Error> {
+        Ok(postgres::read_version_into(ws, id, out)?)
+    }
+
+    /// Keeps the workspace's versions, as storage with object versions
+    /// does: the delete is one of them (0 bytes), after which the rollback
+    /// check starts afresh.
     fn delete_workspace(&self, ws: &str) -> Result<(), Error> {
         if !postgres::list_names()?.iter().any(|n| n == ws) {
             return Err(Error::NotFound);

@@ -53,11 +53,13 @@ pub enum Operation {
     WorkspaceCreate,
     /// A workspace and its state deleted.
     WorkspaceDelete,
+    /// A workspace's TFE metadata changed (tags, terraform-version).
+    WorkspaceUpdate,
 }
 
 impl Operation {
     /// Every operation, as filters and pages name them.
-    pub const ALL: [Operation; 10] = [
+    pub const ALL: [Operation; 11] = [
         Operation::Write,
         Operation::Delete,
         Operation::Lock,
@@ -68,6 +70,7 @@ impl Operation {
         Operation::Reseal,
         Operation::WorkspaceCreate,
         Operation::WorkspaceDelete,
+        Operation::WorkspaceUpdate,
     ];
 
     /// Its name in records and filters (`force-unlock`).
@@ -83,6 +86,7 @@ impl Operation {
             Operation::Reseal => "reseal",
             Operation::WorkspaceCreate => "workspace-create",
             Operation::WorkspaceDelete => "workspace-delete",
+            Operation::WorkspaceUpdate => "workspace-update",
         }
     }
 

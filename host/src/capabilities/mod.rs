@@ -11,12 +11,20 @@ use std::sync::{Arc, LazyLock};
 use tokio_rustls::rustls;
 
 /// One client configuration for every TLS connection the host makes for
-/// a guest (its HTTP requests, its database): Mozilla's roots, ring, like
-/// the rest of the host.
+/// a guest (its HTTP requests, its database): Mozilla's roots and
+/// [`extra_roots`], ring, like the rest of the host.
 static TLS: LazyLock<Arc<rustls::ClientConfig>> = LazyLock::new(|| {
-    let roots = rustls::RootCertStore {
+    let mut roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.into(),
     };
+    let (added, ignored) = roots.add_parsable_certificates(extra_roots());
+    if ignored > 0 {
+        tracing::warn!(
+            added,
+            ignored,
+            "SSL_CERT_FILE: some certificates are not usable as roots"
+        );
+    }
     Arc::new(
         rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
@@ -27,6 +35,28 @@ static TLS: LazyLock<Arc<rustls::ClientConfig>> = LazyLock::new(|| {
         .with_no_client_auth(),
     )
 });
+
+/// The certificates of the PEM file `SSL_CERT_FILE` names, trusted beside
+/// Mozilla's roots for what the host connects to for guests and for its
+/// own cloud sign-ins (a private CA, or a proxy's, as terraform and
+/// OpenSSL read the same variable). Read once; none when unset or
+/// unreadable (then a warning).
+pub fn extra_roots() -> Vec<rustls::pki_types::CertificateDer<'static>> {
+    static ROOTS: LazyLock<Vec<rustls::pki_types::CertificateDer<'static>>> = LazyLock::new(|| {
+        use rustls::pki_types::{CertificateDer, pem::PemObject};
+        let Some(path) = std::env::var_os("SSL_CERT_FILE").filter(|p| !p.is_empty()) else {
+            return Vec::new();
+        };
+        match CertificateDer::pem_file_iter(&path) {
+            Ok(certs) => certs.filter_map(Result::ok).collect(),
+            Err(e) => {
+                tracing::warn!("SSL_CERT_FILE {}: {e}", path.to_string_lossy());
+                Vec::new()
+            }
+        }
+    });
+    ROOTS.clone()
+}
 
 /// The shared TLS client configuration.
 pub fn tls_client() -> Arc<rustls::ClientConfig> {

@@ -55,9 +55,18 @@ pub struct GuestArgs {
     /// Deadline per call.
     #[arg(long, default_value_t = 30_000)]
     timeout_ms: u64,
+    /// Also print the host's log lines (guest loading, the guest's own
+    /// log, crashes) on stderr; WASMSTATE_LOG=LEVEL chooses them instead.
+    #[arg(long, short)]
+    verbose: bool,
 }
 
 impl GuestArgs {
+    /// Whether the host's log lines were asked for.
+    pub fn verbose(&self) -> bool {
+        self.verbose
+    }
+
     /// The guest and its grants, checked; its memory cap is printed.
     fn subject(&self) -> anyhow::Result<GuestUnderTest> {
         let source = guest_source(&self.guest)?;
@@ -97,6 +106,9 @@ pub async fn test(args: &GuestArgs) -> anyhow::Result<()> {
     let report = run_guest(args.subject()?).await?;
     print!("{}", report.render());
     if !report.all_passed() {
+        if !args.verbose && std::env::var_os("WASMSTATE_LOG").is_none() {
+            println!("(the host's log lines, with the guest's own: add --verbose)");
+        }
         std::process::exit(1);
     }
     Ok(())

@@ -24,6 +24,21 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// The log filter when WASMSTATE_LOG sets none: `info`, but nothing for
+    /// the author's kit (`guest test`, `guest bench`) unless `--verbose`,
+    /// so its output is only its report (and, before it, what the guest's
+    /// manifest asks for that its flags did not grant).
+    pub fn default_log_filter(&self) -> &'static str {
+        match &self.command {
+            Command::Guest {
+                action: GuestAction::Test { guest } | GuestAction::Bench { guest, .. },
+            } if !guest.verbose() => "off,wasmstate::loader::narrow=warn",
+            _ => "info",
+        }
+    }
+}
+
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -108,8 +123,17 @@ pub enum Command {
         remote: RemoteArgs,
     },
     /// Make a random AES-256 key for a backend's `encryption.keys`: prints it
-    /// base64-encoded; keep it in a file or environment variable.
-    GenerateKey,
+    /// base64-encoded, or with --out writes it to a new file only its owner
+    /// may read (mode 0600).
+    ///
+    /// Example: `wasmstate generate-key --out /etc/wasmstate/k1.key`, then
+    /// `encryption = { keys = [{ id = "k1", file = "/etc/wasmstate/k1.key" }] }`.
+    GenerateKey {
+        /// Write the key to this new file (mode 0600) instead of stdout;
+        /// an existing file is never overwritten.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
 }
 
 /// How the CLI reaches a running server.
@@ -402,11 +426,39 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Audit { filter, remote } => audit::run(filter, remote).await,
-        Command::GenerateKey => {
+        Command::GenerateKey { out: None } => {
             println!("{}", crate::store::envelope::generate_material());
             Ok(())
         }
+        Command::GenerateKey { out: Some(path) } => {
+            write_owner_only(&path, &crate::store::envelope::generate_material())?;
+            println!("key written to {} (mode 0600)", path.display());
+            Ok(())
+        }
     }
+}
+
+/// Write `text` (and a newline) to `path`, a new file created readable and
+/// writable by its owner only: a key must never sit, even briefly, in a
+/// file others can read, nor replace a key already in use.
+fn write_owner_only(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => anyhow::anyhow!(
+                "{} exists: a key is never overwritten; choose another file (or remove it first)",
+                path.display()
+            ),
+            _ => anyhow::anyhow!("cannot create {}: {e}", path.display()),
+        })?;
+    writeln!(file, "{text}")
+        .and_then(|()| file.sync_all())
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
 }
 
 /// What `state versions` says of who keeps the versions the server listed.

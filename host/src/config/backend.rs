@@ -150,10 +150,15 @@ pub(super) fn validate_backend(
                 var.map(|var| env_var(&var, file, &format!("{}.{what}", key("git_auth"))))
                     .transpose()
             };
+            let ssh_key = a.ssh_key.map(|k| base.join(k));
+            if let Some(path) = &ssh_key {
+                let at = format!("{}.ssh_key", key("git_auth"));
+                super::values::warn_if_others_read(path, file, &at);
+            }
             GitAuth {
                 username: env(a.username_env, "username_env")?,
                 password: env(a.password_env, "password_env")?,
-                ssh_key: a.ssh_key.map(|k| base.join(k)),
+                ssh_key,
             }
         }
     };

@@ -26,7 +26,7 @@ pub struct CloudLists {
 pub struct CloudGrants {
     /// AWS: SigV4.
     pub aws: Option<AwsGrant>,
-    /// Azure Storage: Shared Key or SAS.
+    /// Azure Storage: Shared Key, SAS or an Entra ID token.
     pub azure: Option<AzureGrant>,
     /// Google Cloud: an OAuth2 access token.
     pub gcp: Option<GcpGrant>,
@@ -95,6 +95,7 @@ pub fn take_cloud_grants(
             origins(lists.azure_sign, Cloud::Azure),
             guest_config,
             allow_http,
+            base,
         )
         .map_err(config)?,
         gcp: GcpGrant::take(

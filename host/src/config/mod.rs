@@ -41,7 +41,7 @@
 //! [[users]]                # HTTP Basic; hash from `wasmstate hash-password`
 //! name = "alice"
 //! password_hash = "$argon2id$v=19$..."
-//! grants = ["default:*:write"]   # backend:workspaces:role (read|write|admin)
+//! grants = ["default:*:write"]   # backend:workspaces:role (outputs|read|write|admin)
 //!
 //! [[tokens]]               # bearer; from `wasmstate generate-token`
 //! name = "ci"

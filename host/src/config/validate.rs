@@ -121,9 +121,11 @@ pub(super) fn validate(
                     )))
                 }
             };
+            let key = file_at("key", t.key)?;
+            super::values::warn_if_others_read(&key, file, "tls.key");
             Ok(TlsConfig {
                 cert: file_at("cert", t.cert)?,
-                key: file_at("key", t.key)?,
+                key,
                 client_ca: t.client_ca.map(|c| file_at("client_ca", c)).transpose()?,
             })
         })

@@ -109,6 +109,7 @@ pub(super) fn env_or_file(
         (Some(var), None) => env_var(&var, file, at),
         (None, Some(path)) => {
             let path = base.join(path);
+            warn_if_others_read(&path, file, at);
             std::fs::read_to_string(&path)
                 .map(|s| s.trim_end().to_string())
                 .map_err(|e| {
@@ -118,5 +119,25 @@ pub(super) fn env_or_file(
         _ => Err(ConfigError(format!(
             "{file}: {at}: give exactly one of env = \"VAR\" or file = \"path\""
         ))),
+    }
+}
+
+/// Say, in one log line, when a file holding a secret (a key, a password)
+/// is readable by its group or by others, and how to fix it. A warning,
+/// not a refusal: the secret may already be out, and a key file mounted
+/// read-only (a Kubernetes secret) cannot be changed from here.
+pub(super) fn warn_if_others_read(path: &Path, file: &str, at: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return;
+    };
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        tracing::warn!(
+            "{file}: {at}: {} holds a secret and is readable by its group or others (mode {mode:03o}): \
+             run `chmod 600 {}`",
+            path.display(),
+            path.display()
+        );
     }
 }

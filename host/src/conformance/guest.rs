@@ -142,7 +142,9 @@ pub async fn load_guest(subject: &GuestUnderTest) -> anyhow::Result<LoadedGuest>
         gcp: clouds.gcp.clone(),
         postgres: postgres.clone(),
         allow_force_push: false,
-        history: 0,
+        // The kit builds no host history; a guest that keeps versions by
+        // this setting (`postgres`) keeps some, for the history case.
+        history: 10,
         encryption: None,
         allow_git: allow_git.clone(),
         secrets: Vec::new(),

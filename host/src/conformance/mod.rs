@@ -93,14 +93,16 @@ pub async fn big_state<S: Storage>(
     result
 }
 
-/// Remove a workspace the kit or the bench wrote, saying so when that
-/// fails (it then stays in the storage under test). Storage that keeps
-/// history (git, S3 with versioning) keeps its versions regardless.
+/// Remove a workspace the kit or the bench wrote, saying so in the log
+/// when that fails (it then stays in the storage under test; a failing
+/// guest fails it once per case, so it is no line of the report). Storage
+/// that keeps history (git, S3 with versioning) keeps its versions
+/// regardless.
 pub async fn clean_up<S: Storage>(storage: &S, workspace: &str) {
     let _ = storage.force_unlock(workspace).await;
     match storage.delete_workspace(workspace).await {
         Ok(()) | Err(crate::backend::StorageError::NotFound) => {}
-        Err(e) => eprintln!("warning: could not remove workspace {workspace:?} the kit wrote: {e}"),
+        Err(e) => tracing::warn!("could not remove workspace {workspace:?} the kit wrote: {e}"),
     }
 }
 

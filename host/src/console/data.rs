@@ -106,7 +106,7 @@ pub fn installed<S: Storage>(
         })
 }
 
-fn storage_of<'a, S: Storage>(
+pub(super) fn storage_of<'a, S: Storage>(
     app: &'a App<S>,
     caller: &Caller,
     backend: &str,
@@ -149,7 +149,7 @@ pub async fn workspaces<S: Storage>(
 }
 
 /// The workspaces of `backend` the caller may read, sorted, each once.
-async fn readable_workspaces<S: Storage>(
+pub(super) async fn readable_workspaces<S: Storage>(
     storage: &S,
     caller: &Caller,
     backend: &str,
@@ -331,7 +331,7 @@ pub async fn versions<S: Storage>(
 }
 
 /// `id`'s bytes, or the current state's for `current`.
-async fn version_bytes<S: Storage>(
+pub(super) async fn version_bytes<S: Storage>(
     storage: &S,
     backend: &str,
     workspace: &str,

@@ -3,6 +3,7 @@
 //! and by output name. Reads Terraform's state JSON (format 4) with serde;
 //! anything else (an OpenTofu encrypted state, say) is not a diffable state.
 
+use super::changes::{InstanceChange, MAX_DETAILED, instance_change};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -18,6 +19,10 @@ pub struct StateDiff {
     pub changed: Vec<String>,
     /// Outputs added, removed or changed, by name.
     pub outputs_changed: Vec<String>,
+    /// The first [`MAX_DETAILED`] changed instances: their attributes that
+    /// differ, old and new, sensitive ones masked.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub details: Vec<InstanceChange>,
 }
 
 #[derive(Deserialize)]
@@ -45,10 +50,12 @@ struct Instance {
     index_key: Option<Value>,
     #[serde(default)]
     attributes: Value,
+    /// Terraform's marks of sensitive attributes, to mask them.
+    sensitive_attributes: Option<Value>,
 }
 
 /// Every resource instance of a state by address, with its attributes.
-fn instances(state: &State) -> BTreeMap<String, &Value> {
+fn instances(state: &State) -> BTreeMap<String, &Instance> {
     let mut all = BTreeMap::new();
     for resource in &state.resources {
         let mut base = String::new();
@@ -67,7 +74,7 @@ fn instances(state: &State) -> BTreeMap<String, &Value> {
                 Some(Value::String(key)) => format!("{base}[{}]", Value::String(key.clone())),
                 Some(key) => format!("{base}[{key}]"),
             };
-            all.insert(address, &instance.attributes);
+            all.insert(address, instance);
         }
     }
     all
@@ -97,10 +104,19 @@ pub fn diff(older: &[u8], newer: &[u8]) -> Result<StateDiff, String> {
     let (older, newer) = (parse(older)?, parse(newer)?);
     let (before, after) = (instances(&older), instances(&newer));
     let mut result = StateDiff::default();
-    for (address, attributes) in &after {
+    for (address, new) in &after {
         match before.get(address) {
             None => result.added.push(address.clone()),
-            Some(old) if old != attributes => result.changed.push(address.clone()),
+            Some(old) if old.attributes != new.attributes => {
+                if result.details.len() < MAX_DETAILED {
+                    result.details.push(instance_change(
+                        address,
+                        (&old.attributes, old.sensitive_attributes.as_ref()),
+                        (&new.attributes, new.sensitive_attributes.as_ref()),
+                    ));
+                }
+                result.changed.push(address.clone());
+            }
             Some(_) => {}
         }
     }
@@ -166,6 +182,10 @@ mod tests {
         assert_eq!(d.added, vec![r#"module.net.data.http.c["k"]"#]);
         assert_eq!(d.removed, vec!["terraform_data.a"]);
         assert_eq!(d.changed, vec!["terraform_data.b[1]"]);
+        assert_eq!(
+            d.details[0].attributes[0].new.as_deref(),
+            Some("\"CHANGED\"")
+        );
         assert_eq!(d.outputs_changed, vec!["o", "p"]);
     }
 

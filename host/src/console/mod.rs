@@ -14,11 +14,16 @@
 //! - `/ui/api/…` serves, as JSON, the data each page shows ([`data`]).
 
 mod audit;
+pub mod changes;
 pub mod data;
 pub mod diff;
 mod next;
 mod pages;
+pub mod search;
 mod session;
+mod state_pages;
+pub mod state_view;
+pub mod viewer;
 
 use next::{login_url, safe_next};
 
@@ -83,6 +88,16 @@ pub fn routes<S: Storage>(app: Arc<App<S>>, options: Options) -> Router {
             "/ui/backends/{backend}/{workspace}",
             get(versions_page::<S>),
         )
+        .route(
+            "/ui/backends/{backend}/{workspace}/state",
+            get(viewer::state_page::<S>),
+        )
+        .route(
+            "/ui/api/backends/{backend}/{workspace}/state",
+            get(viewer::state_json::<S>),
+        )
+        .route("/ui/search/{backend}", get(search::search_page::<S>))
+        .route("/ui/api/search/{backend}", get(search::search_json::<S>))
         .route(
             "/ui/backends/{backend}/{workspace}/force-unlock",
             post(force_unlock::<S>),
@@ -412,6 +427,13 @@ async fn workspaces_page<S: Storage>(
             (body)
         },
         false => body,
+    };
+    let body = maud::html! {
+        form #search method="get" action={ "/ui/search/" (backend) } {
+            label { "Which state holds " input name="q" placeholder="aws_s3_bucket.logs" required; }
+            button type="submit" { "Search" }
+        }
+        (body)
     };
     Ok(page(&format!("Workspaces of {backend}"), &visitor, body))
 }

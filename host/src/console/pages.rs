@@ -185,6 +185,7 @@ pub fn versions(
     let page = &listed.page;
     html! {
         p #history-source { "Versions: " (listed.history.describe()) "." }
+        p.links { a #view-state href={ (here) "/state" } { "What the current state holds" } }
         @if let Some((from, to, d)) = compared {
             section #diff {
                 h2 { "From " code { (from) } " to " code { (to) } }
@@ -195,6 +196,7 @@ pub fn versions(
                 (changes("removed", "Removed", &d.removed))
                 (changes("changed", "Changed", &d.changed))
                 (changes("outputs", "Outputs changed", &d.outputs_changed))
+                (super::state_pages::instance_changes(&d.details, d.changed.len()))
             }
         }
         form #compare method="get" action=(here) {
@@ -219,6 +221,8 @@ pub fn versions(
                         td { (size(v.bytes)) }
                         td {
                             a.compare href={ (here) "?from=" (query_value(&v.id)) "&to=current" } { "compare with current" }
+                            " · "
+                            a.view href={ (here) "/state?version=" (query_value(&v.id)) } { "view" }
                             @if admin {
                                 form.admin method="post" action={ (here) "/restore" } {
                                     input type="hidden" name="csrf" value=(viewer.csrf);

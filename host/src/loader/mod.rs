@@ -11,13 +11,16 @@
 //!    for, refusing a guest that asks for more ([`narrow`]);
 //! 4. **compile** (or map from the cache), **link** against the
 //!    capabilities granted, and let the guest **validate** its config
-//!    ([`crate::runtime::Runtime::load_backend`]).
+//!    ([`crate::runtime::Runtime::load_backend`]);
+//! 5. refuse a guest without a manifest that has nowhere to keep states
+//!    as configured ([`usable`]).
 //!
 //! The config (plain, validated data) comes in; a ready [`GuestBackend`]
 //! goes out. Nothing here serves requests.
 
 mod narrow;
 mod source;
+mod usable;
 
 pub use source::resolve;
 
@@ -122,6 +125,9 @@ pub async fn load_in(
     let loaded = runtime
         .load_backend(&backend, &wasm, &guest.sha256, dir.clone())
         .await?;
+    if ungranted == Ungranted::Refuse {
+        usable::check(&backend, &guest.info, &loaded, dir.as_deref()).await?;
+    }
     let signer = pass.signer(config, &guest.sha256);
     let description = describe(&backend, &guest.info, signer, &loaded, dir.as_deref());
     tracing::info!(

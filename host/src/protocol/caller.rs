@@ -104,6 +104,7 @@ impl Caller {
 
 fn verb(role: Role) -> &'static str {
     match role {
+        Role::Outputs => "read the outputs of",
         Role::Read => "read",
         Role::Write => "write to",
         Role::Admin => "administer",

@@ -31,6 +31,7 @@ pub use gate::{Gate, WorkspaceGates};
 pub(crate) use guard::write_unless_stale;
 pub use origin::OriginPolicy;
 pub use record::Answered;
+pub(crate) use state::shared_outputs;
 pub use workspaces::DEFAULT_WORKSPACE;
 
 use crate::audit::Operation;
@@ -409,7 +410,7 @@ async fn list_route<S: Storage>(
 ) -> Result<Response, ApiError> {
     let caller = app.identify(&headers, client).await?;
     let storage = app.storage(&backend)?;
-    caller.may(&backend, None, Role::Read)?;
+    caller.may(&backend, None, Role::Outputs)?;
     workspaces::list(&backend, storage, &caller).await
 }
 
@@ -490,6 +491,17 @@ async fn workspace_route<S: Storage>(
     .await
 }
 
+/// Where a request landed, when its path does not say (the TFE door's
+/// ids): a door sets it on its response, and the request log and metrics
+/// name that backend and workspace.
+#[derive(Debug, Clone)]
+pub struct LoggedAt {
+    /// The backend.
+    pub backend: String,
+    /// The workspace, or `-` for the backend itself.
+    pub workspace: String,
+}
+
 /// One log line per request (method, backend, workspace, status,
 /// duration), and the same in the request metrics.
 async fn log_request(
@@ -502,9 +514,17 @@ async fn log_request(
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let response = next.run(request).await;
-    let mut segments = path.trim_start_matches('/').split('/').skip(1);
-    let backend = segments.next().unwrap_or("-");
-    let workspace = segments.next().unwrap_or("-");
+    let mut segments = path.trim_start_matches('/').split('/');
+    // The TFE door's paths name ids and API words, not backends.
+    let own_path = !matches!(segments.next(), Some("api" | "_tfe"));
+    let (backend, workspace) = match response.extensions().get::<LoggedAt>() {
+        Some(at) => (at.backend.as_str(), at.workspace.as_str()),
+        None if own_path => (
+            segments.next().unwrap_or("-"),
+            segments.next().unwrap_or("-"),
+        ),
+        None => ("-", "-"),
+    };
     let elapsed = started.elapsed();
     let status = response.status().as_u16();
     tracing::info!(

@@ -119,8 +119,15 @@ async fn dispatch<S: Storage>(
         "UNLOCK" if force => Role::Admin,
         _ => Role::Write,
     };
-    if let Err(e) = may(role) {
+    // The outputs role reads a state without its resources.
+    let outputs_only = method == Method::GET
+        && !caller.allows(target.backend, Some(target.workspace), Role::Read)
+        && caller.allows(target.backend, Some(target.workspace), Role::Outputs);
+    if !outputs_only && let Err(e) = may(role) {
         return Err(refuse(operation, e).await);
+    }
+    if outputs_only {
+        return read_outputs(&app.bodies, target).await;
     }
     if method == Method::GET {
         return read(&app.bodies, target).await;
@@ -205,6 +212,49 @@ async fn read<S: Storage>(
         ))),
         Err(e) => Err(target.error(e)),
     }
+}
+
+/// The outputs role's GET: the state as [`shared_outputs`] leaves it.
+async fn read_outputs<S: Storage>(
+    bodies: &BodyBudget,
+    target: Target<'_, S>,
+) -> Result<Response, ApiError> {
+    let Some(state) = target
+        .storage
+        .read(target.workspace)
+        .await
+        .map_err(|e| target.error(e))?
+    else {
+        return Err(ApiError::not_found(format!(
+            "workspace {:?} has no state yet",
+            target.workspace
+        )));
+    };
+    bodies.answer(shared_outputs(&target, state).await?)
+}
+
+/// `state` of `target` reduced to what the outputs role sees
+/// ([`crate::statefile::outputs_only`]), parsed as the backend's host work
+/// (off the async workers); 403 when its outputs cannot be told apart.
+pub(crate) async fn shared_outputs<S: Storage>(
+    target: &Target<'_, S>,
+    state: Vec<u8>,
+) -> Result<Vec<u8>, ApiError> {
+    let shared = target
+        .storage
+        .host_work()
+        .run_over(state, crate::statefile::outputs_only)
+        .await
+        .map_err(|e| target.error(e.into()))?;
+    shared.map_err(|why| {
+        ApiError::Message(
+            StatusCode::FORBIDDEN,
+            format!(
+                "this caller may see only the outputs of {}/{}, and {why}: reading it needs the read role",
+                target.backend, target.workspace
+            ),
+        )
+    })
 }
 
 /// Terraform sends `Content-MD5: base64(md5(body))` with every write; a

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 pub const DEFAULT_WORKSPACE: &str = "default";
 
 /// `GET /workspaces/{backend}`: JSON list, `default` first, then sorted;
-/// only the workspaces the caller may read.
+/// only the workspaces the caller may read (or read the outputs of).
 pub async fn list<S: Storage>(
     backend: &str,
     storage: &S,
@@ -24,10 +24,10 @@ pub async fn list<S: Storage>(
         .list_workspaces()
         .await
         .map_err(|e| ApiError::from_storage(backend, e))?;
-    names.retain(|n| n != DEFAULT_WORKSPACE && caller.allows(backend, Some(n), Role::Read));
+    names.retain(|n| n != DEFAULT_WORKSPACE && caller.allows(backend, Some(n), Role::Outputs));
     names.sort();
     names.dedup();
-    if caller.allows(backend, Some(DEFAULT_WORKSPACE), Role::Read) {
+    if caller.allows(backend, Some(DEFAULT_WORKSPACE), Role::Outputs) {
         names.insert(0, DEFAULT_WORKSPACE.to_string());
     }
     Ok(Json(names).into_response())

@@ -9,7 +9,13 @@
 //! bytes. An entry that was swapped for another guest's, altered, or written
 //! by anyone without the key is compiled again, never run. Temporary files
 //! have random names, so replicas sharing a cache never collide.
+//!
+//! A miss is compiled in a child process ([`super::compiler`]) that writes
+//! the entry and exits; the server then loads it as on a warm start, so
+//! the memory the compiler used leaves with the child.
 
+use super::compiler::Child;
+use super::engine::EngineSettings;
 use anyhow::Context;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -60,6 +66,16 @@ impl CacheKey {
         }
     }
 
+    /// The key's bytes, for handing to a compiler child on its stdin.
+    pub(super) fn bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The key a compiler child was handed.
+    pub(super) fn from_bytes(bytes: [u8; 32]) -> CacheKey {
+        CacheKey(bytes)
+    }
+
     fn mac(&self, sha256: &str, artifact: &[u8]) -> Hmac<Sha256> {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("any key length");
         mac.update(sha256.as_bytes());
@@ -81,41 +97,87 @@ fn mac_path(artifact: &Path) -> PathBuf {
     artifact.with_extension("cwasm.mac")
 }
 
-/// Compile `wasm` (whose digest is `sha256`), or load its cached
-/// compilation from `dir` if it carries `key`'s MAC. A cache that cannot
-/// be read or written only costs time: it is reported and bypassed.
+/// Compile `wasm` (whose digest is `sha256`) for `engine` (built from
+/// `settings`), or load its cached compilation from `dir` if it carries
+/// `key`'s MAC. A miss is compiled in a child process; only where no child
+/// can be started, or it cannot write the cache, is it compiled here (and
+/// the log says so). A cache that cannot be read or written only costs
+/// time: it is reported and bypassed. A guest the child cannot compile is
+/// an error carrying the child's own message.
 pub fn compile(
     engine: &Engine,
+    settings: &EngineSettings,
     wasm: &[u8],
     sha256: &str,
     dir: &Path,
     key: &CacheKey,
 ) -> anyhow::Result<Component> {
     let path = artifact_path(engine, sha256, dir);
-    if let Some(artifact) = vouched(&path, sha256, key) {
-        // SAFETY: `deserialize` trusts its input to be wasmtime's own
-        // output. These bytes carry this host's MAC over the source's
-        // digest and the bytes themselves, so this host compiled them from
-        // exactly this component.
-        #[allow(unsafe_code)]
-        match unsafe { Component::deserialize(engine, &artifact) } {
-            Ok(component) => return Ok(component),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), "ignoring unusable compiled guest: {e:#}")
+    if let Some(component) = load(engine, &path, sha256, key) {
+        return Ok(component);
+    }
+    match super::compiler::in_child(settings, wasm, sha256, dir, key)? {
+        Child::Compiled => {
+            if let Some(component) = load(engine, &path, sha256, key) {
+                return Ok(component);
             }
+            tracing::warn!(
+                path = %path.display(),
+                "the compiler process's cache entry cannot be loaded (replaced meanwhile?): compiling in this process"
+            );
+        }
+        Child::Unavailable(why) => tracing::warn!(
+            "cannot start a compiler process ({why}): compiling in this process, which keeps the memory the compiler used"
+        ),
+        Child::CannotCache(why) => tracing::warn!(
+            path = %path.display(),
+            "could not cache compiled guest ({why}): compiling in this process, which keeps the memory the compiler used"
+        ),
+    }
+    compile_here(engine, wasm, sha256, &path, key)
+}
+
+/// The component cached at `path`, when it carries `key`'s MAC and loads.
+fn load(engine: &Engine, path: &Path, sha256: &str, key: &CacheKey) -> Option<Component> {
+    let artifact = vouched(path, sha256, key)?;
+    // SAFETY: `deserialize` trusts its input to be wasmtime's own
+    // output. These bytes carry this host's MAC over the source's
+    // digest and the bytes themselves, so this host (or its compiler
+    // child, handed the key) compiled them from exactly this component.
+    #[allow(unsafe_code)]
+    match unsafe { Component::deserialize(engine, &artifact) } {
+        Ok(component) => Some(component),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), "ignoring unusable compiled guest: {e:#}");
+            None
         }
     }
-    let artifact = engine
-        .precompile_component(wasm)
-        .map_err(anyhow::Error::from)
-        .context("not a valid WebAssembly component")?;
-    if let Err(e) = store(&path, sha256, &artifact, key) {
+}
+
+/// Compile in this process, caching the result at `path` when possible.
+fn compile_here(
+    engine: &Engine,
+    wasm: &[u8],
+    sha256: &str,
+    path: &Path,
+    key: &CacheKey,
+) -> anyhow::Result<Component> {
+    let artifact = precompile(engine, wasm)?;
+    if let Err(e) = store(path, sha256, &artifact, key) {
         tracing::warn!(path = %path.display(), "could not cache compiled guest: {e:#}");
     }
     // SAFETY: `artifact` was produced by `precompile_component` just above.
     #[allow(unsafe_code)]
     let component = unsafe { Component::deserialize(engine, &artifact) }?;
     Ok(component)
+}
+
+/// `wasm` compiled to machine code for `engine`, serialized.
+pub(super) fn precompile(engine: &Engine, wasm: &[u8]) -> anyhow::Result<Vec<u8>> {
+    engine
+        .precompile_component(wasm)
+        .map_err(anyhow::Error::from)
+        .context("not a valid WebAssembly component")
 }
 
 /// The cached bytes at `path`, when their MAC is ours.
@@ -137,7 +199,12 @@ fn vouched(path: &Path, sha256: &str, key: &CacheKey) -> Option<Vec<u8>> {
 
 /// Write atomically (random temp names + rename), so a concurrent reader or
 /// another replica never reads a half-written file; the MAC last.
-fn store(path: &Path, sha256: &str, artifact: &[u8], key: &CacheKey) -> anyhow::Result<()> {
+pub(super) fn store(
+    path: &Path,
+    sha256: &str,
+    artifact: &[u8],
+    key: &CacheKey,
+) -> anyhow::Result<()> {
     let dir = path.parent().context("cache path has no parent")?;
     std::fs::create_dir_all(dir)?;
     let write = |to: &Path, bytes: &[u8]| -> anyhow::Result<()> {
@@ -155,8 +222,16 @@ fn store(path: &Path, sha256: &str, artifact: &[u8], key: &CacheKey) -> anyhow::
 mod tests {
     use super::*;
 
+    fn settings() -> EngineSettings {
+        EngineSettings {
+            max_instances: 2,
+            max_memory_bytes: 64 << 20,
+            swap_possible: false,
+        }
+    }
+
     fn engine() -> Engine {
-        super::super::engine::build(2, 64 << 20, false).unwrap()
+        settings().build().unwrap()
     }
 
     fn key() -> CacheKey {
@@ -175,11 +250,27 @@ mod tests {
     fn a_second_load_maps_the_cached_artifact() {
         let dir = tempfile::tempdir().unwrap();
         let engine = engine();
-        compile(&engine, local_guest(), &digest(), dir.path(), &key()).unwrap();
+        compile(
+            &engine,
+            &settings(),
+            local_guest(),
+            &digest(),
+            dir.path(),
+            &key(),
+        )
+        .unwrap();
         let path = artifact_path(&engine, &digest(), dir.path());
         let first = std::fs::metadata(&path).unwrap().modified().unwrap();
 
-        compile(&engine, local_guest(), &digest(), dir.path(), &key()).unwrap();
+        compile(
+            &engine,
+            &settings(),
+            local_guest(),
+            &digest(),
+            dir.path(),
+            &key(),
+        )
+        .unwrap();
         let second = std::fs::metadata(&path).unwrap().modified().unwrap();
         assert_eq!(
             first, second,
@@ -200,7 +291,15 @@ mod tests {
         let engine = engine();
         let path = artifact_path(&engine, &digest(), dir.path());
         std::fs::write(&path, b"not machine code").unwrap();
-        compile(&engine, local_guest(), &digest(), dir.path(), &key()).unwrap();
+        compile(
+            &engine,
+            &settings(),
+            local_guest(),
+            &digest(),
+            dir.path(),
+            &key(),
+        )
+        .unwrap();
         assert_ne!(std::fs::read(&path).unwrap(), b"not machine code");
     }
 
@@ -208,13 +307,22 @@ mod tests {
     fn an_entry_without_our_mac_is_compiled_again_never_run() {
         let dir = tempfile::tempdir().unwrap();
         let engine = engine();
-        compile(&engine, local_guest(), &digest(), dir.path(), &key()).unwrap();
+        compile(
+            &engine,
+            &settings(),
+            local_guest(),
+            &digest(),
+            dir.path(),
+            &key(),
+        )
+        .unwrap();
         let path = artifact_path(&engine, &digest(), dir.path());
         let ours = std::fs::read(&path).unwrap();
         // Another host's key: its MAC does not verify, so the entry is
         // replaced by a fresh compilation (with a MAC that does).
         compile(
             &engine,
+            &settings(),
             local_guest(),
             &digest(),
             dir.path(),
@@ -231,7 +339,15 @@ mod tests {
     #[test]
     fn garbage_is_refused_with_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        let err = compile(&engine(), b"\0asm garbage", "garbage", dir.path(), &key()).unwrap_err();
+        let err = compile(
+            &engine(),
+            &settings(),
+            b"\0asm garbage",
+            "garbage",
+            dir.path(),
+            &key(),
+        )
+        .unwrap_err();
         assert!(
             format!("{err:#}").contains("not a valid WebAssembly component"),
             "{err:#}"

@@ -43,6 +43,32 @@ pub fn pool_resident_bytes(max_instances: u32) -> u64 {
         + n * ASYNC_STACK_BYTES as u64
 }
 
+/// What the engine is built from. The server and its compiler child
+/// ([`super::compiler`]) build theirs from the same settings with
+/// [`build`], so the child's machine code is what the server would have
+/// compiled (and its compatibility hash, in the cache entry's name, the
+/// same).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineSettings {
+    /// Instance pool slots.
+    pub max_instances: u32,
+    /// The largest linear memory of any backend.
+    pub max_memory_bytes: u64,
+    /// Whether this process's memory may be swapped (see [`build`]).
+    pub swap_possible: bool,
+}
+
+impl EngineSettings {
+    /// The engine these settings describe.
+    pub fn build(&self) -> anyhow::Result<Engine> {
+        build(
+            self.max_instances,
+            self.max_memory_bytes,
+            self.swap_possible,
+        )
+    }
+}
+
 /// Build the engine:
 /// - epoch interruption, so a guest in an endless loop is stopped at its
 ///   deadline (fuel would cost every instruction; epochs cost a check per

@@ -24,14 +24,13 @@
 //! budgets like a running one's. A backend that is not in use has none (a
 //! backend's load, with its config checked, is not a use).
 
-use super::guest::Shared;
 use super::limits::{MemoryLimiter, Refusal};
 use super::ready::Watch;
 use super::sandbox::{
     STDERR_CAPACITY, Sandbox, http_ctx, limit_store, resource_table, wasi_builder,
 };
+use super::shared::{Prepared, Shared};
 use super::turns::{Core, Slots, TurnHook};
-use super::versions::Guest;
 use super::{GUEST_DATA_DIR, OUTER_GRACE, outbound};
 use crate::backend::{StorageError, StorageResult};
 use futures_util::FutureExt;
@@ -60,9 +59,6 @@ pub(super) enum Next {
     /// Nothing (loading a backend is not using it).
     Nothing,
 }
-
-/// An instance made ahead of its call: no call has run in it yet.
-pub(super) type Prepared = (Store<Sandbox>, Guest);
 
 /// Hand `prepared` to a call that runs until `deadline` holding `slots`,
 /// with `memory_bytes` of linear memory at most.

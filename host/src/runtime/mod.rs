@@ -13,6 +13,7 @@ mod bindings;
 mod body;
 mod cache;
 mod chunks;
+mod compiler;
 mod crash;
 mod engine;
 mod fs;
@@ -26,11 +27,13 @@ mod postgres;
 pub mod quota;
 mod ready;
 mod sandbox;
+mod shared;
 pub mod system;
 mod text;
 pub mod turns;
 mod versions;
 
+pub use compiler::child_main_if_asked;
 pub use guest::GuestBackend;
 
 use crate::capabilities::aws::AwsSigner;
@@ -61,6 +64,8 @@ const LIFT_MARGIN_BYTES: usize = 1 << 20;
 pub struct Runtime {
     metrics: Arc<Metrics>,
     engine: Engine,
+    /// What `engine` was built from: a compiler child builds its own alike.
+    engine_settings: engine::EngineSettings,
     linker: Linker<Sandbox>,
     instances: Arc<Semaphore>,
     max_instances: u32,
@@ -113,7 +118,12 @@ impl Runtime {
             );
         }
         let ready = ready::ready_instances(config.max_instances);
-        let engine = engine::build(config.max_instances + ready, max_memory, swap)?;
+        let engine_settings = engine::EngineSettings {
+            max_instances: config.max_instances + ready,
+            max_memory_bytes: max_memory,
+            swap_possible: swap,
+        };
+        let engine = engine_settings.build()?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
         fs::add_to_linker(&mut linker)?;
@@ -128,6 +138,7 @@ impl Runtime {
             _ticker: engine::EpochTicker::start(engine.clone()),
             metrics,
             engine,
+            engine_settings,
             linker,
             instances: Arc::new(Semaphore::new(config.max_instances as usize)),
             max_instances: config.max_instances,
@@ -235,7 +246,7 @@ impl Runtime {
         );
         let guest = GuestBackend {
             description: Arc::default(),
-            shared: Arc::new(guest::Shared {
+            shared: Arc::new(shared::Shared {
                 contract: version,
                 metrics: self.metrics.clone(),
                 name: Arc::from(name.as_str()),
@@ -276,7 +287,7 @@ impl Runtime {
                 postgres: backend
                     .postgres
                     .as_ref()
-                    .map(|grant| self.databases.of(name, grant)),
+                    .map(|grant| self.databases.of(name, grant, backend.history)),
                 outbound: Arc::new(OutboundPolicy::new(
                     backend.allow_http.clone(),
                     backend.allow_http_addresses.clone(),
@@ -339,8 +350,14 @@ impl Runtime {
         if let Some(linked) = known(&self.compiled.lock().unwrap_or_else(|e| e.into_inner())) {
             return Ok(linked);
         }
-        let component =
-            cache::compile(&self.engine, wasm, sha256, &self.cache_dir, &self.cache_key)?;
+        let component = cache::compile(
+            &self.engine,
+            &self.engine_settings,
+            wasm,
+            sha256,
+            &self.cache_dir,
+            &self.cache_key,
+        )?;
         let exports: Vec<String> = component
             .component_type()
             .exports(&self.engine)

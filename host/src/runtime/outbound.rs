@@ -5,7 +5,7 @@
 //! lookup for DNS to answer differently), with TLS verified for the name.
 
 use crate::capabilities::aws::AwsSigner;
-use crate::capabilities::azure::AzureSigner;
+use crate::capabilities::azure::{self, AzureSigner};
 use crate::capabilities::gcp::{self, GcpAuth};
 use crate::policy::OutboundPolicy;
 use std::future::Future;
@@ -99,6 +99,10 @@ impl WasiHttpHooks for Outbound {
             let mut charged = Vec::new();
             let held = (&budgets, &mut charged);
             let mut starts = gcp::Authorized::Plain;
+            // An Azure request carrying an Entra ID token: the token, and
+            // the request again when it has no body (sent once more with a
+            // fresh token should Azure answer 401).
+            let mut bearer = None;
             let request = if let Some(aws) = aws {
                 let (parts, body) = request.into_parts();
                 let body = read_whole(body, limit, &backend, held).await?;
@@ -110,13 +114,17 @@ impl WasiHttpHooks for Outbound {
                         Error::InternalError(Some(reason))
                     })?;
                 request.map(full)
-            } else if let Some(azure) = azure {
+            } else if let Some(azure) = &azure {
                 use http_body::Body as _;
                 let (mut parts, body) = request.into_parts();
                 let length = body.size_hint().exact();
-                azure
-                    .authorize(&mut parts, length)
-                    .map_err(|reason| refused(&backend, "Azure", reason))?;
+                if let Some(token) = authorize_azure(azure, &mut parts, length, &backend).await? {
+                    let bodiless = matches!(
+                        parts.method,
+                        http::Method::GET | http::Method::HEAD | http::Method::DELETE
+                    ) || length == Some(0);
+                    bearer = Some((token, bodiless.then(|| copy_parts(&parts))));
+                }
                 http::Request::from_parts(parts, body)
             } else if let Some(gcp) = &gcp {
                 let (mut parts, body) = request.into_parts();
@@ -131,7 +139,28 @@ impl WasiHttpHooks for Outbound {
             } else {
                 request
             };
-            let (response, io) = super::pinned::send(request, options, &policy, &backend).await?;
+            let (mut response, mut io) =
+                super::pinned::send(request, options, &policy, &backend).await?;
+            // Azure answers 401 to a token it no longer takes (Azurite:
+            // 403 AuthenticationFailed; a missing role is another code).
+            let token_refused = response.status() == http::StatusCode::UNAUTHORIZED
+                || (response.status() == http::StatusCode::FORBIDDEN
+                    && response
+                        .headers()
+                        .get("x-ms-error-code")
+                        .is_some_and(|c| c == "AuthenticationFailed"));
+            if token_refused && let (Some(azure), Some((token, again))) = (&azure, bearer) {
+                // Revoked, or the clocks disagree: once more with a new one.
+                azure.token_refused(&token).await;
+                if let Some(mut parts) = again {
+                    tracing::info!(%backend, "Azure refused the Entra ID token; minting another");
+                    drop((response, io));
+                    authorize_azure(azure, &mut parts, Some(0), &backend).await?;
+                    let request = http::Request::from_parts(parts, full(bytes::Bytes::new()));
+                    (response, io) =
+                        super::pinned::send(request, options, &policy, &backend).await?;
+                }
+            }
             if starts == gcp::Authorized::StartsSession
                 && let (Some(gcp), Some(location)) = (&gcp, response.headers().get("location"))
             {
@@ -151,6 +180,35 @@ impl WasiHttpHooks for Outbound {
 fn refused(backend: &str, cloud: &str, reason: String) -> Error {
     tracing::warn!(backend, "refused to authorize a {cloud} request: {reason}");
     Error::HttpRequestDenied
+}
+
+/// Authorize an Azure request, or refuse it (out of scope) or fail it (no
+/// Entra ID token to be had: what to fix is logged and handed to the guest,
+/// which answers 503). The Entra ID token it carries, if any.
+async fn authorize_azure(
+    azure: &AzureSigner,
+    parts: &mut http::request::Parts,
+    length: Option<u64>,
+    backend: &str,
+) -> Result<Option<String>, Error> {
+    match azure.authorize(parts, length).await {
+        Ok(token) => Ok(token),
+        Err(azure::Refusal::OutOfScope(reason)) => Err(refused(backend, "Azure", reason)),
+        Err(azure::Refusal::NoToken(reason)) => {
+            tracing::warn!(backend, "{reason}");
+            Err(Error::InternalError(Some(reason)))
+        }
+    }
+}
+
+/// The head of a bodiless request, to send it again.
+fn copy_parts(parts: &http::request::Parts) -> http::request::Parts {
+    let mut copy = http::Request::new(()).into_parts().0;
+    copy.method = parts.method.clone();
+    copy.uri = parts.uri.clone();
+    copy.version = parts.version;
+    copy.headers = parts.headers.clone();
+    copy
 }
 
 /// Add the Google token to `parts`, or refuse it (out of scope) or fail it

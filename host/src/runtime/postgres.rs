@@ -7,6 +7,7 @@ use super::bindings::wasmstate::backend::types::LockInfo;
 use super::chunks::{StateSink, StateSource};
 use super::limits::{Budget, WASM_PAGE};
 use super::sandbox::Sandbox;
+use crate::capabilities::postgres::versions::Meta;
 use crate::capabilities::postgres::{Holder, PgError, PgStore, locks::Refusal};
 use std::sync::Arc;
 use wasmtime::component::Resource;
@@ -229,8 +230,16 @@ impl wit::Host for Sandbox {
             .map_err(|e| wit::PgError::Internal(format!("bad resource handle: {e}")))?
             .bytes()
             .clone();
+        // Its record for the version the write keeps (a digest of a big
+        // state is work for a blocking thread, not for this one).
+        let meta = {
+            let bytes = bytes.clone();
+            tokio::task::spawn_blocking(move || Meta::of(&bytes))
+                .await
+                .map_err(|e| wit::PgError::Internal(format!("reading the state's record: {e}")))?
+        };
         let text = as_text(&bytes);
-        let outcome = db.change(&name, Some(&text), lock_id.as_deref());
+        let outcome = db.change(&name, Some((&text, &meta)), lock_id.as_deref());
         Ok(until(self.core.deadline(), outcome).await?.map(refused))
     }
 
@@ -247,6 +256,48 @@ impl wit::Host for Sandbox {
     async fn create(&mut self, name: String, data: String) -> Result<bool, wit::PgError> {
         let db = self.database()?;
         until(self.core.deadline(), db.create(&name, &data)).await
+    }
+
+    async fn list_versions(
+        &mut self,
+        name: String,
+    ) -> Result<Option<Vec<wit::KeptVersion>>, wit::PgError> {
+        let db = self.database()?;
+        let listed = until(self.core.deadline(), db.list_versions(&name)).await?;
+        Ok(listed.map(|kept| {
+            kept.into_iter()
+                .map(|v| wit::KeptVersion {
+                    id: v.id,
+                    serial: v.serial,
+                    created_unix_ms: v.created_unix_ms,
+                    bytes: v.bytes,
+                })
+                .collect()
+        }))
+    }
+
+    async fn read_version(
+        &mut self,
+        name: String,
+        id: String,
+        into: Resource<StateSink>,
+    ) -> Result<bool, wit::PgError> {
+        let db = self.database()?;
+        // As `read_into`: the fetched text charged while it is held.
+        let mut held = Held::new(&self.outbound.budgets, usize::MAX);
+        let read = db.read_version(&name, &id, |bytes| held.admit(bytes));
+        let Some(data) = until(self.core.deadline(), read).await? else {
+            return Ok(false);
+        };
+        let bytes = from_text(&data)?;
+        self.charge_capability_sink(&into, bytes.len())
+            .map_err(wit::PgError::Internal)?;
+        let sink = self
+            .table
+            .get_mut(&into)
+            .map_err(|e| wit::PgError::Internal(format!("bad resource handle: {e}")))?;
+        sink.write(&bytes);
+        Ok(true)
     }
 
     async fn lock(

@@ -72,6 +72,33 @@ pub fn parse_output(id: &str) -> Option<(At, u64, String)> {
     Some((decode(at)?, serial.parse().ok()?, name))
 }
 
+/// The backend and workspace (`-` for none) an API path names, through
+/// its organization and workspace name or one of its ids: for the request
+/// log. Names are only checked for form, not existence.
+pub fn at_of_path(path: &str) -> Option<At> {
+    let rest = path.strip_prefix(super::API_PATH)?;
+    let mut parts = rest.split('/');
+    let at = match (parts.next()?, parts.next()?) {
+        ("organizations", org) => {
+            crate::names::check_name("backend", org).ok()?;
+            let workspace = match (parts.next(), parts.next()) {
+                (Some("workspaces"), Some(name))
+                    if crate::names::check_name("workspace", name).is_ok() =>
+                {
+                    name
+                }
+                _ => "-",
+            };
+            (org.to_string(), workspace.to_string())
+        }
+        ("workspaces", id) => parse_workspace(id)?,
+        ("state-versions", id) => parse_version(id)?.0,
+        ("state-version-outputs", id) => parse_output(id)?.0,
+        _ => return None,
+    };
+    Some(at)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,6 +121,23 @@ mod tests {
             parse_output(&o),
             Some((("prod".into(), "w".into()), 3, "db_password".into()))
         );
+    }
+
+    #[test]
+    fn paths_name_their_workspace_for_the_log() {
+        let ws = workspace("prod", "net");
+        let at = |p: &str| at_of_path(p);
+        let net = Some(("prod".to_string(), "net".to_string()));
+        assert_eq!(at(&format!("/api/v2/workspaces/{ws}/actions/lock")), net);
+        assert_eq!(at("/api/v2/organizations/prod/workspaces/net"), net);
+        let v = version("prod", "net", 3);
+        assert_eq!(at(&format!("/api/v2/state-versions/{v}/download")), net);
+        assert_eq!(
+            at("/api/v2/organizations/prod/entitlement-set"),
+            Some(("prod".into(), "-".into()))
+        );
+        assert_eq!(at("/api/v2/ping"), None);
+        assert_eq!(at("/states/prod/net"), None);
     }
 
     #[test]

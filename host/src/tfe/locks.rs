@@ -38,13 +38,9 @@ pub(super) async fn lock<S: Storage>(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, TfeError> {
-    let caller = tfe.caller(&headers, client).await?;
-    let (org, name) = tfe.by_id(&caller, &id).await?;
-    let at = (org.as_str(), name.as_str());
-    tfe.app
-        .permit(&caller, at, Role::Write, Operation::Lock)
+    let (caller, (org, name)) = tfe
+        .permitted(&headers, client, &id, Role::Write, Operation::Lock)
         .await?;
-    tfe.app.refuse_while_draining()?;
     let body = tfe.app.read_body_up_to(body, SMALL_BODY).await?;
     let reason = if body.iter().all(u8::is_ascii_whitespace) {
         None
@@ -89,13 +85,9 @@ pub(super) async fn unlock<S: Storage>(
     client: Client,
     headers: HeaderMap,
 ) -> Result<Response, TfeError> {
-    let caller = tfe.caller(&headers, client).await?;
-    let (org, name) = tfe.by_id(&caller, &id).await?;
-    let at = (org.as_str(), name.as_str());
-    tfe.app
-        .permit(&caller, at, Role::Write, Operation::Unlock)
+    let (caller, (org, name)) = tfe
+        .permitted(&headers, client, &id, Role::Write, Operation::Unlock)
         .await?;
-    tfe.app.refuse_while_draining()?;
     let who = principal(&caller);
     let holder = caller.clone();
     tfe.app
@@ -154,13 +146,9 @@ pub(super) async fn force_unlock<S: Storage>(
     client: Client,
     headers: HeaderMap,
 ) -> Result<Response, TfeError> {
-    let caller = tfe.caller(&headers, client).await?;
-    let (org, name) = tfe.by_id(&caller, &id).await?;
-    let at = (org.as_str(), name.as_str());
-    tfe.app
-        .permit(&caller, at, Role::Admin, Operation::ForceUnlock)
+    let (caller, (org, name)) = tfe
+        .permitted(&headers, client, &id, Role::Admin, Operation::ForceUnlock)
         .await?;
-    tfe.app.refuse_while_draining()?;
     let holder = caller.clone();
     tfe.app
         .change(&org, &name, move |app, backend, workspace| async move {

@@ -16,6 +16,13 @@
 //! backend learns nothing. Routes not served answer a JSON:API 404 (never
 //! a 5xx: terraform retries those for minutes). Every answer under
 //! `/api/v2` carries `TFP-API-Version`, which the cloud block requires.
+//!
+//! A caller with only the `outputs` role on a workspace sees it exist, its
+//! current state version, its outputs that are not sensitive, and a
+//! download of its state without resources
+//! ([`crate::statefile::outputs_only`]): what `terraform_remote_state`
+//! and the `tfe_outputs` data source need. Every other use needs `read`
+//! or more.
 
 mod discovery;
 mod ids;
@@ -27,10 +34,11 @@ mod states;
 mod uploads;
 mod workspaces;
 
+use crate::audit::Operation;
 use crate::auth::Role;
 use crate::backend::Storage;
 use crate::listen::ClientAddr;
-use crate::protocol::{App, Caller};
+use crate::protocol::{App, Caller, LoggedAt};
 use axum::Router;
 use axum::extract::Extension;
 use axum::http::{HeaderMap, HeaderValue, header};
@@ -71,11 +79,69 @@ pub struct Tfe<S> {
     secure: bool,
 }
 
-/// The routes of the TFE door, to merge beside the http door's.
-pub fn routes<S: Storage>(app: Arc<App<S>>, options: Options) -> Router {
+/// The TFE door: its routes, and what it must learn of the http door.
+pub struct Door {
+    /// The routes, to merge beside the http door's.
+    pub routes: Router,
+    meta: Arc<meta::MetaStore>,
+}
+
+impl Door {
+    /// `router` (the http door, with this door's routes merged in), told
+    /// to forget a workspace's TFE metadata when the http door deletes the
+    /// workspace: created again, it must not come back with the old tags
+    /// (which cloud blocks select by). The http door is the lower layer and
+    /// knows nothing of this one, so this door watches its answers.
+    pub fn around(&self, router: Router) -> Router {
+        router.layer(axum::middleware::from_fn_with_state(
+            self.meta.clone(),
+            forget_deleted,
+        ))
+    }
+}
+
+/// After a 2xx `DELETE /workspaces/{backend}/{workspace}` (the http door),
+/// forget the workspace's metadata.
+async fn forget_deleted(
+    axum::extract::State(meta): axum::extract::State<Arc<meta::MetaStore>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let deleted = (request.method() == axum::http::Method::DELETE)
+        .then(|| {
+            let mut parts = request.uri().path().trim_start_matches('/').split('/');
+            match (parts.next(), parts.next(), parts.next(), parts.next()) {
+                // Decoded as the route decodes them (`n%65t` is `net`).
+                (Some("workspaces"), Some(backend), Some(workspace), None) => {
+                    let decode = |part: &str| {
+                        percent_encoding::percent_decode_str(part)
+                            .decode_utf8()
+                            .ok()
+                            .map(|p| p.into_owned())
+                    };
+                    decode(backend).zip(decode(workspace))
+                }
+                _ => None,
+            }
+        })
+        .flatten();
+    let response = next.run(request).await;
+    if let Some((backend, workspace)) = deleted
+        && response.status().is_success()
+        && let Err(e) = meta.remove(&backend, &workspace).await
+    {
+        tracing::warn!(error = %e, "workspace deleted at the http door; forgetting its tags failed");
+    }
+    response
+}
+
+/// The TFE door, to merge beside the http door ([`Door::routes`]) and
+/// wrap around it ([`Door::around`]).
+pub fn routes<S: Storage>(app: Arc<App<S>>, options: Options) -> Door {
+    let meta = Arc::new(meta::MetaStore::open(options.data_dir));
     let tfe = Arc::new(Tfe {
         app,
-        meta: Arc::new(meta::MetaStore::open(options.data_dir)),
+        meta: meta.clone(),
         uploads: uploads::Uploads::default(),
         secure: options.secure,
     });
@@ -145,12 +211,36 @@ pub fn routes<S: Storage>(app: Arc<App<S>>, options: Options) -> Router {
         .route("/api/v2/{*rest}", any(unknown))
         .layer(axum::middleware::from_fn(require_jsonapi))
         .layer(axum::middleware::map_response(api_version))
+        .layer(axum::middleware::from_fn_with_state(
+            tfe.clone(),
+            attribute::<S>,
+        ))
         .with_state(tfe.clone());
-    Router::new()
+    let routes = Router::new()
         .route("/.well-known/terraform.json", get(discovery::services))
         .route(UPLOAD_PATH, put(states::upload::<S>))
         .with_state(tfe)
-        .merge(api)
+        .merge(api);
+    Door { routes, meta }
+}
+
+/// Name the backend and workspace a request's path names through its ids
+/// on its answer ([`LoggedAt`]), for the request log and metrics; only a
+/// backend that exists (a forged id must not mint metric labels).
+async fn attribute<S: Storage>(
+    axum::extract::State(tfe): axum::extract::State<Arc<Tfe<S>>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let at = ids::at_of_path(request.uri().path())
+        .filter(|(backend, _)| tfe.app.backends.contains_key(backend));
+    let mut response = next.run(request).await;
+    if let Some((backend, workspace)) = at {
+        response
+            .extensions_mut()
+            .insert(LoggedAt { backend, workspace });
+    }
+    response
 }
 
 /// Every answer under `/api/v2` names the API version (a 401 without it
@@ -212,19 +302,19 @@ impl<S: Storage> Tfe<S> {
     /// otherwise the same 404 as for one that does not exist.
     fn organization(&self, caller: &Caller, org: &str) -> Result<&S, TfeError> {
         match self.app.backends.get(org) {
-            Some(storage) if caller.allows(org, None, Role::Read) => Ok(storage),
+            Some(storage) if caller.allows(org, None, Role::Outputs) => Ok(storage),
             _ => Err(TfeError::not_found(format!(
                 "organization {org:?} not found (an organization is a wasmstate backend this token may read)"
             ))),
         }
     }
 
-    /// `org`/`name` when the caller may read it (404 otherwise, whether it
-    /// exists or not), and whether it exists.
+    /// `org`/`name` when the caller may read it, or its outputs (404
+    /// otherwise, whether it exists or not), and whether it exists.
     async fn visible(&self, caller: &Caller, org: &str, name: &str) -> Result<bool, TfeError> {
         let storage = self.organization(caller, org)?;
         if crate::names::check_name("workspace", name).is_err()
-            || !caller.allows(org, Some(name), Role::Read)
+            || !caller.allows(org, Some(name), Role::Outputs)
         {
             return Err(workspace_not_found(org, name));
         }
@@ -252,6 +342,27 @@ impl<S: Storage> Tfe<S> {
         Ok((org, name))
     }
 
+    /// The caller and the workspace id `id` names, when the caller may
+    /// act as `role` on it (a refusal recorded as `operation` refused, as
+    /// at the http door) and the server is not stopping: the first steps
+    /// of every change made through a workspace id.
+    async fn permitted(
+        &self,
+        headers: &HeaderMap,
+        client: Client,
+        id: &str,
+        role: Role,
+        operation: Operation,
+    ) -> Result<(Caller, ids::At), TfeError> {
+        let caller = self.caller(headers, client).await?;
+        let (org, name) = self.by_id(&caller, id).await?;
+        self.app
+            .permit(&caller, (&org, &name), role, operation)
+            .await?;
+        self.app.refuse_while_draining()?;
+        Ok((caller, (org, name)))
+    }
+
     /// `scheme://host` of this request, for the absolute URLs terraform
     /// needs (uploads). The `Host` was checked by the origin guard.
     fn base(&self, headers: &HeaderMap) -> String {
@@ -266,6 +377,12 @@ impl<S: Storage> Tfe<S> {
 
 fn workspace_not_found(org: &str, name: &str) -> TfeError {
     TfeError::not_found(format!("workspace {org}/{name} not found"))
+}
+
+/// Whether `caller` sees all of `org`/`name`'s state, not only its
+/// outputs that are not sensitive (the `outputs` role).
+fn sees_all(caller: &Caller, org: &str, name: &str) -> bool {
+    caller.allows(org, Some(name), Role::Read)
 }
 
 /// The name the TFE door knows a caller by (its locks carry it).

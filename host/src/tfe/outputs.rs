@@ -1,10 +1,12 @@
 //! Outputs of the current state: listed with sensitive values left out
 //! (`null`), and one at a time with its value, which is what terraform asks
-//! for each sensitive output it shows. Both need the read role, like the
-//! state itself.
+//! for each sensitive output it shows. The `outputs` role sees the outputs
+//! that are not sensitive and nothing of the sensitive ones (they are left
+//! out of its list, and refused one at a time), as its state download
+//! leaves them out.
 
 use super::jsonapi::{self, OutputAttributes, Resource, Single, TfeError};
-use super::{Client, Tfe, ids};
+use super::{Client, Tfe, ids, sees_all};
 use crate::backend::Storage;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
@@ -123,10 +125,12 @@ pub(super) async fn list<S: Storage>(
 ) -> Result<Response, TfeError> {
     let caller = tfe.caller(&headers, client).await?;
     let (org, name) = tfe.by_id(&caller, &id).await?;
+    let all = sees_all(&caller, &org, &name);
     let found: Vec<Output> = match outputs(&tfe, &org, &name).await? {
         None => Vec::new(),
         Some((serial, outputs)) => outputs
             .into_iter()
+            .filter(|(_, o)| all || !o.sensitive)
             .map(|(output, o)| document(&org, &name, serial, output, o, false))
             .collect(),
     };
@@ -157,6 +161,14 @@ pub(super) async fn read<S: Storage>(
     let Some(o) = outputs.remove(&output).filter(|_| current == serial) else {
         return Err(gone());
     };
+    if o.sensitive && !sees_all(&caller, &org, &name) {
+        return Err(TfeError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            format!(
+                "output {output:?} of {org}/{name} is sensitive: the outputs role does not see sensitive values (it needs the read role)"
+            ),
+        ));
+    }
     let doc = document(&org, &name, serial, output.clone(), o, true);
     Ok(jsonapi::json(&Single { data: doc }))
 }

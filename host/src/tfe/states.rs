@@ -12,13 +12,17 @@
 //! Only the current state has a version id here (`sv-…` names a
 //! workspace and a serial); the history of earlier states is at the http
 //! door (`GET /states/{backend}/{workspace}/versions`).
+//!
+//! The `outputs` role finds the current version and downloads the state
+//! without its resources or sensitive outputs; it reads no version
+//! document and creates none.
 
 use super::jsonapi::{
     self, Incoming, Resource, Single, StateVersionAttributes, StateVersionInput, TfeError,
 };
 use super::locks::held_by;
-use super::uploads::Kind;
-use super::{Client, Tfe, UPLOAD_PATH, ids, principal};
+use super::uploads::{Full, Kind};
+use super::{Client, Tfe, UPLOAD_PATH, ids, principal, sees_all};
 use crate::audit::{Facts, Operation, StateVersion};
 use crate::auth::Role;
 use crate::backend::Storage;
@@ -85,13 +89,10 @@ pub(super) async fn create<S: Storage>(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, TfeError> {
-    let caller = tfe.caller(&headers, client).await?;
-    let (org, name) = tfe.by_id(&caller, &id).await?;
-    let at = (org.as_str(), name.as_str());
-    tfe.app
-        .permit(&caller, at, Role::Write, Operation::Write)
+    let (caller, (org, name)) = tfe
+        .permitted(&headers, client, &id, Role::Write, Operation::Write)
         .await?;
-    tfe.app.refuse_while_draining()?;
+    let at = (org.as_str(), name.as_str());
     let (body, held) = tfe.app.read_body(body).await?;
     let input = jsonapi::parse::<Incoming<StateVersionInput>>(&body)?
         .data
@@ -152,15 +153,36 @@ pub(super) async fn create<S: Storage>(
             });
         }
     };
+    let who = principal(&caller);
     let (pending, raw, json) = tfe
         .uploads
         .create((org.clone(), name.clone()), caller, serial, md5, lock_id)
-        .ok_or_else(|| {
-            TfeError::from(ApiError::RetryAfter(
-                StatusCode::SERVICE_UNAVAILABLE,
-                5,
-                "too many state uploads are pending on this server; retry shortly".into(),
-            ))
+        .map_err(|full| {
+            TfeError::from(match full {
+                Full::Server => ApiError::RetryAfter(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    5,
+                    "too many state uploads are pending on this server; retry shortly".into(),
+                ),
+                Full::Workspace(wait) => ApiError::RetryAfter(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    wait.as_secs().max(1),
+                    format!(
+                        "{} state versions of workspace {org}/{name} are waiting for their upload; upload one (PUT its hosted-state-upload-url) or wait {} s for the oldest to expire; nothing was created",
+                        super::uploads::MAX_PENDING_PER_WORKSPACE,
+                        wait.as_secs().max(1)
+                    ),
+                ),
+                Full::Principal(wait) => ApiError::RetryAfter(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    wait.as_secs().max(1),
+                    format!(
+                        "{} state versions created by {who} are waiting for their upload; upload one (PUT its hosted-state-upload-url) or wait {} s for the oldest to expire; nothing was created",
+                        super::uploads::MAX_PENDING_PER_PRINCIPAL,
+                        wait.as_secs().max(1)
+                    ),
+                ),
+            })
         })?;
     let base = tfe.base(&headers);
     let doc: Version = Resource {
@@ -353,12 +375,30 @@ pub(super) async fn upload<S: Storage>(
     State(tfe): State<Arc<Tfe<S>>>,
     Query(Capability { capability }): Query<Capability>,
     body: Body,
-) -> Result<Response, TfeError> {
+) -> Response {
     let Some((pending, kind)) = tfe.uploads.redeem(&capability) else {
-        return Err(TfeError::not_found(
+        return TfeError::not_found(
             "this upload URL is unknown, used or expired; run the terraform command again",
-        ));
+        )
+        .into_response();
     };
+    // The request log names the workspace (the path names none).
+    let (backend, workspace) = pending.at.clone();
+    let mut answer = upload_to(&tfe, pending, kind, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response);
+    answer
+        .extensions_mut()
+        .insert(crate::protocol::LoggedAt { backend, workspace });
+    answer
+}
+
+async fn upload_to<S: Storage>(
+    tfe: &Tfe<S>,
+    pending: super::uploads::Pending,
+    kind: Kind,
+    body: Body,
+) -> Result<Response, TfeError> {
     if kind == Kind::Json {
         // Terraform's JSON rendering of the state: read and not kept.
         tfe.app.read_body(body).await?;
@@ -370,7 +410,7 @@ pub(super) async fn upload<S: Storage>(
         check_md5(&state, &pending.md5)?;
         let (org, name) = &pending.at;
         let bound = Some(pending.lock_id.clone());
-        write(&tfe, pending.caller.clone(), org, name, state, held, bound).await
+        write(tfe, pending.caller.clone(), org, name, state, held, bound).await
     }
     .await;
     tfe.uploads.settle(
@@ -396,6 +436,7 @@ pub(super) async fn read<S: Storage>(
     if let Some(pending) = tfe.uploads.get(&id) {
         let (org, name) = &pending.at;
         tfe.existing(&caller, org, name).await?;
+        caller.may(org, Some(name), Role::Read)?;
         let doc: Version = Resource {
             id: pending.id,
             kind: "state-versions",
@@ -413,6 +454,7 @@ pub(super) async fn read<S: Storage>(
     let ((org, name), serial) =
         ids::parse_version(&id).ok_or_else(|| TfeError::not_found("no such state version"))?;
     tfe.existing(&caller, &org, &name).await?;
+    caller.may(&org, Some(&name), Role::Read)?;
     let target = tfe.app.target(&org, &name)?;
     let stored = crate::backend::stored_version(target.storage, &name)
         .await
@@ -431,7 +473,9 @@ fn superseded(id: &str) -> TfeError {
 }
 
 /// `GET state-versions/{id}/download`: the raw state (opened, checked for
-/// rollbacks, as the http door's GET), while it is at the id's serial.
+/// rollbacks, as the http door's GET), while it is at the id's serial;
+/// for the `outputs` role, the same state without resources or
+/// sensitive outputs, as the http door's GET serves that role.
 pub(super) async fn download<S: Storage>(
     State(tfe): State<Arc<Tfe<S>>>,
     Path(id): Path<String>,
@@ -455,7 +499,13 @@ pub(super) async fn download<S: Storage>(
     if found != Some(serial) {
         return Err(superseded(&id));
     }
-    Ok(tfe.app.bodies.answer(Vec::from(state))?)
+    let state = Vec::from(state);
+    let state = if sees_all(&caller, &org, &name) {
+        state
+    } else {
+        crate::protocol::shared_outputs(&target, state).await?
+    };
+    Ok(tfe.app.bodies.answer(state)?)
 }
 
 /// The state back, and its serial: from its first bytes, or parsed whole

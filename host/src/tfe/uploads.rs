@@ -17,6 +17,28 @@ pub const LIFETIME: Duration = Duration::from_secs(300);
 /// few hundred bytes; the rest are refused until some are used or expire).
 const MAX_PENDING: usize = 4096;
 
+/// At most this many of them for one workspace, so that one lock holder
+/// cannot take the whole server's room (terraform has one at a time).
+pub const MAX_PENDING_PER_WORKSPACE: usize = 16;
+
+/// At most this many of them for one principal (a user or token name),
+/// so that one caller cannot take the whole server's room through many
+/// workspaces either.
+pub const MAX_PENDING_PER_PRINCIPAL: usize = 64;
+
+/// Why no version was created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Full {
+    /// The server has [`MAX_PENDING`] pending.
+    Server,
+    /// The workspace has [`MAX_PENDING_PER_WORKSPACE`]; the oldest
+    /// expires after this long.
+    Workspace(Duration),
+    /// The caller has [`MAX_PENDING_PER_PRINCIPAL`]; the oldest expires
+    /// after this long.
+    Principal(Duration),
+}
+
 /// What an upload URL is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -69,7 +91,8 @@ fn random_hex() -> String {
 
 impl Uploads {
     /// A new pending version and its two upload secrets (raw, JSON);
-    /// `None` when too many are pending.
+    /// refused when too many are pending on the server, for its workspace
+    /// or for its caller.
     pub fn create(
         &self,
         at: super::ids::At,
@@ -77,14 +100,56 @@ impl Uploads {
         serial: i64,
         md5: [u8; 16],
         lock_id: String,
-    ) -> Option<(Pending, String, String)> {
+    ) -> Result<(Pending, String, String), Full> {
         let mut inner = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         inner.versions.retain(|_, v| v.expires > now);
         let Inner { secrets, versions } = &mut *inner;
+        // Finalized and discarded ones stay (for their reads, and for the
+        // JSON upload terraform sends beside the raw one) but hold no raw
+        // upload any more: when room runs short they make room, so that
+        // creating versions and spoiling their uploads in a loop cannot
+        // fill the server. Those with no upload outstanding go first,
+        // then the oldest (a JSON upload comes within moments of its raw
+        // one).
+        if versions.len() >= MAX_PENDING {
+            let outstanding: std::collections::HashSet<&String> =
+                secrets.values().map(|(id, _)| id).collect();
+            let mut settled: Vec<(bool, Instant, String)> = versions
+                .iter()
+                .filter(|(_, v)| v.status != "pending")
+                .map(|(id, v)| (outstanding.contains(id), v.expires, id.clone()))
+                .collect();
+            settled.sort_unstable();
+            let excess = versions.len() + 1 - MAX_PENDING;
+            for (_, _, id) in settled.into_iter().take(excess) {
+                versions.remove(&id);
+            }
+        }
         secrets.retain(|_, (id, _)| versions.contains_key(id));
-        if inner.versions.len() >= MAX_PENDING {
-            return None;
+        if versions.len() >= MAX_PENDING {
+            return Err(Full::Server);
+        }
+        // Only pending ones count against a workspace or a principal.
+        let who = super::principal(&caller);
+        let waiting = |mine: &dyn Fn(&Pending) -> bool| {
+            versions
+                .values()
+                .filter(|v| v.status == "pending" && mine(v))
+                .fold((0, None), |(n, oldest): (usize, Option<Instant>), v| {
+                    (n + 1, Some(oldest.map_or(v.expires, |o| o.min(v.expires))))
+                })
+        };
+        let wait = |oldest: Option<Instant>| {
+            oldest.map_or(LIFETIME, |o: Instant| o.saturating_duration_since(now))
+        };
+        let (count, oldest) = waiting(&|v| v.at == at);
+        if count >= MAX_PENDING_PER_WORKSPACE {
+            return Err(Full::Workspace(wait(oldest)));
+        }
+        let (count, oldest) = waiting(&|v| super::principal(&v.caller) == who);
+        if count >= MAX_PENDING_PER_PRINCIPAL {
+            return Err(Full::Principal(wait(oldest)));
         }
         let pending = Pending {
             id: format!("svp-{}", &random_hex()[..32]),
@@ -104,7 +169,7 @@ impl Uploads {
             .secrets
             .insert(json.clone(), (pending.id.clone(), Kind::Json));
         inner.versions.insert(pending.id.clone(), pending.clone());
-        Some((pending, raw, json))
+        Ok((pending, raw, json))
     }
 
     /// Use `secret` (once): its version, unexpired, and what it uploads.
@@ -160,5 +225,30 @@ mod tests {
         assert!(uploads.redeem(&json).is_none());
         assert!(uploads.redeem("guess").is_none());
         assert_eq!(uploads.get(&pending.id).unwrap().status, "finalized");
+    }
+
+    #[test]
+    fn one_workspace_cannot_take_every_pending_upload() {
+        let uploads = Uploads::default();
+        let caller = crate::protocol::Caller::from_identity(None);
+        let create = |ws: &str| {
+            uploads.create(
+                ("b".into(), ws.into()),
+                caller.clone(),
+                1,
+                [0; 16],
+                "L".into(),
+            )
+        };
+        for _ in 0..MAX_PENDING_PER_WORKSPACE {
+            create("w").unwrap();
+        }
+        assert!(matches!(create("w"), Err(Full::Workspace(wait)) if wait <= LIFETIME));
+        // Another workspace still has room; an upload frees one.
+        let (_, raw, _) = create("v").unwrap();
+        assert!(uploads.redeem(&raw).is_some());
+        let (first, ..) = create("v").unwrap();
+        uploads.settle(&first.id, "finalized");
+        assert!(create("v").is_ok());
     }
 }

@@ -1,5 +1,6 @@
 //! Workspaces: list (by name and tags, paged), create, read by name or
-//! id, update (tags, terraform-version), delete and safe-delete.
+//! id; update (tags, terraform-version) in [`update`], delete and
+//! safe-delete in [`delete`].
 //!
 //! Which workspaces exist is what the backend's storage lists, so every
 //! replica agrees; tags and terraform-version are this replica's
@@ -12,14 +13,20 @@ use super::jsonapi::{
 use super::{Client, Tfe, ids};
 use crate::audit::{Facts, Operation};
 use crate::auth::Role;
-use crate::backend::{Storage, StorageError};
+use crate::backend::Storage;
 use crate::protocol::{ApiError, Caller};
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+
+mod delete;
+mod update;
+
+pub(super) use delete::{delete_by_id, delete_by_name, safe_delete_by_id, safe_delete_by_name};
+pub(super) use update::{add_tags, remove_tags, update_by_id, update_by_name};
 
 /// A workspace document.
 pub(super) type Workspace = Resource<WorkspaceAttributes, WorkspaceRelationships>;
@@ -95,7 +102,8 @@ pub(super) async fn current<S: Storage>(
 
 /// `GET organizations/{org}/workspaces`: `search[name]` (part of the
 /// name), `search[tags]` (comma-separated, all required), `page[number]`,
-/// `page[size]`; only the workspaces the caller may read.
+/// `page[size]`; only the workspaces the caller may read (or read the
+/// outputs of).
 pub(super) async fn list<S: Storage>(
     State(tfe): State<Arc<Tfe<S>>>,
     Path(org): Path<String>,
@@ -135,7 +143,7 @@ pub(super) async fn list<S: Storage>(
     names.dedup();
     let found: Vec<Workspace> = names
         .iter()
-        .filter(|n| caller.allows(&org, Some(n), Role::Read) && n.contains(search))
+        .filter(|n| caller.allows(&org, Some(n), Role::Outputs) && n.contains(search))
         .map(|n| document(&tfe, &caller, &org, n, None))
         .filter(|w| {
             tags.iter()
@@ -336,271 +344,9 @@ pub(super) async fn read_by_id<S: Storage>(
     Ok(jsonapi::json(&Single { data: doc }))
 }
 
-/// `PATCH organizations/{org}/workspaces/{name}`.
-pub(super) async fn update_by_name<S: Storage>(
-    State(tfe): State<Arc<Tfe<S>>>,
-    Path((org, name)): Path<(String, String)>,
-    client: Client,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, TfeError> {
-    let caller = tfe.caller(&headers, client).await?;
-    tfe.existing(&caller, &org, &name).await?;
-    update(&tfe, &caller, &org, &name, body).await
-}
-
-/// `PATCH workspaces/{id}`.
-pub(super) async fn update_by_id<S: Storage>(
-    State(tfe): State<Arc<Tfe<S>>>,
-    Path(id): Path<String>,
-    client: Client,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, TfeError> {
-    let caller = tfe.caller(&headers, client).await?;
-    let (org, name) = tfe.by_id(&caller, &id).await?;
-    update(&tfe, &caller, &org, &name, body).await
-}
-
-/// Set terraform-version (the cloud block sends its own right after a
-/// create); a rename is refused, other attributes are not kept.
-async fn update<S: Storage>(
-    tfe: &Tfe<S>,
-    caller: &Caller,
-    org: &str,
-    name: &str,
-    body: Body,
-) -> Result<Response, TfeError> {
-    caller.may(org, Some(name), Role::Write)?;
-    let body = tfe.app.read_body_up_to(body, SMALL_BODY).await?;
-    let doc: Incoming<WorkspaceInput> = jsonapi::parse(&body)?;
-    let input = doc.data.attributes.unwrap_or_default();
-    if input.name.as_deref().is_some_and(|n| n != name) {
-        return Err(TfeError::invalid(
-            "workspaces cannot be renamed here; create a new one and `terraform state push` into it",
-        ));
-    }
-    if let Some(version) = input.terraform_version {
-        check_version(&version)?;
-        saved(
-            tfe.meta
-                .update(org, name, move |meta| {
-                    meta.terraform_version = Some(version);
-                })
-                .await,
-        )?;
-    }
-    let doc = current(tfe, caller, org, name).await?;
-    Ok(jsonapi::json(&Single { data: doc }))
-}
-
-/// `POST workspaces/{id}/relationships/tags`: add tags.
-pub(super) async fn add_tags<S: Storage>(
-    State(tfe): State<Arc<Tfe<S>>>,
-    Path(id): Path<String>,
-    client: Client,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, TfeError> {
-    change_tags(&tfe, &id, client, &headers, body, true).await
-}
-
-/// `DELETE workspaces/{id}/relationships/tags`: remove tags.
-pub(super) async fn remove_tags<S: Storage>(
-    State(tfe): State<Arc<Tfe<S>>>,
-    Path(id): Path<String>,
-    client: Client,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, TfeError> {
-    change_tags(&tfe, &id, client, &headers, body, false).await
-}
-
-async fn change_tags<S: Storage>(
-    tfe: &Tfe<S>,
-    id: &str,
-    client: Client,
-    headers: &HeaderMap,
-    body: Body,
-    add: bool,
-) -> Result<Response, TfeError> {
-    let caller = tfe.caller(headers, client).await?;
-    let (org, name) = tfe.by_id(&caller, id).await?;
-    caller.may(&org, Some(&name), Role::Write)?;
-    let body = tfe.app.read_body_up_to(body, SMALL_BODY).await?;
-    let tags = tag_names(&jsonapi::parse::<Tags>(&body)?)?;
-    saved(
-        tfe.meta
-            .update(&org, &name, move |meta| {
-                if add {
-                    meta.tags.extend(tags);
-                } else {
-                    meta.tags.retain(|t| !tags.contains(t));
-                }
-            })
-            .await,
-    )?;
-    Ok(StatusCode::NO_CONTENT.into_response())
-}
-
-/// `DELETE organizations/{org}/workspaces/{name}`.
-pub(super) async fn delete_by_name<S: Storage>(
-    State(tfe): State<Arc<Tfe<S>>>,
-    Path((org, name)): Path<(String, String)>,
-    client: Client,
-    headers: HeaderMap,
-) -> Result<Response, TfeError> {
-    let caller = tfe.caller(&headers, client).await?;
-    tfe.existing(&caller, &org, &name).await?;
-    delete(&tfe, caller, org, name, false).await
-}
-
-/// `DELETE workspaces/{id}`.
-pub(super) async fn delete_by_id<S: Storage>(
-    State(tfe): State<Arc<Tfe<S>>>,
-    Path(id): Path<String>,
-    client: Client,
-    headers: HeaderMap,
-) -> Result<Response, TfeError> {
-    let caller = tfe.caller(&headers, client).await?;
-    let (org, name) = tfe.by_id(&caller, &id).await?;
-    delete(&tfe, caller, org, name, false).await
-}
-
-/// `POST organizations/{org}/workspaces/{name}/actions/safe-delete`.
-pub(super) async fn safe_delete_by_name<S: Storage>(
-    State(tfe): State<Arc<Tfe<S>>>,
-    Path((org, name)): Path<(String, String)>,
-    client: Client,
-    headers: HeaderMap,
-) -> Result<Response, TfeError> {
-    let caller = tfe.caller(&headers, client).await?;
-    tfe.existing(&caller, &org, &name).await?;
-    delete(&tfe, caller, org, name, true).await
-}
-
-/// `POST workspaces/{id}/actions/safe-delete`.
-pub(super) async fn safe_delete_by_id<S: Storage>(
-    State(tfe): State<Arc<Tfe<S>>>,
-    Path(id): Path<String>,
-    client: Client,
-    headers: HeaderMap,
-) -> Result<Response, TfeError> {
-    let caller = tfe.caller(&headers, client).await?;
-    let (org, name) = tfe.by_id(&caller, &id).await?;
-    delete(&tfe, caller, org, name, true).await
-}
-
-/// Delete a workspace and its state (admin), as the http door's
-/// `DELETE /workspaces/…` does. `safe`: refused (409) while it is locked
-/// or its state may still manage resources.
-async fn delete<S: Storage>(
-    tfe: &Tfe<S>,
-    caller: Caller,
-    org: String,
-    name: String,
-    safe: bool,
-) -> Result<Response, TfeError> {
-    let at = (org.as_str(), name.as_str());
-    tfe.app
-        .permit(&caller, at, Role::Admin, Operation::WorkspaceDelete)
-        .await?;
-    if name == crate::protocol::DEFAULT_WORKSPACE {
-        return Err(TfeError::invalid(
-            "the default workspace cannot be deleted (as at the http door)",
-        ));
-    }
-    tfe.app.refuse_while_draining()?;
-    let deleted = tfe
-        .app
-        .change(&org, &name, move |app, backend, workspace| async move {
-            let target = app.target(&backend, &workspace)?;
-            let answer = async {
-                if safe {
-                    refuse_unsafe_delete(&target).await?;
-                }
-                match target.storage.delete_workspace(&workspace).await {
-                    Ok(()) => Ok(()),
-                    Err(StorageError::NotFound) => Err(ApiError::not_found(format!(
-                        "workspace {backend}/{workspace} not found"
-                    ))),
-                    Err(e) => Err(target.error(e)),
-                }
-            }
-            .await;
-            let at = (backend.as_str(), workspace.as_str());
-            app.record(
-                &caller,
-                at,
-                Operation::WorkspaceDelete,
-                Facts::default(),
-                &answer,
-            )
-            .await;
-            answer
-        })
-        .await;
-    deleted?;
-    if let Err(e) = tfe.meta.remove(&org, &name).await {
-        tracing::warn!(error = %e, "workspace deleted; forgetting its tags failed");
-    }
-    Ok(StatusCode::NO_CONTENT.into_response())
-}
-
-async fn refuse_unsafe_delete<S: Storage>(
-    target: &crate::protocol::Target<'_, S>,
-) -> Result<(), ApiError> {
-    let conflict = |why: &str| Err(ApiError::Message(StatusCode::CONFLICT, why.to_string()));
-    if target
-        .storage
-        .current_lock(target.workspace)
-        .await
-        .map_err(|e| target.error(e))?
-        .is_some()
-    {
-        return conflict("the workspace is locked; unlock it first");
-    }
-    let state = target
-        .storage
-        .read(target.workspace)
-        .await
-        .map_err(|e| target.error(e))?;
-    if state.as_deref().is_some_and(may_manage_resources) {
-        return conflict(
-            "the workspace's state still manages resources; destroy them first, or delete with -force",
-        );
-    }
-    Ok(())
-}
-
-/// Whether a state may hold resources: anything but a plain state whose
-/// `resources` is there and empty (an encrypted one cannot be seen into).
-fn may_manage_resources(state: &[u8]) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Resources {
-        resources: Option<Vec<serde::de::IgnoredAny>>,
-    }
-    !matches!(
-        serde_json::from_slice::<Resources>(state),
-        Ok(Resources { resources: Some(r) }) if r.is_empty()
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_a_state_seen_empty_is_safe_to_delete() {
-        assert!(!may_manage_resources(
-            br#"{"version":4,"serial":1,"resources":[]}"#
-        ));
-        assert!(may_manage_resources(
-            br#"{"version":4,"resources":[{"type":"x"}]}"#
-        ));
-        assert!(may_manage_resources(br#"{"encrypted_data":"AAAA"}"#));
-        assert!(may_manage_resources(b"not json"));
-    }
 
     #[test]
     fn tags_are_checked_and_lowercased() {

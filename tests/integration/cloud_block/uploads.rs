@@ -138,3 +138,94 @@ fn upload_urls_are_single_use_and_inline_states_are_written_at_once() {
     );
     assert_eq!(stored.body, two);
 }
+
+/// The same with the real terraform: its apply's state version is created
+/// (the create answered), its upload held on the way by a proxy, and the
+/// server killed (SIGKILL) meanwhile. Restarted, the server serves the old
+/// state as current, at both doors.
+#[test]
+fn a_server_killed_between_terraforms_create_and_upload_leaves_the_old_state() {
+    let f = fixture();
+    let config = f.cloud("name = \"net\"");
+    let direct = f.workdir(&config);
+    f.ok(direct.path(), &["init", "-input=false"]);
+    f.ok(direct.path(), &["apply", "-auto-approve", "-input=false"]);
+    let old = f.http("GET", "/states/acme/net", None).body;
+
+    // A second working directory reaches the server through a proxy that
+    // holds every upload PUT (upload URLs are built from the Host it
+    // forwards, so they point at the proxy too).
+    let proxy = FaultProxy::with_rule(
+        &f.server.url,
+        Box::new(|request| {
+            request
+                .starts_with("PUT /_tfe/upload")
+                .then_some(Fault::Held)
+        }),
+    );
+    let held = f.workdir(&config);
+    let api = format!("{}/api/v2/", proxy.url);
+    std::fs::write(
+        held.path().join("test.tfrc"),
+        format!(
+            "host \"{}\" {{\n  services = {{\n    \"tfe.v2\" = \"{api}\"\n    \"tfe.v2.1\" = \"{api}\"\n  }}\n}}\n",
+            f.host
+        ),
+    )
+    .unwrap();
+    f.ok(held.path(), &["init", "-input=false"]);
+    let mut apply = crate::terraform::terraform(
+        held.path(),
+        &[
+            "apply",
+            "-auto-approve",
+            "-input=false",
+            "-var",
+            "value=two",
+        ],
+    )
+    .env(format!("TF_TOKEN_{}", f.host.replace('.', "_")), &f.ci)
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
+    proxy.wait_for_faults(1, std::time::Duration::from_secs(120));
+    let Fixture {
+        server,
+        ci,
+        _data: data,
+        ..
+    } = f;
+    drop(server);
+    apply.kill().unwrap();
+    apply.wait().unwrap();
+    drop(proxy);
+
+    let again = Server::with_config_file(data.path(), &data.path().join("wasmstate.toml"));
+    let auth = format!("Bearer {ci}");
+    let stored = send_with(
+        "GET",
+        &again.state_url("acme", "net"),
+        None,
+        &[("Authorization", &auth)],
+    );
+    assert_eq!(stored.body, old);
+    let serial = serde_json::from_slice::<serde_json::Value>(&old).unwrap()["serial"].clone();
+    let id = crate::common::send_with(
+        "GET",
+        &format!("{}/api/v2/organizations/acme/workspaces/net", again.url),
+        None,
+        &[("Authorization", &auth)],
+    )
+    .json()["data"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let current = send_with(
+        "GET",
+        &format!("{}/api/v2/workspaces/{id}/current-state-version", again.url),
+        None,
+        &[("Authorization", &auth)],
+    );
+    assert_eq!(current.json()["data"]["attributes"]["serial"], serial);
+}

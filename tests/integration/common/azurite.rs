@@ -131,6 +131,61 @@ impl Azurite {
         }
     }
 
+    /// One serving HTTPS with `cert` and `key` (PEM, issued by the CA in
+    /// `ca`, which its readiness probe trusts), checking bearer tokens as
+    /// `--oauth basic` does: issuer, audience and lifetime, not the
+    /// signature. Its base URL is [`Azurite::https_endpoint`].
+    pub fn start_oauth(cert: &Path, key: &Path, ca: &Path) -> Azurite {
+        let bin = azurite_blob();
+        let data = super::tempdir();
+        let roots = reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap();
+        let probe = reqwest::blocking::Client::builder()
+            .add_root_certificate(roots)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let (helper, ports) = Helper::start_on_free_ports(
+            "azurite-blob (https, oauth)",
+            1,
+            "answering its blob service over https",
+            Duration::from_secs(60),
+            |ports: &[u16]| {
+                let mut command = Command::new(bin);
+                command
+                    .args(["--silent", "--skipApiVersionCheck", "--oauth", "basic"])
+                    .arg("--cert")
+                    .arg(cert)
+                    .arg("--key")
+                    .arg(key)
+                    .args(["--blobHost", "127.0.0.1", "--blobPort"])
+                    .arg(ports[0].to_string())
+                    .arg("--location")
+                    .arg(data.path());
+                command
+            },
+            // Any answer over TLS is its own (an unsigned listing: 403).
+            |ports: &[u16]| {
+                probe
+                    .get(format!(
+                        "https://127.0.0.1:{}/{ACCOUNT}?comp=list",
+                        ports[0]
+                    ))
+                    .send()
+                    .is_ok()
+            },
+        );
+        Azurite {
+            _helper: helper,
+            _data: data,
+            port: ports[0],
+        }
+    }
+
+    /// The blob service's base URL over https ([`Azurite::start_oauth`]).
+    pub fn https_endpoint(&self) -> String {
+        format!("https://127.0.0.1:{}/{ACCOUNT}", self.port)
+    }
+
     /// The blob service's base URL, the guest's `blob_endpoint`.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}/{ACCOUNT}", self.port)

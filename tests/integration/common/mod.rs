@@ -22,6 +22,7 @@ pub use fault_proxy::{Fault, FaultProxy, Rule};
 pub use gcs::FakeGcs;
 pub use google::{GoogleFront, service_account_key};
 pub use limits::{MemoryCgroup, peak_rss_kib, reset_peak_rss, rss_kib};
+pub use loopback::LoopbackServer;
 pub use peers::{Etcd, FileServer, GitDaemon, GitHttp, Moto, Registry, bare_repo, git};
 pub use postgres::Postgres;
 pub use rng::Rng;
@@ -452,12 +453,11 @@ pub fn sha256_of(wasm: impl AsRef<Path>) -> String {
 }
 
 /// A fresh key file `k1.key` in `dir`, for `encryption.keys`, from
-/// `wasmstate generate-key`.
+/// `wasmstate generate-key --out` (owner-only, as the docs make it).
 pub fn key_file(dir: &Path) -> PathBuf {
     let path = dir.join("k1.key");
-    let (ok, key) = wasmstate(&["generate-key"]);
-    assert!(ok, "{key}");
-    std::fs::write(&path, key.trim()).unwrap();
+    let (ok, out) = wasmstate(&["generate-key", "--out", path.to_str().unwrap()]);
+    assert!(ok, "{out}");
     path
 }
 

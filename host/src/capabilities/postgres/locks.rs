@@ -445,7 +445,7 @@ impl Session {
                 }
                 if key == CREATION_KEY {
                     return Ok(Some(Holder::Native(
-                        "another workspace of this database is being created through another wasmstate replica; retry when it is written".into(),
+                        "a workspace of this database (this one or another) is being created through another wasmstate replica; retry when it is written".into(),
                     )));
                 }
                 // Another replica is releasing it (its row is gone).

@@ -7,13 +7,18 @@
 //! one long-lived session per backend and replica and recorded in
 //! `<schema>.wasmstate_locks`, so that a lock taken through one replica is
 //! reported and released through any other, and native `terraform`
-//! clients and wasmstate clients block each other.
+//! clients and wasmstate clients block each other. Each change also keeps
+//! a version in `<schema>.wasmstate_state_versions`, in its own
+//! transaction ([`versions`]).
 
 pub mod locks;
+mod read;
 mod schema;
 mod tls;
+pub mod versions;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio_postgres::Client;
 
@@ -172,8 +177,9 @@ type Registry = std::sync::Mutex<std::collections::HashMap<String, std::sync::We
 
 impl PgStores {
     /// The store of `backend` for `grant`: the one in use when its grant
-    /// is the same, else a new one.
-    pub fn of(&self, backend: &str, grant: &PgGrant) -> Arc<PgStore> {
+    /// is the same, else a new one; from now on keeping `history` versions
+    /// of each state (the backend's setting, which a reload may change).
+    pub fn of(&self, backend: &str, grant: &PgGrant, history: usize) -> Arc<PgStore> {
         let mut stores = self
             .0
             .lock()
@@ -183,9 +189,11 @@ impl PgStores {
         if let Some(store) = &replaced
             && store.grant == *grant
         {
+            store.keep.store(history, Ordering::Relaxed);
             return store.clone();
         }
         let store = PgStore::new(backend, grant);
+        store.keep.store(history, Ordering::Relaxed);
         *store
             .registry
             .lock()
@@ -214,7 +222,10 @@ pub struct PgStore {
     /// Itself, for the lock sweep's task.
     me: std::sync::Weak<PgStore>,
     idle: std::sync::Mutex<Vec<Client>>,
-    prepared: tokio::sync::OnceCell<()>,
+    /// Made once per store: whether the table of versions is there.
+    prepared: tokio::sync::OnceCell<bool>,
+    /// Versions kept of each state (the backend's `history`).
+    keep: AtomicUsize,
     locks: locks::LockSession,
     /// The stores of every backend, when this one was made by them.
     registry: std::sync::Mutex<std::sync::Weak<Registry>>,
@@ -248,9 +259,15 @@ impl PgStore {
             me: me.clone(),
             idle: std::sync::Mutex::default(),
             prepared: tokio::sync::OnceCell::new(),
+            keep: AtomicUsize::new(0),
             locks: locks::LockSession::default(),
             registry: std::sync::Mutex::default(),
         })
+    }
+
+    /// Versions kept of each state: the backend's `history`.
+    fn keep(&self) -> usize {
+        self.keep.load(Ordering::Relaxed)
     }
 
     /// `"schema".table`, quoted.
@@ -261,16 +278,21 @@ impl PgStore {
     /// A connection from the idle ones, or a new one; the schema and
     /// tables made once per store.
     async fn checkout(&self) -> Result<Client, PgError> {
-        let idle = self.idle.lock().expect("not poisoned").pop();
-        let client = match idle {
-            Some(client) if !client.is_closed() => client,
-            _ => connect(&self.grant, POOL_APPLICATION).await?,
-        };
+        let client = self.connection().await?;
         self.prepared
             .get_or_try_init(|| schema::prepare(&client, &self.grant))
             .await?;
         self.locks.start_sweep(self);
         Ok(client)
+    }
+
+    /// A connection from the idle ones, or a new one, with nothing made.
+    async fn connection(&self) -> Result<Client, PgError> {
+        let idle = self.idle.lock().expect("not poisoned").pop();
+        match idle {
+            Some(client) if !client.is_closed() => Ok(client),
+            _ => connect(&self.grant, POOL_APPLICATION).await,
+        }
     }
 
     /// Connect, make the tables and start the lock sweep now, in a task.
@@ -328,55 +350,16 @@ impl PgStore {
         Ok(names)
     }
 
-    /// Row `name`'s data, if there is such a row with data (Terraform's
-    /// Get). `admit` is asked for the size of each fetch before the bytes
-    /// are fetched (the caller charges them to its memory budgets, and may
-    /// refuse): a state too large for them never reaches the host. The
-    /// size and the data are read in one statement, so a state that grew
-    /// in between is not fetched past what was admitted.
-    pub async fn read(
-        &self,
-        name: &str,
-        mut admit: impl FnMut(usize) -> Result<(), PgError>,
-    ) -> Result<Option<String>, PgError> {
-        let client = self.checkout().await?;
-        let sql = format!(
-            "SELECT octet_length(data), CASE WHEN octet_length(data) <= $2 THEN data END FROM {} WHERE name = $1",
-            self.table("states")
-        );
-        let mut admitted = FIRST_FETCH;
-        admit(FIRST_FETCH as usize)?;
-        for _ in 0..3 {
-            let Some(row) = client.query_opt(&sql, &[&name, &admitted]).await? else {
-                self.give_back(client);
-                return Ok(None);
-            };
-            let (size, data): (Option<i32>, Option<String>) = (row.get(0), row.get(1));
-            match (size, data) {
-                (Some(size), None) => {
-                    admit(size.max(0) as usize)?;
-                    admitted = size;
-                }
-                // A row with no data (NULL) is no state.
-                (_, data) => {
-                    self.give_back(client);
-                    return Ok(data);
-                }
-            }
-        }
-        Err(PgError::Unavailable(format!(
-            "the state of {name} kept growing while it was read; retry"
-        )))
-    }
-
-    /// Set row `name` to `data` (Terraform's Put) or delete it (`None`),
-    /// only while the lock rule of [`locks::LockSession::may_change`]
-    /// holds; in one transaction with that check, so a lock taken or
-    /// released meanwhile waits for it.
+    /// Set row `name` to `data` (Terraform's Put; with the record of the
+    /// state it holds) or delete it (`None`), only while the lock rule of
+    /// [`locks::LockSession::may_change`] holds; in one transaction with
+    /// that check, so a lock taken or released meanwhile waits for it, and
+    /// with the version it makes ([`versions`]), so a version is kept
+    /// exactly when its change committed.
     pub async fn change(
         &self,
         name: &str,
-        data: Option<&str>,
+        data: Option<(&str, &versions::Meta)>,
         lock_id: Option<&str>,
     ) -> Result<Option<locks::Refusal>, PgError> {
         // A delete under a lock drives the lock session (it takes and
@@ -399,7 +382,7 @@ impl PgStore {
     async fn change_now(
         &self,
         name: &str,
-        data: Option<&str>,
+        data: Option<(&str, &versions::Meta)>,
         lock_id: Option<&str>,
     ) -> Result<Option<locks::Refusal>, PgError> {
         // A delete under a lock moves the lock onto the creation key
@@ -429,16 +412,20 @@ impl PgStore {
             }
             match data {
                 // Terraform's own statement, so both write rows alike.
-                Some(data) => {
+                Some((data, meta)) => {
                     let sql = format!(
                         "INSERT INTO {t} (name, data) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET data = $2 WHERE {t}.name = $1",
                         t = self.table("states")
                     );
                     tx.execute(&sql, &[&name, &data]).await?;
+                    self.record_version(&tx, name, Some(meta)).await?;
                 }
                 None => {
                     let sql = format!("DELETE FROM {} WHERE name = $1", self.table("states"));
-                    tx.execute(&sql, &[&name]).await?;
+                    // A delete of nothing (a retry) marks nothing.
+                    if tx.execute(&sql, &[&name]).await? > 0 {
+                        self.record_version(&tx, name, None).await?;
+                    }
                 }
             }
             tx.commit().await?;

@@ -21,12 +21,18 @@ pub fn quote(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// The table of kept versions, beside `states`: Terraform's pg backend
+/// never reads it.
+pub const VERSIONS: &str = "wasmstate_state_versions";
+
 /// Make what Terraform's pg backend makes at init (backend.go), with its
-/// statements, and `wasmstate_locks`. Each only where it is missing, so a
-/// role without CREATE rights works on tables made beforehand; replicas
-/// starting together may race on a CREATE, and the loser's "already
-/// exists" is success.
-pub async fn prepare(client: &Client, grant: &PgGrant) -> Result<(), PgError> {
+/// statements, `wasmstate_locks` and [`VERSIONS`]. Each only where it is
+/// missing, so a role without CREATE rights works on tables made
+/// beforehand; replicas starting together may race on a CREATE, and the
+/// loser's "already exists" is success. Whether [`VERSIONS`] is there: a
+/// role that may not create it (a deployment from before it) keeps working
+/// without it, its history then kept by each replica, as a warning says.
+pub async fn prepare(client: &Client, grant: &PgGrant) -> Result<bool, PgError> {
     let schema = quote(&grant.schema);
     let exists = |what: String| async move {
         let found: bool = client
@@ -88,28 +94,60 @@ pub async fn prepare(client: &Client, grant: &PgGrant) -> Result<(), PgError> {
             other => other,
         })?;
     }
-    Ok(())
+    if exists(format!("{schema}.{VERSIONS}")).await? {
+        return Ok(true);
+    }
+    // `id` orders the versions of a name (a sequence, not a clock: replicas'
+    // clocks may disagree); `bytes` is the state's own size (`data` may hold
+    // it encoded), 0 with no `data` for a delete.
+    let sql = format!(
+        "CREATE TABLE IF NOT EXISTS {schema}.{VERSIONS} (
+             id bigserial PRIMARY KEY,
+             name text NOT NULL,
+             serial bigint,
+             lineage text,
+             created_at timestamptz NOT NULL DEFAULT now(),
+             bytes bigint NOT NULL,
+             digest text,
+             data text);
+         CREATE INDEX IF NOT EXISTS {VERSIONS}_by_name ON {schema}.{VERSIONS} (name, id)"
+    );
+    match client.batch_execute(&sql).await {
+        Ok(()) => Ok(true),
+        Err(e) if raced(&e) => Ok(true),
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {
+            tracing::warn!(
+                schema = %grant.schema,
+                "postgres: this role may not create {schema}.{VERSIONS}, so each replica keeps \
+                 versions in its own data directory; make the table beforehand (see the postgres \
+                 guest in operating.md) so every replica sees every version"
+            );
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether a CREATE failed because another replica's CREATE of the same
+/// object won the race.
+fn raced(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    e.code().is_some_and(|c| {
+        [
+            SqlState::UNIQUE_VIOLATION,
+            SqlState::DUPLICATE_TABLE,
+            SqlState::DUPLICATE_OBJECT,
+            SqlState::DUPLICATE_SCHEMA,
+        ]
+        .contains(c)
+    })
 }
 
 /// Run a CREATE; another replica's CREATE of the same object winning the
 /// race is success.
 async fn create(client: &Client, sql: &str) -> Result<(), PgError> {
-    use tokio_postgres::error::SqlState;
     match client.batch_execute(sql).await {
-        Ok(()) => Ok(()),
-        Err(e)
-            if e.code().is_some_and(|c| {
-                [
-                    SqlState::UNIQUE_VIOLATION,
-                    SqlState::DUPLICATE_TABLE,
-                    SqlState::DUPLICATE_OBJECT,
-                    SqlState::DUPLICATE_SCHEMA,
-                ]
-                .contains(c)
-            }) =>
-        {
-            Ok(())
-        }
-        Err(e) => Err(e.into()),
+        Err(e) if !raced(&e) => Err(e.into()),
+        _ => Ok(()),
     }
 }
