@@ -90,13 +90,13 @@ pub fn routes<S: Storage>(app: Arc<App<S>>, options: Options) -> Router {
         )
         .route(
             "/ui/backends/{backend}/{workspace}/state",
-            get(viewer::state_page::<S>),
+            get(state_pages::state_page::<S>),
         )
         .route(
             "/ui/api/backends/{backend}/{workspace}/state",
             get(viewer::state_json::<S>),
         )
-        .route("/ui/search/{backend}", get(search::search_page::<S>))
+        .route("/ui/search/{backend}", get(state_pages::search_page::<S>))
         .route("/ui/api/search/{backend}", get(search::search_json::<S>))
         .route(
             "/ui/backends/{backend}/{workspace}/force-unlock",

@@ -7,7 +7,7 @@
 
 use super::data::{readable_workspaces, storage_of};
 use super::state_view::find;
-use super::{Answer, Shared, Visitor, page, state_pages};
+use super::{Answer, Shared, Visitor};
 use crate::backend::Storage;
 use crate::protocol::{ApiError, App, Caller};
 use axum::Json;
@@ -30,7 +30,7 @@ const SEARCH_WAIT: Duration = Duration::from_secs(10);
 /// What the search form sends.
 #[derive(Deserialize, Default)]
 pub(super) struct Asked {
-    q: Option<String>,
+    pub(super) q: Option<String>,
 }
 
 /// One state holding what was asked for.
@@ -140,25 +140,6 @@ pub async fn search<S: Storage>(
         ));
     }
     Ok(searched)
-}
-
-pub(super) async fn search_page<S: Storage>(
-    State(console): Shared<S>,
-    Path(backend): Path<String>,
-    Query(asked): Query<Asked>,
-    visitor: Visitor,
-) -> Answer {
-    let caller = visitor.caller();
-    // The form alone until something is asked, but only for readers.
-    let found = match asked.q.as_deref().filter(|q| !q.trim().is_empty()) {
-        Some(q) => Some(search(&console.app, &caller, &backend, q).await?),
-        None => {
-            storage_of(&console.app, &caller, &backend, None)?;
-            None
-        }
-    };
-    let body = state_pages::search(&backend, asked.q.as_deref(), found.as_ref());
-    Ok(page(&format!("Search {backend}"), &visitor, body))
 }
 
 pub(super) async fn search_json<S: Storage>(

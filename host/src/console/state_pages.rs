@@ -1,12 +1,18 @@
 //! The HTML of the state viewer, of a comparison's changed instances and
-//! of the search (maud: every value escaped by construction). Sensitive
-//! values never reach these functions: the data is masked before.
+//! of the search (maud: every value escaped by construction), and the two
+//! pages' handlers; `viewer` and `search` find the data (and answer its
+//! JSON), this module only shows it. Sensitive values never reach these
+//! functions: the data is masked before.
 
 use super::changes::{InstanceChange, MAX_DETAILED};
-use super::search::Searched;
+use super::data::storage_of;
+use super::search::{Asked, Searched, search};
 use super::state_view::{MAX_GROUPS, MAX_OUTPUTS};
-use super::viewer::Viewed;
+use super::viewer::{Viewed, Wanted, view};
+use super::{Answer, Shared, Visitor, page};
+use crate::backend::Storage;
 use crate::client::format_unix_ms;
+use axum::extract::{Path, Query, State};
 use maud::{Markup, html};
 
 fn size(bytes: u64) -> String {
@@ -167,7 +173,7 @@ fn value_cell(value: Option<&str>) -> Markup {
 }
 
 /// The search form and what it found.
-pub fn search(backend: &str, query: Option<&str>, found: Option<&Searched>) -> Markup {
+pub fn search_body(backend: &str, query: Option<&str>, found: Option<&Searched>) -> Markup {
     html! {
         form #search method="get" action={ "/ui/search/" (backend) } {
             label { "Resource address or type "
@@ -207,4 +213,46 @@ pub fn search(backend: &str, query: Option<&str>, found: Option<&Searched>) -> M
             @for (w, why) in &f.failed { p.error data-workspace=(w) { (w) ": " (why) } }
         }
     }
+}
+
+/// `GET /ui/backends/{backend}/{workspace}/state`.
+pub(super) async fn state_page<S: Storage>(
+    State(console): Shared<S>,
+    Path((backend, workspace)): Path<(String, String)>,
+    Query(wanted): Query<Wanted>,
+    visitor: Visitor,
+) -> Answer {
+    let (app, caller) = (&console.app, visitor.caller());
+    let page_no = wanted.page.unwrap_or(1);
+    let viewed = view(
+        app,
+        &caller,
+        &backend,
+        &workspace,
+        wanted.version(),
+        page_no,
+    )
+    .await?;
+    let title = format!("State of {backend}/{workspace}");
+    Ok(page(&title, &visitor, state(&viewed)))
+}
+
+/// `GET /ui/search/{backend}`.
+pub(super) async fn search_page<S: Storage>(
+    State(console): Shared<S>,
+    Path(backend): Path<String>,
+    Query(asked): Query<Asked>,
+    visitor: Visitor,
+) -> Answer {
+    let caller = visitor.caller();
+    // The form alone until something is asked, but only for readers.
+    let found = match asked.q.as_deref().filter(|q| !q.trim().is_empty()) {
+        Some(q) => Some(search(&console.app, &caller, &backend, q).await?),
+        None => {
+            storage_of(&console.app, &caller, &backend, None)?;
+            None
+        }
+    };
+    let body = search_body(&backend, asked.q.as_deref(), found.as_ref());
+    Ok(page(&format!("Search {backend}"), &visitor, body))
 }

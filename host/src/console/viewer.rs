@@ -7,7 +7,7 @@
 
 use super::data::{storage_of, version_bytes};
 use super::state_view::{StateView, summarise};
-use super::{Answer, Shared, Visitor, page, state_pages};
+use super::{Answer, Shared, Visitor};
 use crate::backend::Storage;
 use crate::protocol::{ApiError, App, Caller};
 use axum::Json;
@@ -28,11 +28,12 @@ const VIEW_WAIT: Duration = Duration::from_secs(10);
 #[derive(Deserialize, Default)]
 pub(super) struct Wanted {
     version: Option<String>,
-    page: Option<usize>,
+    pub(super) page: Option<usize>,
 }
 
 impl Wanted {
-    fn version(&self) -> &str {
+    /// The version asked for: `current` unless one is named.
+    pub(super) fn version(&self) -> &str {
         self.version
             .as_deref()
             .filter(|v| !v.is_empty())
@@ -160,27 +161,6 @@ async fn writer<S: Storage>(
         Some(v) => (v.written_by, Some(v.created_unix_ms)),
         None => (None, None),
     }
-}
-
-pub(super) async fn state_page<S: Storage>(
-    State(console): Shared<S>,
-    Path((backend, workspace)): Path<(String, String)>,
-    Query(wanted): Query<Wanted>,
-    visitor: Visitor,
-) -> Answer {
-    let (app, caller) = (&console.app, visitor.caller());
-    let page_no = wanted.page.unwrap_or(1);
-    let viewed = view(
-        app,
-        &caller,
-        &backend,
-        &workspace,
-        wanted.version(),
-        page_no,
-    )
-    .await?;
-    let title = format!("State of {backend}/{workspace}");
-    Ok(page(&title, &visitor, state_pages::state(&viewed)))
 }
 
 pub(super) async fn state_json<S: Storage>(
