@@ -4,14 +4,19 @@
 //! `backend "http"` → wasmstate → the `s3-lockfile` guest. Runs alternate
 //! between the two; medians are reported with the ratio b/a.
 //!
-//! `cargo bench --bench terraform_s3` (WASMSTATE_BENCH_RUNS=N, default 7).
+//! First, the round trips of one apply cycle on each side (init and a
+//! first apply, then a second apply changing all 50 resources), counted by
+//! a meter between the client and moto: requests and bytes read from S3.
+//!
+//! `cargo bench --bench terraform_s3` (WASMSTATE_BENCH_RUNS=N, default 7;
+//! WASMSTATE_BENCH_ROUND_TRIPS_ONLY=1: only the round trips).
 
 #![allow(missing_docs, dead_code)]
 
 #[path = "../../tests/integration/common/mod.rs"]
 mod common;
 
-use common::{Moto, Server, bench_runs, median, tempdir};
+use common::{Meter, Metered, Moto, Server, bench_runs, median, tempdir};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -48,11 +53,15 @@ fn terraform(dir: &Path, args: &[&str]) -> Duration {
 }
 
 fn native_backend(moto: &str, run: usize) -> String {
+    native_backend_at(moto, &format!("native/run-{run}.tfstate"))
+}
+
+fn native_backend_at(moto: &str, key: &str) -> String {
     format!(
         r#"terraform {{
   backend "s3" {{
     bucket = "{BUCKET}"
-    key = "native/run-{run}.tfstate"
+    key = "{key}"
     region = "us-east-1"
     endpoints = {{ s3 = "{moto}" }}
     use_path_style = true
@@ -85,6 +94,52 @@ fn one_run(backend: String) -> (Duration, Duration) {
     (apply, plan)
 }
 
+/// A server with backend `s3` (the `s3-lockfile` guest) on `s3_url`.
+fn server(data: &Path, s3_url: &str) -> Server {
+    Server::with_config(
+        data,
+        &format!(
+            "[backends.s3]\nguest = \"s3-lockfile\"\n[backends.s3.config]\nbucket = \"{BUCKET}\"\nkey = \"wasmstate.tfstate\"\nregion = \"us-east-1\"\nendpoints = {{ s3 = \"{s3_url}\" }}\nuse_path_style = true\naccess_key = \"test\"\nsecret_key = \"test\"\n"
+        ),
+    )
+}
+
+/// Requests and bytes read from S3 by one apply cycle on each side, with
+/// what each request was.
+fn round_trips(moto: &Moto) {
+    let meter = Meter::start(&moto.url);
+    let data = tempdir();
+    let server = server(data.path(), &meter.url);
+    meter.take(); // the server's start
+    let native = common::apply_cycle(
+        &meter,
+        &native_backend_at(&meter.url, "native/cycle.tfstate"),
+    );
+    let wasm = common::apply_cycle(&meter, &http_backend(&server.state_url("s3", "cycle")));
+    let (native, wasm) = (Metered::totals(&native), Metered::totals(&wasm));
+    for (side, (_, _, kinds)) in [("native s3", &native), ("wasmstate s3-lockfile", &wasm)] {
+        eprintln!("{side}:");
+        for (what, count) in kinds {
+            eprintln!("  {count} × {what}");
+        }
+    }
+    println!(
+        "\n| one apply cycle, 50 resources (second apply) | (a) native s3, use_lockfile | (b) http → wasmstate → s3-lockfile | b/a |\n|---|---|---|---|"
+    );
+    println!(
+        "| requests to S3 | {} | {} | {:.2} |",
+        native.0,
+        wasm.0,
+        wasm.0 as f64 / native.0 as f64
+    );
+    println!(
+        "| bytes read from S3 | {} | {} | {:.2} |",
+        native.1,
+        wasm.1,
+        wasm.1 as f64 / native.1 as f64
+    );
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return; // `cargo test --benches` asks; there is nothing to list
@@ -92,14 +147,12 @@ fn main() {
     let runs = bench_runs(7);
     let moto = Moto::start();
     moto.create_bucket(BUCKET);
+    round_trips(&moto);
+    if std::env::var("WASMSTATE_BENCH_ROUND_TRIPS_ONLY").is_ok() {
+        return;
+    }
     let data = tempdir();
-    let server = Server::with_config(
-        data.path(),
-        &format!(
-            "[backends.s3]\nguest = \"s3-lockfile\"\n[backends.s3.config]\nbucket = \"{BUCKET}\"\nkey = \"wasmstate.tfstate\"\nregion = \"us-east-1\"\nendpoints = {{ s3 = \"{}\" }}\nuse_path_style = true\naccess_key = \"test\"\nsecret_key = \"test\"\n",
-            moto.url
-        ),
-    );
+    let server = server(data.path(), &moto.url);
     let (mut native, mut wasm) = (Vec::new(), Vec::new());
     for run in 0..runs {
         // Alternate which goes first, so drift affects both alike.

@@ -7,90 +7,17 @@ use bytes::Bytes;
 use std::future::Future;
 use std::time::Duration;
 
+mod conditional;
+mod described;
+mod held;
+
 pub use crate::work::HostWork;
 use crate::work::WorkError;
+pub use conditional::{Expect, Head, MAX_METADATA_BYTES, Metadata};
+pub use described::{Description, HistorySource, Version};
+pub use held::{HeldLock, age_text, lock_age, own_lock};
 
 pub use wasmstate_types::LockInfo;
-
-/// A lock someone holds, as `GET /ui/api/backends/{backend}/locks` lists
-/// it (and `wasmstate lock list` reads it).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct HeldLock {
-    /// The locked workspace.
-    pub workspace: String,
-    /// `user@host` of the holder.
-    pub who: String,
-    /// What it is doing (`OperationTypeApply`…).
-    pub operation: String,
-    /// Since when, as the holder's client said (RFC 3339).
-    pub created: String,
-    /// Seconds since `created`, when it parses (a client's clock).
-    pub age_seconds: Option<u64>,
-    /// The lock ID: admins only (whoever knows it can unlock).
-    pub id: Option<String>,
-}
-
-/// `seconds` in its two largest units (`3h 12m`, `4days 1h`, `42s`).
-pub fn age_text(seconds: u64) -> String {
-    let text = humantime::format_duration(std::time::Duration::from_secs(seconds)).to_string();
-    text.split(' ').take(2).collect::<Vec<_>>().join(" ")
-}
-
-/// How long ago `lock` was taken at `now`, by the `Created` time its
-/// holder's client wrote (that client's clock); `None` when it does not
-/// parse.
-pub fn lock_age(lock: &LockInfo, now: time::OffsetDateTime) -> Option<time::Duration> {
-    let created = time::OffsetDateTime::parse(
-        &lock.created,
-        &time::format_description::well_known::Rfc3339,
-    );
-    created.ok().map(|at| now - at)
-}
-
-impl HeldLock {
-    /// `lock`, held on `workspace`, as `now` sees it; its ID only for an
-    /// admin.
-    pub fn of(workspace: String, lock: LockInfo, admin: bool, now: time::OffsetDateTime) -> Self {
-        HeldLock {
-            workspace,
-            age_seconds: lock_age(&lock, now).map(|age| age.whole_seconds().max(0) as u64),
-            who: lock.who,
-            operation: lock.operation,
-            created: lock.created,
-            id: admin.then_some(lock.id),
-        }
-    }
-}
-
-/// A lock the host or its tools take themselves (a restore, an unlocked
-/// write), in Terraform's shape so `terraform force-unlock` and the console
-/// understand who holds it. Its id is random, as Terraform's are: nobody
-/// else can present it.
-pub fn own_lock(operation: &str, info: String, who: String) -> LockInfo {
-    use aes_gcm::aead::OsRng;
-    use aes_gcm::aead::rand_core::RngCore;
-    let mut id = [0u8; 16];
-    OsRng.fill_bytes(&mut id);
-    let hex = hex::encode(id);
-    LockInfo {
-        id: format!(
-            "{}-{}-{}-{}-{}",
-            &hex[..8],
-            &hex[8..12],
-            &hex[12..16],
-            &hex[16..20],
-            &hex[20..]
-        ),
-        operation: operation.into(),
-        info,
-        who,
-        version: env!("CARGO_PKG_VERSION").into(),
-        created: time::OffsetDateTime::now_utc()
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap_or_default(),
-        path: String::new(),
-    }
-}
 
 /// One problem in a backend's configuration, reported by its guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,6 +100,10 @@ pub enum StorageError {
         "this backend keeps no version history; set history = N (versions per workspace) on it"
     )]
     NoHistory,
+    /// The storage keeps no workspace metadata (a guest built for a
+    /// contract before 0.3.0, or one whose storage cannot).
+    #[error("this backend's storage keeps no workspace metadata: {0}")]
+    NoMetadata(String),
 }
 
 impl From<WorkError> for StorageError {
@@ -187,90 +118,6 @@ impl From<WorkError> for StorageError {
 fn join(diagnostics: &[Diagnostic]) -> String {
     let lines: Vec<String> = diagnostics.iter().map(ToString::to_string).collect();
     lines.join("; ")
-}
-
-/// Who keeps a backend's version history: what every replica sees, or
-/// only this one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum HistorySource {
-    /// Not known yet: no listing has asked the guest since the start.
-    #[default]
-    Unknown,
-    /// The guest's storage (S3 object versions, git commits): shared by
-    /// every replica on that storage, and kept across restarts.
-    Storage,
-    /// This replica's data directory (`<data_dir>/history`): only the
-    /// writes that went through it, unless that folder is shared.
-    Replica,
-    /// Nowhere: the storage keeps none and the backend's `history` is 0.
-    None,
-}
-
-impl HistorySource {
-    /// One line for people: where versions come from, and what follows.
-    pub fn describe(self) -> &'static str {
-        match self {
-            HistorySource::Unknown => "not known yet (no version listed since the server started)",
-            HistorySource::Storage => {
-                "kept by the storage itself: every replica lists the same versions"
-            }
-            HistorySource::Replica => {
-                "kept by this replica in its data directory: versions written through other \
-                 replicas are not here unless that folder is shared"
-            }
-            HistorySource::None => "none: the storage keeps no history and `history = 0`",
-        }
-    }
-
-    /// The short name the API and metrics use (`storage`, `replica`…).
-    pub fn name(self) -> &'static str {
-        match self {
-            HistorySource::Unknown => "unknown",
-            HistorySource::Storage => "storage",
-            HistorySource::Replica => "replica",
-            HistorySource::None => "none",
-        }
-    }
-}
-
-/// One kept version, as listed by `GET …/versions`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Version {
-    /// Opaque id for `GET …/versions/{id}`: `<unix ms>-<serial>`.
-    pub id: String,
-    /// The state's serial, when it has one.
-    pub serial: Option<u64>,
-    /// When it was written, in milliseconds since the Unix epoch.
-    pub created_unix_ms: u64,
-    /// Size as stored.
-    pub bytes: u64,
-    /// Who wrote it, as this replica's audit trail says (filled in by the
-    /// host, never by storage).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub written_by: Option<String>,
-}
-
-/// What an operator sees of a backend (the console's backends page): where
-/// its guest came from, what it may do, and how much of its limits it uses.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Description {
-    /// The guest as configured (`local (embedded)`, a path, an installed name).
-    pub guest: String,
-    /// The name and version its manifest gives, if it has one.
-    pub manifest: Option<String>,
-    /// The WIT contract version it was built for.
-    pub contract: String,
-    /// sha256 of the component.
-    pub sha256: String,
-    /// Key id of the publisher signature that verified it, if installed signed.
-    pub signer: Option<String>,
-    /// Capabilities its manifest asks for (all it is given, with no manifest).
-    pub asked: Vec<String>,
-    /// Capabilities the operator granted it, after narrowing to the manifest.
-    pub granted: Vec<String>,
-    /// Its limits and their current use, as (what, value) pairs.
-    pub limits: Vec<(String, String)>,
 }
 
 /// Result of a storage operation.
@@ -335,6 +182,71 @@ pub trait Storage: Send + Sync + 'static {
         state: Bytes,
         lock_id: Option<&str>,
     ) -> impl Future<Output = StorageResult<()>> + Send;
+    /// Whether [`Storage::head`] and [`Storage::write_if`] are the
+    /// storage's own (a 0.3.0 guest): then two writers expecting the same
+    /// version cannot both succeed, on any replicas, and an unlocked write
+    /// needs no lock taken by the host.
+    fn conditional_writes(&self) -> bool {
+        false
+    }
+    /// The stored state's head, `None` when there is none.
+    fn head(&self, workspace: &str) -> impl Future<Output = StorageResult<Option<Head>>> + Send {
+        let _ = workspace;
+        async {
+            Err(StorageError::Internal(
+                "this backend's storage answers no head (a guest built before contract 0.3.0)"
+                    .into(),
+            ))
+        }
+    }
+    /// Like [`Storage::write`], only if the stored state is as `expect`
+    /// says, in one step of the storage; `Ok(false)`: it is not, and
+    /// nothing was written.
+    fn write_if(
+        &self,
+        workspace: &str,
+        state: Bytes,
+        lock_id: Option<&str>,
+        expect: Expect,
+    ) -> impl Future<Output = StorageResult<bool>> + Send {
+        async move {
+            match expect {
+                Expect::Any => self.write(workspace, state, lock_id).await.map(|()| true),
+                _ => Err(StorageError::Internal(
+                    "this backend's storage has no conditional write (a guest built before \
+                     contract 0.3.0)"
+                        .into(),
+                )),
+            }
+        }
+    }
+    /// The workspace's metadata, `None` when none is kept.
+    fn read_metadata(
+        &self,
+        workspace: &str,
+    ) -> impl Future<Output = StorageResult<Option<Metadata>>> + Send {
+        let _ = workspace;
+        async {
+            Err(StorageError::NoMetadata(
+                "its guest was built for a contract before 0.3.0".into(),
+            ))
+        }
+    }
+    /// Set (`Some`) or remove (`None`) the workspace's metadata if it is as
+    /// `expect` says; `Ok(false)`: it is not, and nothing changed.
+    fn write_metadata(
+        &self,
+        workspace: &str,
+        content: Option<String>,
+        expect: Expect,
+    ) -> impl Future<Output = StorageResult<bool>> + Send {
+        let _ = (workspace, content, expect);
+        async {
+            Err(StorageError::NoMetadata(
+                "its guest was built for a contract before 0.3.0".into(),
+            ))
+        }
+    }
     /// Delete the state, honouring the lock.
     fn delete(
         &self,
@@ -436,6 +348,35 @@ pub async fn stored_version<S: Storage>(
 
 /// A shared backend is a backend.
 impl<S: Storage> Storage for std::sync::Arc<S> {
+    fn conditional_writes(&self) -> bool {
+        (**self).conditional_writes()
+    }
+    fn head(&self, workspace: &str) -> impl Future<Output = StorageResult<Option<Head>>> + Send {
+        (**self).head(workspace)
+    }
+    fn write_if(
+        &self,
+        workspace: &str,
+        state: Bytes,
+        lock_id: Option<&str>,
+        expect: Expect,
+    ) -> impl Future<Output = StorageResult<bool>> + Send {
+        (**self).write_if(workspace, state, lock_id, expect)
+    }
+    fn read_metadata(
+        &self,
+        workspace: &str,
+    ) -> impl Future<Output = StorageResult<Option<Metadata>>> + Send {
+        (**self).read_metadata(workspace)
+    }
+    fn write_metadata(
+        &self,
+        workspace: &str,
+        content: Option<String>,
+        expect: Expect,
+    ) -> impl Future<Output = StorageResult<bool>> + Send {
+        (**self).write_metadata(workspace, content, expect)
+    }
     fn describe(&self) -> Option<Description> {
         (**self).describe()
     }

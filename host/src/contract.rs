@@ -3,18 +3,22 @@
 //! marketplace checks it at install time, the runtime before linking.
 
 /// The WIT package version this host implements natively (`wit/`).
-pub const WIT_VERSION: &str = "0.2.1";
+pub const WIT_VERSION: &str = "0.3.0";
 /// The WIT package guests export.
 pub const PACKAGE: &str = "wasmstate:backend";
 
 /// A contract version this host runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ContractVersion {
-    /// The current one: states move in chunks, or between the host and a
-    /// WASI stream (`copy-to`, `copy-from`).
+    /// The current one: a write is one compare-and-swap of the storage
+    /// (`storage.head`, `expect`), which also keeps workspace metadata.
+    V0_3_0,
+    /// States move in chunks, or between the host and a WASI stream
+    /// (`copy-to`, `copy-from`); frozen in `wit/since_v0.2.1`, served
+    /// through an adapter: no conditional write, no metadata.
     V0_2_1,
     /// States move in chunks; a subset of 0.2.1, served by the same
-    /// bindings (the component model links semver-compatible names).
+    /// adapter (the component model links semver-compatible names).
     V0_2_0,
     /// The first release, frozen in `wit/since_v0.1.0`: states move whole.
     V0_1_0,
@@ -22,7 +26,8 @@ pub enum ContractVersion {
 
 impl ContractVersion {
     /// Every supported version, newest first.
-    pub const ALL: [ContractVersion; 3] = [
+    pub const ALL: [ContractVersion; 4] = [
+        ContractVersion::V0_3_0,
         ContractVersion::V0_2_1,
         ContractVersion::V0_2_0,
         ContractVersion::V0_1_0,
@@ -31,6 +36,7 @@ impl ContractVersion {
     /// The WIT package version, e.g. `0.2.0`.
     pub fn as_str(self) -> &'static str {
         match self {
+            ContractVersion::V0_3_0 => "0.3.0",
             ContractVersion::V0_2_1 => "0.2.1",
             ContractVersion::V0_2_0 => "0.2.0",
             ContractVersion::V0_1_0 => "0.1.0",
@@ -40,9 +46,10 @@ impl ContractVersion {
     /// How `guest inspect` describes it.
     pub fn describe(self) -> String {
         match self {
-            ContractVersion::V0_2_1 => format!("{} (current)", self.as_str()),
-            ContractVersion::V0_2_0 => format!(
-                "{} (supported; states move in chunks through the guest's memory)",
+            ContractVersion::V0_3_0 => format!("{} (current)", self.as_str()),
+            ContractVersion::V0_2_1 | ContractVersion::V0_2_0 => format!(
+                "{} (supported; no conditional writes: the host takes the lock for each unlocked \
+                 write and keeps workspace metadata on each replica)",
                 self.as_str()
             ),
             v => format!(
@@ -100,7 +107,7 @@ pub fn check_version(names: &[String]) -> anyhow::Result<ContractVersion> {
 
 #[cfg(test)]
 mod tests {
-    use super::{ContractVersion, check_version};
+    use super::{ContractVersion, WIT_VERSION, check_version};
 
     fn exports(version: &str) -> Vec<String> {
         ["storage", "workspaces", "history", "config"]
@@ -111,25 +118,48 @@ mod tests {
 
     #[test]
     fn accepts_every_supported_version() {
-        assert_eq!(
-            check_version(&exports("0.2.1")).unwrap(),
-            ContractVersion::V0_2_1
-        );
-        assert_eq!(
-            check_version(&exports("0.2.0")).unwrap(),
-            ContractVersion::V0_2_0
-        );
-        assert_eq!(
-            check_version(&exports("0.1.0")).unwrap(),
-            ContractVersion::V0_1_0
-        );
-        let msg = check_version(&exports("0.2.0")[..2])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            msg.contains("history@0.2.0") && msg.contains("rebuild"),
-            "{msg}"
-        );
+        for (version, expected) in [
+            ("0.3.0", ContractVersion::V0_3_0),
+            ("0.2.1", ContractVersion::V0_2_1),
+            ("0.2.0", ContractVersion::V0_2_0),
+            ("0.1.0", ContractVersion::V0_1_0),
+        ] {
+            assert_eq!(check_version(&exports(version)).unwrap(), expected);
+            assert_eq!(expected.as_str(), version);
+            assert_eq!(expected.to_string(), version);
+        }
+        for version in ["0.3.0", "0.2.0"] {
+            let msg = check_version(&exports(version)[..2])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                msg.contains(&format!("history@{version}")) && msg.contains("rebuild"),
+                "{msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_current_version_is_the_wit_one_and_first() {
+        assert_eq!(WIT_VERSION, "0.3.0");
+        assert_eq!(ContractVersion::ALL[0].as_str(), WIT_VERSION);
+        let all = ContractVersion::ALL.map(ContractVersion::as_str);
+        assert_eq!(all, ["0.3.0", "0.2.1", "0.2.0", "0.1.0"], "newest first");
+    }
+
+    #[test]
+    fn inspect_says_what_each_version_lacks() {
+        assert_eq!(ContractVersion::V0_3_0.describe(), "0.3.0 (current)");
+        for old in [ContractVersion::V0_2_1, ContractVersion::V0_2_0] {
+            let said = old.describe();
+            assert!(said.starts_with(&format!("{old} (supported; ")), "{said}");
+            assert!(
+                said.contains("no conditional writes") && said.contains("metadata"),
+                "{said}"
+            );
+        }
+        let said = ContractVersion::V0_1_0.describe();
+        assert!(said.contains("states pass whole"), "{said}");
     }
 
     #[test]
@@ -138,9 +168,14 @@ mod tests {
         let msg = check_version(&names).unwrap_err().to_string();
         assert!(msg.contains("wasmstate:backend@9.0.0"), "{msg}");
         assert!(
-            msg.contains("wasmstate:backend@0.2.1, 0.2.0, 0.1.0"),
+            msg.contains("wasmstate:backend@0.3.0, 0.2.1, 0.2.0, 0.1.0"),
             "{msg}"
         );
+        // A 0.2.x minor this host never knew (0.2.2) is refused, naming
+        // what is served.
+        let names = exports("0.2.2");
+        let msg = check_version(&names).unwrap_err().to_string();
+        assert!(msg.contains("wasmstate:backend@0.2.2"), "{msg}");
     }
 
     #[test]
@@ -148,5 +183,6 @@ mod tests {
         let names = vec!["wasi:cli/run@0.2.0".to_string()];
         let msg = check_version(&names).unwrap_err().to_string();
         assert!(msg.starts_with("not a wasmstate guest"), "{msg}");
+        assert!(msg.contains("storage@0.3.0"), "{msg}");
     }
 }

@@ -104,7 +104,12 @@ fn git_guest_grants(config: &[(String, String)]) -> GitDefaults {
             format!("refs/heads/{branch}"),
             "refs/heads/locks/**".to_string(),
         ],
-        paths: vec![within("*.tfstate"), within("*.tfstate.lock")],
+        // The states, their locks, and each workspace's metadata file.
+        paths: vec![
+            within("*.tfstate"),
+            within("*.tfstate.lock"),
+            within(".wasmstate/metadata/*.json"),
+        ],
     }
 }
 

@@ -134,6 +134,40 @@ impl<S: Storage> Storage for Swappable<S> {
     ) -> StorageResult<()> {
         self.current()?.write(workspace, state, lock_id).await
     }
+    fn conditional_writes(&self) -> bool {
+        // A stopped backend writes nothing either way.
+        self.current().is_ok_and(|s| s.conditional_writes())
+    }
+    async fn head(&self, workspace: &str) -> StorageResult<Option<crate::backend::Head>> {
+        self.current()?.head(workspace).await
+    }
+    async fn write_if(
+        &self,
+        workspace: &str,
+        state: bytes::Bytes,
+        lock_id: Option<&str>,
+        expect: crate::backend::Expect,
+    ) -> StorageResult<bool> {
+        self.current()?
+            .write_if(workspace, state, lock_id, expect)
+            .await
+    }
+    async fn read_metadata(
+        &self,
+        workspace: &str,
+    ) -> StorageResult<Option<crate::backend::Metadata>> {
+        self.current()?.read_metadata(workspace).await
+    }
+    async fn write_metadata(
+        &self,
+        workspace: &str,
+        content: Option<String>,
+        expect: crate::backend::Expect,
+    ) -> StorageResult<bool> {
+        self.current()?
+            .write_metadata(workspace, content, expect)
+            .await
+    }
     async fn delete(&self, workspace: &str, lock_id: Option<&str>) -> StorageResult<()> {
         self.current()?.delete(workspace, lock_id).await
     }

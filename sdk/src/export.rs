@@ -3,7 +3,9 @@
 //! never see wit-bindgen types.
 #![allow(unsafe_code, missing_docs)]
 
-use crate::{Backend, Config, Diagnostic, Error, LockInfo, StateReader, StateWriter};
+use crate::{
+    Backend, Config, Diagnostic, Error, Expect, Head, LockInfo, Metadata, StateReader, StateWriter,
+};
 
 pub(crate) mod wit {
     wit_bindgen::generate!({
@@ -123,13 +125,33 @@ impl storage::Guest for Component {
         read_to_host(into, |b, out| b.read_into(&workspace, out))
     }
 
+    fn head(workspace: String, prefix: &StateSink) -> Result<Option<storage::StateHead>, t::Error> {
+        let mut out = StateWriter::host(prefix);
+        // Unlike `read`, a stopped prefix is normal here: the head itself
+        // is the answer.
+        let head = with_backend(|b| b.head(&workspace, &mut out))?;
+        Ok(head.map(
+            |Head {
+                 version,
+                 size,
+                 digest,
+             }| storage::StateHead {
+                version,
+                size,
+                digest,
+            },
+        ))
+    }
+
     fn write(
         workspace: String,
         state: &StateSource,
         lock_id: Option<String>,
-    ) -> Result<(), t::Error> {
+        expect: t::Expect,
+    ) -> Result<bool, t::Error> {
         let mut state = StateReader::host(state);
-        with_backend(|b| b.write_from(&workspace, &mut state, lock_id.as_deref()))
+        let expect = from_wit_expect(expect);
+        with_backend(|b| b.write_if(&workspace, &mut state, lock_id.as_deref(), &expect))
     }
 
     fn delete(workspace: String, lock_id: Option<String>) -> Result<(), t::Error> {
@@ -165,6 +187,37 @@ impl workspaces::Guest for Component {
 
     fn delete_workspace(name: String) -> Result<(), t::Error> {
         with_backend(|b| b.delete_workspace(&name))
+    }
+
+    fn read_metadata(name: String) -> Result<Option<t::Metadata>, t::Error> {
+        let found = with_backend(|b| b.read_metadata(&name))?;
+        Ok(found.map(|Metadata { content, version }| t::Metadata { content, version }))
+    }
+
+    fn write_metadata(
+        name: String,
+        content: Option<String>,
+        expect: t::Expect,
+    ) -> Result<bool, t::Error> {
+        let expect = from_wit_expect(expect);
+        with_backend(|b| b.write_metadata(&name, content.as_deref(), &expect))
+    }
+}
+
+pub(crate) fn from_wit_expect(expect: t::Expect) -> Expect {
+    match expect {
+        t::Expect::Any => Expect::Any,
+        t::Expect::Absent => Expect::Absent,
+        t::Expect::Version(v) => Expect::Version(v),
+    }
+}
+
+#[allow(dead_code)] // for the git and postgres wrappers
+pub(crate) fn to_wit_expect(expect: &Expect) -> t::Expect {
+    match expect {
+        Expect::Any => t::Expect::Any,
+        Expect::Absent => t::Expect::Absent,
+        Expect::Version(v) => t::Expect::Version(v.clone()),
     }
 }
 

@@ -72,6 +72,12 @@ impl Dir {
             })
     }
 
+    /// This directory's WASI descriptor, for the calls [`Dir`] has no
+    /// method for (a file's identity or times, a read of its first bytes).
+    pub fn descriptor(&self) -> &Descriptor {
+        &self.fd
+    }
+
     fn open(&self, path: &str, open: OpenFlags, flags: DescriptorFlags) -> Result<Descriptor> {
         self.fd
             .open_at(PathFlags::empty(), path, open, flags)

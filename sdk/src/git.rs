@@ -88,6 +88,15 @@ impl From<wit::GitError> for GitError {
 
 pub use wasmstate_types::git::{FileChange, FileVersion, RemoteRef};
 
+/// A file's blob id and size in a commit ([`Repo::stat_file`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileStat {
+    /// The blob's object id (hex).
+    pub blob: String,
+    /// The file's size in bytes.
+    pub size: u64,
+}
+
 /// A remote repository the operator granted, named by URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Repo {
@@ -147,6 +156,17 @@ impl Repo {
         // A memory writer never stops early.
         let _ = std::io::Write::write_all(out, &bytes);
         Ok(Some(bytes.len() as u64))
+    }
+
+    /// The blob id and size of the file at `path` in `commit`, without
+    /// reading it (`None`: no such file). The blob id is a digest of the
+    /// file's bytes: it changes exactly when they do, so it serves as the
+    /// file's version for a compare-and-swap.
+    pub fn stat_file(&self, commit: &str, path: &str) -> Result<Option<FileStat>, GitError> {
+        Ok(wit::stat_file(&self.url, commit, path)?.map(|s| FileStat {
+            blob: s.blob,
+            size: s.size,
+        }))
     }
 
     /// File names directly inside `dir` (`""`: the root) of `commit`'s tree.

@@ -64,7 +64,7 @@ mod types;
 pub use body::{StateReader, StateWriter};
 pub use config::Config;
 pub use error::Error;
-pub use types::{Diagnostic, LockInfo, Version};
+pub use types::{Diagnostic, Expect, Head, LockInfo, Metadata, Version};
 pub use wasmstate_types::state::{version_in_prefix, version_in_tail};
 
 /// Check a workspace name by the host's rule: 1 to 90 characters of
@@ -84,7 +84,7 @@ pub fn secret(name: &str) -> Option<String> {
 
 /// The WIT package version this SDK implements; the host refuses guests
 /// built for a version it does not know.
-pub const WIT_VERSION: &str = "0.2.1";
+pub const WIT_VERSION: &str = "0.3.0";
 
 /// A storage driver. One value is created per request by [`Backend::new`].
 ///
@@ -165,6 +165,62 @@ pub trait Backend {
         self.write(workspace, &state.read_all(), lock_id)
     }
 
+    /// The stored state's [`Head`], with its first bytes written into
+    /// `prefix` (a write to it fails once the host has enough: stop then);
+    /// `None` when the workspace has no state. Ask storage for the
+    /// beginning only (one ranged request), never the whole state.
+    fn head(&self, workspace: &str, prefix: &mut StateWriter<'_>) -> Result<Option<Head>, Error> {
+        let _ = (workspace, prefix);
+        Err(Error::Internal(
+            "this guest implements no Backend::head, which contract 0.3.0 needs; see the guest guide"
+                .into(),
+        ))
+    }
+
+    /// [`Backend::write_from`], only if the stored state is as `expect`
+    /// says; `Ok(false)` when it is not, and nothing was written. Lock
+    /// rules first, as [`Backend::write`]. The check and the switch must be
+    /// one step of the storage (its compare-and-swap), so that of two
+    /// writers expecting the same version, on any two hosts, exactly one
+    /// succeeds. The default serves only [`Expect::Any`].
+    fn write_if(
+        &self,
+        workspace: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+        expect: &Expect,
+    ) -> Result<bool, Error> {
+        match expect {
+            Expect::Any => self.write_from(workspace, state, lock_id).map(|()| true),
+            _ => Err(Error::Internal(
+                "this guest implements no Backend::write_if, which contract 0.3.0 needs; see the \
+                 guest guide"
+                    .into(),
+            )),
+        }
+    }
+
+    /// The workspace's [`Metadata`], kept beside its state where a native
+    /// Terraform never looks; `None` when none is kept. The default says
+    /// this storage keeps none (the host then keeps it per replica).
+    fn read_metadata(&self, workspace: &str) -> Result<Option<Metadata>, Error> {
+        let _ = workspace;
+        Err(Error::InvalidInput(NO_METADATA.into()))
+    }
+
+    /// Set (`Some`) or remove (`None`) the workspace's metadata, only if it
+    /// is as `expect` says (one step of the storage); `Ok(false)` when it
+    /// is not. Removing metadata that is not there succeeds.
+    fn write_metadata(
+        &self,
+        workspace: &str,
+        content: Option<&str>,
+        expect: &Expect,
+    ) -> Result<bool, Error> {
+        let _ = (workspace, content, expect);
+        Err(Error::InvalidInput(NO_METADATA.into()))
+    }
+
     /// Delete the state; same lock rules as [`Backend::write`]. Deleting a
     /// missing state succeeds.
     fn delete(&self, workspace: &str, lock_id: Option<&str>) -> Result<(), Error>;
@@ -227,6 +283,9 @@ pub trait Backend {
         }
     }
 }
+
+/// What a guest that keeps no workspace metadata answers.
+const NO_METADATA: &str = "this storage keeps no workspace metadata";
 
 /// Each pair of [`Backend`] methods defaults to the other; a guest that
 /// implements neither gets this one-line error instead of a stack overflow.

@@ -7,17 +7,26 @@
 //!
 //! ```no_run
 //! use wasmstate_guest::postgres::{self, Refused};
-//! # fn demo(state: &wasmstate_guest::StateReader<'_>) -> Result<(), wasmstate_guest::postgres::PgError> {
-//! match postgres::write("default", state, None)? {
+//! use wasmstate_guest::Expect;
+//! # fn demo(state: &wasmstate_guest::StateReader<'_>, out: &mut wasmstate_guest::StateWriter<'_>) -> Result<(), wasmstate_guest::postgres::PgError> {
+//! // The row's version, size and digest, its first bytes into `out`.
+//! let head = postgres::head("default", out)?;
+//! let expect = head.map_or(Expect::Absent, |h| Expect::Version(h.version));
+//! match postgres::write_if("default", state, None, &expect)? {
 //!     None => {}                              // written
 //!     Some(Refused::Held(holder)) => {}       // someone holds the lock
 //!     Some(Refused::NotLocked) => {}          // a lock id, but no lock
+//!     Some(Refused::Changed) => {}            // written by someone else since
 //! }
 //! # Ok(()) }
 //! ```
+//!
+//! The host also keeps each workspace's metadata in
+//! `<schema>.wasmstate_workspace_metadata` ([`read_metadata`],
+//! [`write_metadata`]), which Terraform's pg backend never reads.
 
 use crate::export::wit::wasmstate::backend::postgres as wit;
-use crate::{Error, LockInfo};
+use crate::{Error, Expect, LockInfo, Metadata};
 use std::fmt;
 
 /// Why a call failed.
@@ -117,6 +126,8 @@ pub enum Refused {
     Held(Holder),
     /// A lock id was given, but nobody holds the lock.
     NotLocked,
+    /// The row is not at the version the write expected.
+    Changed,
 }
 
 impl From<wit::Refused> for Refused {
@@ -124,6 +135,7 @@ impl From<wit::Refused> for Refused {
         match r {
             wit::Refused::Held(h) => Refused::Held(h.into()),
             wit::Refused::NotLocked => Refused::NotLocked,
+            wit::Refused::Changed => Refused::Changed,
         }
     }
 }
@@ -144,6 +156,35 @@ pub fn read_into(name: &str, out: &mut crate::StateWriter<'_>) -> Result<Option<
     }
 }
 
+/// What [`head`] knows of a row without its data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowHead {
+    /// The row's version: it changes with every write of the row,
+    /// Terraform's own included; [`Expect::Version`] compares it.
+    pub version: String,
+    /// The state's size in bytes, as [`read_into`] writes it.
+    pub size: u64,
+    /// `md5:<hex>` of those bytes, computed by the database.
+    pub digest: String,
+}
+
+/// Row `name`'s head, with the state's first bytes written into `prefix`
+/// by the host (as many as it takes); `None` when there is no row or it
+/// holds no state (what [`Expect::Absent`] matches). The data never leaves
+/// the database: its size and digest are computed there.
+pub fn head(name: &str, prefix: &mut crate::StateWriter<'_>) -> Result<Option<RowHead>, PgError> {
+    match prefix.host_sink() {
+        Some(sink) => Ok(wit::head(name, sink)?.map(|h| RowHead {
+            version: h.version,
+            size: h.size,
+            digest: h.digest,
+        })),
+        None => Err(PgError::Internal(
+            "postgres heads go to the host's state sink (implement Backend::head)".into(),
+        )),
+    }
+}
+
 /// Set row `name` to the state the host lent, only while its lock is held
 /// with `lock_id` (`None`: while nobody holds it). `None` when written.
 pub fn write(
@@ -151,15 +192,52 @@ pub fn write(
     state: &crate::StateReader<'_>,
     lock_id: Option<&str>,
 ) -> Result<Option<Refused>, PgError> {
+    write_if(name, state, lock_id, &Expect::Any)
+}
+
+/// [`write`], only if the row is as `expect` says ([`Expect::Absent`]: no
+/// row or no state in it; [`Expect::Version`]: a [`RowHead::version`]),
+/// checked in the write's own transaction: of two writers expecting the
+/// same version, on any replicas, exactly one writes and the other gets
+/// [`Refused::Changed`]. The lock rule is checked first.
+pub fn write_if(
+    name: &str,
+    state: &crate::StateReader<'_>,
+    lock_id: Option<&str>,
+    expect: &Expect,
+) -> Result<Option<Refused>, PgError> {
     match state.host_source() {
-        Some(source) => Ok(wit::write(name, source, lock_id)?.map(Into::into)),
+        Some(source) => {
+            let expect = crate::export::to_wit_expect(expect);
+            Ok(wit::write(name, source, lock_id, &expect)?.map(Into::into))
+        }
         None => Err(PgError::Internal(
             "postgres writes take the host's state (implement write_from)".into(),
         )),
     }
 }
 
-/// Delete row `name`, under the rule of [`write`].
+/// Workspace `name`'s metadata, `None` when none is kept.
+/// [`PgError::InvalidInput`] saying why when this database role may
+/// neither make nor use the metadata table.
+pub fn read_metadata(name: &str) -> Result<Option<Metadata>, PgError> {
+    Ok(wit::read_metadata(name)?.map(|m| Metadata {
+        content: m.content,
+        version: m.version,
+    }))
+}
+
+/// Set (`Some`) or remove (`None`) workspace `name`'s metadata if it is as
+/// `expect` says, in one statement; `false` when it is not (nothing
+/// changed). Removing metadata that is not there succeeds. Deleting the
+/// row (`delete`) removes its metadata in the same transaction.
+pub fn write_metadata(name: &str, content: Option<&str>, expect: &Expect) -> Result<bool, PgError> {
+    let expect = crate::export::to_wit_expect(expect);
+    Ok(wit::write_metadata(name, content, &expect)?)
+}
+
+/// Delete row `name` (and its workspace's metadata), under the rule of
+/// [`write`].
 pub fn delete(name: &str, lock_id: Option<&str>) -> Result<Option<Refused>, PgError> {
     Ok(wit::delete(name, lock_id)?.map(Into::into))
 }

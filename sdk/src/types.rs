@@ -41,3 +41,40 @@ impl Diagnostic {
         }
     }
 }
+
+/// What the host's stale-write guard needs of a stored state, without its
+/// body (contract 0.3.0's `head`). Its first bytes go to the host through
+/// the [`crate::StateWriter`] `head` is given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    /// The storage's own version of the stored bytes (an ETag, a GCS
+    /// generation, a row version, a git blob id): it must change whenever
+    /// they change; [`Expect::Version`] compares it.
+    pub version: String,
+    /// The state's size in bytes.
+    pub size: u64,
+    /// `<algorithm>:<lowercase hex>` of the stored bytes where the storage
+    /// keeps one without reading them (`md5`, `sha256`, `git-blob`).
+    pub digest: Option<String>,
+}
+
+/// Which stored state (or metadata) a conditional write may replace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expect {
+    /// Whatever is stored, or nothing.
+    Any,
+    /// Only when nothing is stored.
+    Absent,
+    /// Only while the stored version is still this one.
+    Version(String),
+}
+
+/// A workspace's metadata (a small JSON document the host writes) and the
+/// version [`Expect::Version`] compares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metadata {
+    /// The document, at most 64 KiB.
+    pub content: String,
+    /// Opaque; must change whenever `content` is written.
+    pub version: String,
+}

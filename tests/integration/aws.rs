@@ -11,7 +11,7 @@ pub(crate) const BUCKET: &str = "wasmstate-states";
 const TABLE: &str = "terraform-locks";
 pub(crate) const KEY: &str = "app/terraform.tfstate";
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Locking {
     LockFile,
     DynamoDb,
@@ -116,7 +116,7 @@ fn terraform_through_dynamodb() {
 }
 
 /// Terraform's own `backend "s3"` on the same bucket, key and lock layout.
-fn native_backend(moto_url: &str, locking: Locking) -> String {
+pub(crate) fn native_backend(moto_url: &str, locking: Locking) -> String {
     let lock = match locking {
         Locking::LockFile => "    use_lockfile = true".to_string(),
         Locking::DynamoDb => format!("    dynamodb_table = \"{TABLE}\""),

@@ -10,8 +10,8 @@ use crate::common::*;
 use crate::terraform::{apply_and_check, ok, run};
 use std::path::Path;
 
-const CONTAINER: &str = "tfstate";
-const KEY: &str = "prod.terraform.tfstate";
+pub(crate) const CONTAINER: &str = "tfstate";
+pub(crate) const KEY: &str = "prod.terraform.tfstate";
 
 pub(crate) fn start() -> Azurite {
     let azurite = Azurite::start();
@@ -33,7 +33,7 @@ pub(crate) fn settings(azurite: &Azurite, snapshot: bool) -> Vec<(String, String
     .collect()
 }
 
-fn server(data: &Path, azurite: &Azurite, snapshot: bool) -> Server {
+pub(crate) fn server(data: &Path, azurite: &Azurite, snapshot: bool) -> Server {
     server_with(data, azurite, snapshot, "")
 }
 
@@ -57,7 +57,7 @@ fn kit(settings: &[(String, String)]) -> (bool, String) {
 }
 
 /// The blob of workspace `ws`, as Terraform's azurerm backend names it.
-fn blob(ws: &str) -> String {
+pub(crate) fn blob(ws: &str) -> String {
     match ws {
         "default" => KEY.to_string(),
         _ => format!("{KEY}env:{ws}"),
@@ -65,14 +65,20 @@ fn blob(ws: &str) -> String {
 }
 
 /// A blob's bytes, read by the native client.
-fn native_bytes(azurite: &Azurite, name: &str) -> Option<Vec<u8>> {
+pub(crate) fn native_bytes(azurite: &Azurite, name: &str) -> Option<Vec<u8>> {
     let file = tempfile::NamedTempFile::new().unwrap();
     let (code, _) = azurite.native(CONTAINER, &["get", name, file.path().to_str().unwrap()]);
     (code == 0).then(|| std::fs::read(file.path()).unwrap())
 }
 
 /// Write `bytes` to a blob as Terraform's Put does (`lease` when held).
-fn native_put(azurite: &Azurite, name: &str, bytes: &[u8], lease: Option<&str>, snapshot: bool) {
+pub(crate) fn native_put(
+    azurite: &Azurite,
+    name: &str,
+    bytes: &[u8],
+    lease: Option<&str>,
+    snapshot: bool,
+) {
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), bytes).unwrap();
     azurite.native_ok(
@@ -87,12 +93,12 @@ fn native_put(azurite: &Azurite, name: &str, bytes: &[u8], lease: Option<&str>, 
     );
 }
 
-fn props(azurite: &Azurite, name: &str) -> serde_json::Value {
+pub(crate) fn props(azurite: &Azurite, name: &str) -> serde_json::Value {
     azurite.native_ok(CONTAINER, &["props", name])
 }
 
 /// A LockInfo as Terraform's client makes one (a UUID as its ID).
-fn terraform_lock(id: &str, who: &str) -> String {
+pub(crate) fn terraform_lock(id: &str, who: &str) -> String {
     serde_json::json!({
         "ID": id, "Operation": "OperationTypeApply", "Info": "", "Who": who,
         "Version": "1.11.4", "Created": "2026-01-02T15:04:05.123456789Z", "Path": ""
@@ -115,7 +121,7 @@ fn azure_passes_the_kit_with_snapshots_as_history() {
     let azurite = start();
     let (ok, out) = kit(&settings(&azurite, true));
     assert!(ok, "{out}");
-    assert_eq!(summary(&out), "25 passed, 0 failed", "{out}");
+    assert_eq!(summary(&out), "33 passed, 0 failed", "{out}");
 }
 
 #[test]
@@ -123,7 +129,7 @@ fn azure_passes_the_kit_without_snapshots() {
     let azurite = start();
     let (ok, out) = kit(&settings(&azurite, false));
     assert!(ok, "{out}");
-    assert_eq!(summary(&out), "25 passed, 0 failed", "{out}");
+    assert_eq!(summary(&out), "33 passed, 0 failed", "{out}");
 }
 
 /// A container SAS instead of the account key: the host appends it to
@@ -141,7 +147,7 @@ fn azure_passes_the_kit_with_a_sas_token() {
     settings.push(("sas_token".into(), sas.as_str().unwrap().to_string()));
     let (ok, out) = kit(&settings);
     assert!(ok, "{out}");
-    assert_eq!(summary(&out), "25 passed, 0 failed", "{out}");
+    assert_eq!(summary(&out), "33 passed, 0 failed", "{out}");
 }
 
 #[test]

@@ -157,7 +157,7 @@ fn kit_and_terraform(
 ) {
     let (ok, out) = kit(settings, env);
     assert!(ok, "{out}");
-    assert_eq!(summary(&out), "25 passed, 0 failed", "{out}");
+    assert_eq!(summary(&out), "33 passed, 0 failed", "{out}");
     let (data, work) = (tempdir(), tempdir());
     let server = server(data.path(), settings, env);
     let url = server.state_url("az", "default");

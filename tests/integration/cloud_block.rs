@@ -4,8 +4,11 @@
 //! and `TF_TOKEN_<host>:<port>` (a literal colon, as terraform maps it).
 
 mod guests;
+mod login;
+mod meta_review;
 mod outputs_role;
 mod remote;
+mod replicas;
 mod tls;
 mod uploads;
 

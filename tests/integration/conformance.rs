@@ -82,11 +82,11 @@ fn a_guest_for_another_wit_version_is_refused_at_load() {
     ]);
     assert!(!ok, "{out}");
     assert!(
-        out.contains("guest is built for wasmstate:backend@9.0.0, but this host supports wasmstate:backend@0.2.1, 0.2.0, 0.1.0"),
+        out.contains("guest is built for wasmstate:backend@9.0.0, but this host supports wasmstate:backend@0.3.0, 0.2.1, 0.2.0, 0.1.0"),
         "{out}"
     );
     let (ok, out) = wasmstate(&["guest", "test", FUTURE_VERSION_WASM]);
-    assert!(!ok && out.contains("wasmstate:backend@0.2.1"), "{out}");
+    assert!(!ok && out.contains("wasmstate:backend@0.3.0"), "{out}");
 }
 
 /// The `local` guest as the 0.1.0 SDK built it (states passed whole), from
@@ -153,24 +153,53 @@ const V0_2_0_LOCAL_WASM: &str = concat!(
     "/../tests/fixtures/v0.2.0/local.wasm"
 );
 
+/// The `local` guest as the 0.2.1 SDK built it: see `tests/fixtures/v0.2.1/`.
+pub const V0_2_1_LOCAL_WASM: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../tests/fixtures/v0.2.1/local.wasm"
+);
+
 #[test]
-fn a_guest_built_for_0_2_0_is_served_by_the_0_2_1_bindings_and_passes_everything() {
-    let (ok, out) = wasmstate(&["guest", "test", V0_2_0_LOCAL_WASM]);
-    assert!(ok, "{out}");
-    assert_eq!(summary(&out), "25 passed, 0 failed", "{out}");
-    let (ok, out) = wasmstate(&["guest", "inspect", V0_2_0_LOCAL_WASM]);
-    assert!(ok, "{out}");
-    assert!(out.contains("wit           0.2.0 (supported;"), "{out}");
-    // And a real server takes a state through it.
-    let root = tempdir();
-    let server = Server::with_config(
-        &root.path().join("data"),
-        &format!(
-            "[backends.old]\nguest = {V0_2_0_LOCAL_WASM:?}\ndir = {:?}\n",
-            root.path().join("store")
-        ),
-    );
-    let url = server.state_url("old", "ws");
-    assert_eq!(send("POST", &url, Some(&state(3))).status, 200);
-    assert_eq!(send("GET", &url, None).body, state(3));
+fn guests_built_for_0_2_x_are_served_through_the_0_2_1_adapter_and_pass_everything() {
+    for (version, wasm) in [("0.2.1", V0_2_1_LOCAL_WASM), ("0.2.0", V0_2_0_LOCAL_WASM)] {
+        let (ok, out) = wasmstate(&["guest", "test", wasm]);
+        assert!(ok, "{version}: {out}");
+        assert!(!out.contains("FAIL"), "{version}: {out}");
+        let last = summary(&out);
+        assert!(last.ends_with(" passed, 0 failed"), "{version}: {out}");
+        let passed: usize = last.split(' ').next().unwrap().parse().unwrap();
+        assert!(passed >= 25, "{version}: {out}");
+        let (ok, out) = wasmstate(&["guest", "inspect", wasm]);
+        assert!(ok, "{out}");
+        assert!(
+            out.contains(&format!(
+                "wit           {version} (supported; no conditional writes"
+            )),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("wasmstate:backend/storage@{version}")),
+            "{out}"
+        );
+        // And a real server takes states through it: written, read back,
+        // and an unlocked write to a workspace a client holds refused.
+        let root = tempdir();
+        let server = Server::with_config(
+            &root.path().join("data"),
+            &format!(
+                "[backends.old]\nguest = {wasm:?}\ndir = {:?}\n",
+                root.path().join("store")
+            ),
+        );
+        let url = server.state_url("old", "ws");
+        assert_eq!(send("POST", &url, Some(&state(3))).status, 200);
+        assert_eq!(send("GET", &url, None).body, state(3));
+        let held = lock_info("held-by-a-client", "ci@elsewhere");
+        assert_eq!(send("LOCK", &url, Some(&held)).status, 200);
+        assert_eq!(send("POST", &url, Some(&state(4))).status, 423);
+        let under_lock = format!("{url}?ID=held-by-a-client");
+        assert_eq!(send("POST", &under_lock, Some(&state(4))).status, 200);
+        assert_eq!(send("GET", &url, None).body, state(4));
+        assert_eq!(send("UNLOCK", &url, Some(&held)).status, 200);
+    }
 }

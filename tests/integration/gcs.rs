@@ -7,16 +7,16 @@ use crate::common::*;
 use crate::terraform::apply_and_check;
 use std::path::Path;
 
-const BUCKET: &str = "wasmstate-gcs";
-const PREFIX: &str = "team/app";
+pub(crate) const BUCKET: &str = "wasmstate-gcs";
+pub(crate) const PREFIX: &str = "team/app";
 
-fn start(versioned: bool) -> FakeGcs {
+pub(crate) fn start(versioned: bool) -> FakeGcs {
     let gcs = FakeGcs::start();
     gcs.create_bucket(BUCKET, versioned);
     gcs
 }
 
-fn settings(gcs: &FakeGcs) -> Vec<(String, String)> {
+pub(crate) fn settings(gcs: &FakeGcs) -> Vec<(String, String)> {
     [
         ("bucket", BUCKET.to_string()),
         ("prefix", PREFIX.to_string()),
@@ -30,7 +30,7 @@ fn settings(gcs: &FakeGcs) -> Vec<(String, String)> {
     .collect()
 }
 
-fn server(data: &Path, gcs: &FakeGcs) -> Server {
+pub(crate) fn server(data: &Path, gcs: &FakeGcs) -> Server {
     Server::with_config(data, &backend_table("gcs", "gcs", "", &settings(gcs)))
 }
 
@@ -45,7 +45,7 @@ fn gcs_passes_the_kit_with_object_versions() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (ok, out) = wasmstate(&args);
     assert!(ok, "{out}");
-    assert_eq!(summary(&out), "25 passed, 0 failed", "{out}");
+    assert_eq!(summary(&out), "33 passed, 0 failed", "{out}");
 }
 
 #[test]
@@ -62,7 +62,7 @@ fn terraform_through_gcs() {
 }
 
 /// Terraform's own `backend "gcs"` on the same bucket, under `prefix`.
-fn native_block(gcs: &FakeGcs, prefix: &str) -> String {
+pub(crate) fn native_block(gcs: &FakeGcs, prefix: &str) -> String {
     format!(
         r#"terraform {{
   backend "gcs" {{

@@ -43,7 +43,7 @@ fn conformance_kit_passes_by_path_file_url_and_git_daemon() {
             &format!("repository={url}"),
         ]);
         assert!(passed, "{name}: {out}");
-        assert_eq!(summary(&out), "25 passed, 0 failed", "{name}");
+        assert_eq!(summary(&out), "33 passed, 0 failed", "{name}");
     }
 }
 

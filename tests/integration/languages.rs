@@ -2,64 +2,54 @@
 //! rust|python|js` writes a template; the real toolchains build it
 //! (cargo for wasm32-wasip2, componentize-py 0.25.1 from PyPI,
 //! componentize-js 0.23.0 from npm, each installed and version-checked by
-//! the harness); the conformance kit passes unchanged (25/25, with a state
-//! larger than the 64 MiB the manifests ask for); the embedded manifest is
-//! read back; a real `terraform apply` is served through it; a 256 MiB
-//! state goes both ways at `memory_mib = 64`; and a crash says why.
+//! the harness); the conformance kit passes unchanged (every case, with a
+//! state larger than the 64 MiB the manifests ask for, and contract
+//! 0.3.0's head, conditional writes and metadata kept in the guest's own
+//! directory); the embedded manifest is read back; a real `terraform
+//! apply` is served through it; unlocked racers on two replicas get one
+//! 200 and one 409; a 256 MiB state goes both ways at `memory_mib = 64`;
+//! and a crash says why.
 
+mod build;
 mod procs;
+mod races;
+mod stale;
 
 use crate::common::*;
+use build::{build_template, built, edit_file, must, template};
 use procs::{compiler_children, idle_rss_mib};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::Duration;
 
-/// The PATH the templates' build scripts run with: `wasmstate` (for
-/// `guest embed-manifest`) and `extra` first.
-fn path_with(extra: &[&Path]) -> String {
-    let bin = Path::new(BIN).parent().unwrap();
-    let mut parts: Vec<String> = extra.iter().map(|p| p.display().to_string()).collect();
-    parts.push(bin.display().to_string());
-    parts.push(std::env::var("PATH").unwrap_or_default());
-    parts.join(":")
-}
+/// Contract 0.3.0's kit cases a template must pass for real: not skipped
+/// (built for 0.3.0), metadata kept in its own storage (no note).
+const CONTRACT_0_3_0_CASES: [&str; 4] = [
+    "head agrees with read",
+    "parallel conditional writers from one version: exactly one wins",
+    "workspace metadata round-trips and is replaced only as expected",
+    "deleting a workspace removes its metadata",
+];
 
-/// Run `command`, which must succeed; its output otherwise.
-fn must(what: &str, command: &mut Command) {
-    let out = command.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// `wasmstate guest new NAME --lang LANG --dir DIR`.
-fn template(lang: &str, name: &str, dir: &Path, extra: &[&str]) {
-    let mut args = vec![
-        "guest",
-        "new",
-        name,
-        "--lang",
-        lang,
-        "--dir",
-        dir.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let (ok, out) = wasmstate(&args);
-    assert!(ok, "{out}");
-    assert!(out.contains("next:"), "{out}");
-}
-
-/// The kit on `wasm` must pass every case; its report.
+/// The kit on `wasm` must run and pass every case, contract 0.3.0's
+/// included; its report.
 fn passes_the_kit(wasm: &Path) -> String {
     let (ok, out) = wasmstate(&["guest", "test", wasm.to_str().unwrap()]);
     assert!(ok, "{out}");
-    assert_eq!(summary(&out), "25 passed, 0 failed", "{out}");
+    let passed = out.lines().filter(|l| l.starts_with("PASS  ")).count();
+    assert!(passed >= 33, "{out}");
+    assert_eq!(summary(&out), format!("{passed} passed, 0 failed"), "{out}");
+    assert!(!out.contains("\nSKIP  "), "no case skipped: {out}");
+    for case in CONTRACT_0_3_0_CASES {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("PASS  {case}")))
+            .unwrap_or_else(|| panic!("{case}: not passed in\n{out}"));
+        assert!(
+            !line.contains("keeps no metadata"),
+            "metadata is kept in the guest's storage: {line}"
+        );
+    }
     out
 }
 
@@ -87,62 +77,6 @@ fn serves_terraform(wasm: &Path) {
     );
 }
 
-/// Build the `lang` template (python or js) in a folder that lives as long
-/// as the test run, after `edit(dir)`; the component's path.
-fn build_template(lang: &str, name: &str, edit: impl FnOnce(&Path)) -> PathBuf {
-    let dir = tempfile::Builder::new()
-        .prefix("wasmstate-lang-")
-        .tempdir()
-        .unwrap()
-        .keep()
-        .join(name);
-    template(lang, name, &dir, &[]);
-    edit(&dir);
-    if lang == "python" {
-        let venv = tools::python_env();
-        must(
-            "./build.sh",
-            Command::new(dir.join("build.sh"))
-                .current_dir(&dir)
-                .env("PATH", path_with(&[&venv.dir().join("bin")])),
-        );
-    } else {
-        // What `npm ci` in the new folder installs, from the same lockfile.
-        std::os::unix::fs::symlink(tools::node_modules(), dir.join("node_modules")).unwrap();
-        must(
-            "npm run build",
-            Command::new("npm")
-                .args(["run", "build", "--silent"])
-                .current_dir(&dir)
-                .env("PATH", path_with(&[])),
-        );
-    }
-    dir.join("guest.wasm")
-}
-
-/// The unmodified template of `lang`, built once per test run (a build
-/// takes 10 to 25 s).
-fn built(lang: &'static str) -> &'static Path {
-    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    static JS: OnceLock<PathBuf> = OnceLock::new();
-    let (cell, name) = match lang {
-        "python" => (&PYTHON, "py-guest"),
-        _ => (&JS, "js-guest"),
-    };
-    cell.get_or_init(|| build_template(lang, name, |_| {}))
-}
-
-/// Replace `from` (which must be there) with `to` in `file`.
-fn edit_file(file: &Path, from: &str, to: &str) {
-    let text = std::fs::read_to_string(file).unwrap();
-    assert!(
-        text.contains(from),
-        "{} no longer has {from:?}",
-        file.display()
-    );
-    std::fs::write(file, text.replacen(from, to, 1)).unwrap();
-}
-
 /// The built template `lang` (named `name`) passes the kit at the 64 MiB
 /// its manifest asks for, carries that manifest, and serves Terraform.
 fn the_template_passes_and_serves(lang: &'static str, name: &str) {
@@ -161,6 +95,26 @@ fn a_python_guest_from_the_template_passes_the_kit_and_serves_terraform() {
 #[test]
 fn a_javascript_guest_from_the_template_passes_the_kit_and_serves_terraform() {
     the_template_passes_and_serves("js", "js-guest");
+}
+
+#[test]
+fn python_unlocked_racers_on_two_replicas_get_one_200_and_one_409() {
+    races::unlocked_racers_get_one_200_and_one_409(built("python"));
+}
+
+#[test]
+fn javascript_unlocked_racers_on_two_replicas_get_one_200_and_one_409() {
+    races::unlocked_racers_get_one_200_and_one_409(built("js"));
+}
+
+#[test]
+fn python_a_stopped_writes_lock_is_taken_over_only_when_stale() {
+    stale::a_stopped_writes_lock_is_taken_over_only_when_stale(built("python"));
+}
+
+#[test]
+fn javascript_a_stopped_writes_lock_is_taken_over_only_when_stale() {
+    stale::a_stopped_writes_lock_is_taken_over_only_when_stale(built("js"));
 }
 
 /// A state four times the memory the template asks for, written and read

@@ -131,8 +131,8 @@ fn signed_install_pins_and_refusals() {
     for want in [
         "http://*:*",
         "memory        64 MiB",
-        "wit           0.2.1 (current)",
-        "wasmstate:backend/storage@0.2.1",
+        "wit           0.3.0 (current)",
+        "wasmstate:backend/storage@0.3.0",
         &digest,
     ] {
         assert!(shown.contains(want), "{want} missing:\n{shown}");

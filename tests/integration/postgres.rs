@@ -41,11 +41,11 @@ fn postgres_passes_the_kit() {
         "schema_name=kit",
     ]);
     assert!(ok, "{out}");
-    assert_eq!(summary(&out), "25 passed, 0 failed", "{out}");
+    assert_eq!(summary(&out), "33 passed, 0 failed", "{out}");
     // Terraform's tables, made as its pg backend makes them, and wasmstate's.
     assert_eq!(
-        pg.query("select count(*) from information_schema.tables where table_schema = 'kit' and table_name in ('states', 'wasmstate_locks', 'wasmstate_state_versions')"),
-        "3"
+        pg.query("select count(*) from information_schema.tables where table_schema = 'kit' and table_name in ('states', 'wasmstate_locks', 'wasmstate_state_versions', 'wasmstate_workspace_metadata')"),
+        "4"
     );
     // The kit's history case wrote and read versions there.
     let kept: u64 = pg

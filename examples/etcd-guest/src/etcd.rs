@@ -57,6 +57,7 @@ struct TxnResponse {
 }
 
 /// A condition of a transaction.
+#[derive(Clone, Copy)]
 pub enum Compare<'a> {
     /// The key does not exist.
     Absent(&'a str),

@@ -9,12 +9,17 @@
 //! <prefix>states/<ws>                      manifest: {"generation", "chunks", "size"}
 //! <prefix>chunks/<ws>/<generation>/<n>     the state, in chunks of `chunk_kib`
 //! <prefix>locks/<ws>                       LockInfo JSON while locked
+//! <prefix>metadata/<ws>                    the workspace's metadata
 //! ```
 //!
 //! A state larger than etcd's request limit (1.5 MiB by default) is written
 //! as chunks under a fresh generation, then published by one transaction
 //! that replaces the manifest only if the lock is still what the writer
-//! saw — so a write is atomic and honours the lock even across many hosts.
+//! saw and the manifest is the one the writer expects — so a write is
+//! atomic, honours the lock and is a compare-and-swap, across many hosts.
+//! A state's version is its manifest's `mod_revision`, a metadata's its
+//! key's: etcd never gives one revision twice, not even to a key deleted
+//! and created again.
 //! Readers follow the manifest; old generations are deleted after the
 //! switch, and a reader that loses that race is refused as unavailable
 //! (Terraform reads again). Both directions stream a chunk at a time, so
@@ -30,7 +35,8 @@ use etcd::{Compare, Etcd, Kv, Op};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use wasmstate_guest::{
-    Backend, Config, Diagnostic, Error, LockInfo, StateReader, StateWriter, register_backend,
+    Backend, Config, Diagnostic, Error, Expect, Head, LockInfo, Metadata, StateReader, StateWriter,
+    register_backend,
 };
 
 struct EtcdBackend {
@@ -57,6 +63,29 @@ fn random_hex() -> String {
     format!("{:016x}", h.finish())
 }
 
+/// The condition on `key` that `expect` asks of a transaction (`None`:
+/// none), or `Err(())` for a version this guest never hands out, which no
+/// stored key can match.
+fn expect_condition<'a>(key: &'a str, expect: &Expect) -> Result<Option<Compare<'a>>, ()> {
+    match expect {
+        Expect::Any => Ok(None),
+        Expect::Absent => Ok(Some(Compare::Absent(key))),
+        Expect::Version(v) => v
+            .parse()
+            .map(|revision| Some(Compare::ModRevision(key, revision)))
+            .map_err(|_| ()),
+    }
+}
+
+/// Whether `kv` (the key as stored now, `None`: absent) is as `expect` says.
+fn is_expected(kv: Option<&Kv>, expect: &Expect) -> bool {
+    match (expect, kv) {
+        (Expect::Any, _) | (Expect::Absent, None) => true,
+        (Expect::Absent, Some(_)) | (Expect::Version(_), None) => false,
+        (Expect::Version(v), Some(kv)) => *v == kv.mod_revision.to_string(),
+    }
+}
+
 fn lock_from(kv: &Kv) -> Result<LockInfo, Error> {
     LockInfo::from_json(&kv.value).map_err(|e| {
         Error::Internal(format!(
@@ -77,6 +106,9 @@ impl EtcdBackend {
     }
     fn lock_key(&self, ws: &str) -> String {
         format!("{}locks/{ws}", self.prefix)
+    }
+    fn metadata_key(&self, ws: &str) -> String {
+        format!("{}metadata/{ws}", self.prefix)
     }
 
     /// The lock as stored, with its revision, for conditional writes.
@@ -109,13 +141,19 @@ impl EtcdBackend {
 
     /// Replace (`Some`, streamed chunk by chunk: the guest never holds the
     /// whole state) or remove (`None`) the state, if the lock still allows
-    /// it when the switch happens.
+    /// it and the manifest is as `expect` says when the switch happens;
+    /// `false` when the manifest is not (nothing changed then).
     fn publish(
         &self,
         ws: &str,
         state: Option<&mut StateReader<'_>>,
         lock_id: Option<&str>,
-    ) -> Result<(), Error> {
+        expect: &Expect,
+    ) -> Result<bool, Error> {
+        let manifest_key = self.manifest_key(ws);
+        let Ok(expected) = expect_condition(&manifest_key, expect) else {
+            return Ok(false);
+        };
         let generation = random_hex();
         let manifest = match state {
             Some(state) => {
@@ -156,22 +194,37 @@ impl EtcdBackend {
                 }
             };
             let lock_key = self.lock_key(ws);
-            let compare = [match condition {
+            let mut compare = vec![match condition {
                 Some(rev) => Compare::ModRevision(&lock_key, rev),
                 None => Compare::Absent(&lock_key),
             }];
-            let (manifest_key, workspace_key) = (self.manifest_key(ws), self.workspace_key(ws));
+            compare.extend(expected.clone());
+            let workspace_key = self.workspace_key(ws);
+            // On failure, the manifest as it is: did it change, or the lock?
+            let failure = [Op::Get(&manifest_key)];
             let outcome = match &manifest {
                 Some(m) => self.etcd.txn(
                     &compare,
                     &[Op::Put(&manifest_key, m), Op::Put(&workspace_key, b"")],
-                    &[],
+                    &failure,
                 )?,
-                None => self.etcd.txn(&compare, &[Op::Delete(&manifest_key)], &[])?,
+                None => self
+                    .etcd
+                    .txn(&compare, &[Op::Delete(&manifest_key)], &failure)?,
             };
+            let previous = outcome.kvs.into_iter().next().flatten();
             if outcome.succeeded {
-                self.drop_generation(ws, outcome.kvs.into_iter().next().flatten());
-                return Ok(());
+                self.drop_generation(ws, previous);
+                return Ok(true);
+            }
+            if !is_expected(previous.as_ref(), expect) {
+                let _ = self
+                    .etcd
+                    .delete_prefix(&self.chunks_prefix(ws, &generation));
+                // The lock rules come first: a writer that lost its lock
+                // meanwhile hears that, not "changed".
+                self.lock_condition(ws, lock_id)?;
+                return Ok(false);
             }
             // The lock changed between our look and our write: look again.
         }
@@ -238,17 +291,64 @@ impl Backend for EtcdBackend {
         Ok(true)
     }
 
+    fn head(&self, ws: &str, prefix: &mut StateWriter<'_>) -> Result<Option<Head>, Error> {
+        'look: for _ in 0..RACE_RETRIES {
+            let Some(kv) = self.etcd.get(&self.manifest_key(ws))? else {
+                return Ok(None);
+            };
+            let manifest: Manifest = serde_json::from_slice(&kv.value)
+                .map_err(|e| Error::Internal(format!("manifest of {ws:?} is corrupt: {e}")))?;
+            // The first chunks only, until the host has what it needs (etcd
+            // reads a value whole: a state of one chunk is read whole).
+            let chunks = self.chunks_prefix(ws, &manifest.generation);
+            for i in 0..manifest.chunks {
+                let Some(chunk) = self.etcd.get(&format!("{chunks}{i:06}"))? else {
+                    if i == 0 {
+                        // Replaced between the two reads (its writer drops
+                        // the old chunks): look at the new manifest.
+                        continue 'look;
+                    }
+                    return Err(Error::Unavailable(format!(
+                        "workspace {ws:?}: the state was replaced while being read; read it again"
+                    )));
+                };
+                if prefix.write_all(&chunk.value).is_err() {
+                    break;
+                }
+            }
+            return Ok(Some(Head {
+                version: kv.mod_revision.to_string(),
+                size: manifest.size as u64,
+                digest: None,
+            }));
+        }
+        Err(Error::Unavailable(format!(
+            "workspace {ws:?}: the state kept being replaced while its head was read"
+        )))
+    }
+
     fn write_from(
         &self,
         ws: &str,
         state: &mut StateReader<'_>,
         lock_id: Option<&str>,
     ) -> Result<(), Error> {
-        self.publish(ws, Some(state), lock_id)
+        self.publish(ws, Some(state), lock_id, &Expect::Any)
+            .map(|_| ())
+    }
+
+    fn write_if(
+        &self,
+        ws: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+        expect: &Expect,
+    ) -> Result<bool, Error> {
+        self.publish(ws, Some(state), lock_id, expect)
     }
 
     fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
-        self.publish(ws, None, lock_id)
+        self.publish(ws, None, lock_id, &Expect::Any).map(|_| ())
     }
 
     fn lock(&self, ws: &str, info: &LockInfo) -> Result<(), Error> {
@@ -341,14 +441,19 @@ impl Backend for EtcdBackend {
     }
 
     fn delete_workspace(&self, ws: &str) -> Result<(), Error> {
-        let (workspace_key, lock_key, manifest_key) = (
+        let (workspace_key, lock_key, manifest_key, metadata_key) = (
             self.workspace_key(ws),
             self.lock_key(ws),
             self.manifest_key(ws),
+            self.metadata_key(ws),
         );
         let outcome = self.etcd.txn(
             &[Compare::Present(&workspace_key), Compare::Absent(&lock_key)],
-            &[Op::Delete(&manifest_key), Op::Delete(&workspace_key)],
+            &[
+                Op::Delete(&manifest_key),
+                Op::Delete(&metadata_key),
+                Op::Delete(&workspace_key),
+            ],
             &[Op::Get(&workspace_key), Op::Get(&lock_key)],
         )?;
         if outcome.succeeded {
@@ -366,6 +471,40 @@ impl Backend for EtcdBackend {
                 "workspace {ws:?} changed during delete; try again"
             ))),
         }
+    }
+
+    fn read_metadata(&self, ws: &str) -> Result<Option<Metadata>, Error> {
+        let Some(kv) = self.etcd.get(&self.metadata_key(ws))? else {
+            return Ok(None);
+        };
+        let content = String::from_utf8(kv.value).map_err(|_| {
+            Error::Internal(format!(
+                "metadata of {ws:?} in etcd is not UTF-8; delete it"
+            ))
+        })?;
+        Ok(Some(Metadata {
+            content,
+            version: kv.mod_revision.to_string(),
+        }))
+    }
+
+    fn write_metadata(
+        &self,
+        ws: &str,
+        content: Option<&str>,
+        expect: &Expect,
+    ) -> Result<bool, Error> {
+        let key = self.metadata_key(ws);
+        let Ok(expected) = expect_condition(&key, expect) else {
+            return Ok(false);
+        };
+        let change = match content {
+            Some(content) => Op::Put(&key, content.as_bytes()),
+            None => Op::Delete(&key),
+        };
+        // One transaction: the comparison and the change are one step.
+        let compare: Vec<Compare> = expected.into_iter().collect();
+        Ok(self.etcd.txn(&compare, &[change], &[])?.succeeded)
     }
 }
 

@@ -7,15 +7,22 @@
 //! ```text
 //! <key>                                 state of workspace "default"
 //! <workspace_key_prefix>/<ws>/<key>     state of workspace <ws> (prefix default "env:")
+//! <state key>.wasmstate-metadata        that workspace's metadata (wasmstate's own;
+//!                                       Terraform never lists it as a workspace)
 //! ```
 
+mod condition;
+mod conditional;
 mod s3;
 mod state;
 mod versions;
+mod writes;
 
 pub use aws_smithy_wasm::wasi::WasiSleep;
-pub use s3::{Condition, S3State, SERIAL_TAG, WRITE_TAG};
+pub use conditional::{HEAD_BYTES, METADATA_SUFFIX};
+pub use s3::{S3State, SERIAL_TAG, WRITE_TAG};
 pub use versions::MAX_VERSIONS;
+pub use writes::Condition;
 
 use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::config::{Region, SharedHttpClient};

@@ -1,13 +1,12 @@
 //! States in S3, where Terraform's `backend "s3"` keeps them.
 
+use crate::condition::Condition;
 use crate::{AwsSettings, block_on, sdk_error, status_of};
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::retry::RetryConfig;
 use aws_sdk_s3::config::{BehaviorVersion, RequestChecksumCalculation, ResponseChecksumValidation};
 use aws_sdk_s3::operation::get_object::GetObjectError;
-use aws_sdk_s3::primitives::ByteStream;
-use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart, ServerSideEncryption};
-use wasmstate_guest::{Error, StateReader};
+use wasmstate_guest::Error;
 
 /// Bytes fetched by a read's first ranged GET: enough for the host's look
 /// at the serial, small enough that the look stays cheap.
@@ -15,9 +14,6 @@ const FIRST_RANGE: u64 = 1 << 20;
 /// Bytes fetched by each later ranged GET, and the size of each part of
 /// an upload: what the guest holds of a state at once.
 pub const PART_BYTES: u64 = 8 << 20;
-/// Age past which an unfinished multipart upload is abandoned: longer than
-/// any request may run (the host caps a backend's `timeout_ms` at an hour).
-const ABANDONED_AFTER_SECS: u64 = 2 * 3600;
 
 /// User metadata (`x-amz-meta-wasmstate-write`) naming the write that put
 /// a state object: the dynamodb guest's way to tell a write that landed
@@ -29,50 +25,6 @@ pub const WRITE_TAG: &str = "wasmstate-write";
 /// history listing without reading the version (a sealed state keeps its
 /// serial after the ciphertext).
 pub const SERIAL_TAG: &str = "wasmstate-serial";
-
-/// The user metadata a state write carries.
-fn metadata(
-    tag: Option<&str>,
-    serial: Option<u64>,
-) -> Option<std::collections::HashMap<String, String>> {
-    let pairs: std::collections::HashMap<String, String> = tag
-        .map(|t| (WRITE_TAG.to_string(), t.to_string()))
-        .into_iter()
-        .chain(serial.map(|s| (SERIAL_TAG.to_string(), s.to_string())))
-        .collect();
-    (!pairs.is_empty()).then_some(pairs)
-}
-
-/// When a PUT may replace what is at its key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Condition {
-    /// Whatever is there.
-    Always,
-    /// Only if nothing is (`If-None-Match: *`).
-    IfAbsent,
-    /// Only if the object is still this ETag (`If-Match`): a write whose
-    /// request is applied late, after a newer one, is refused then.
-    IfMatch(String),
-    /// This condition where the store supports conditional writes, none
-    /// where it answers 501: a protection, not a requirement (a lock file
-    /// needs its condition; a state write under a lock only gains by it).
-    Preferably(Box<Condition>),
-}
-
-impl Condition {
-    /// The condition sent first.
-    fn sent(&self) -> &Condition {
-        match self {
-            Condition::Preferably(inner) => inner,
-            other => other,
-        }
-    }
-
-    /// Whether a store answering 501 to it gets the request again without.
-    fn optional(&self) -> bool {
-        matches!(self, Condition::Preferably(_))
-    }
-}
 
 /// An object read by [`S3State::get_to`].
 #[derive(Debug, Clone, Default)]
@@ -232,6 +184,16 @@ impl S3State {
     /// The [`WRITE_TAG`] of the object at `key` (a HEAD): `None` when
     /// there is no object, `Some(None)` for one without a tag.
     pub fn write_tag_of(&self, key: &str) -> Result<Option<Option<String>>, Error> {
+        Ok(self.labelled(key, WRITE_TAG)?.map(|(_, tag)| tag))
+    }
+
+    /// The ETag of the object at `key` and its user metadata `name`
+    /// (`x-amz-meta-<name>`), from a HEAD: `None` when there is no object.
+    pub fn labelled(
+        &self,
+        key: &str,
+        name: &str,
+    ) -> Result<Option<(String, Option<String>)>, Error> {
         block_on(async {
             match self
                 .client
@@ -241,250 +203,12 @@ impl S3State {
                 .send()
                 .await
             {
-                Ok(head) => Ok(Some(
-                    head.metadata().and_then(|m| m.get(WRITE_TAG)).cloned(),
-                )),
+                Ok(head) => Ok(Some((
+                    head.e_tag().unwrap_or_default().to_string(),
+                    head.metadata().and_then(|m| m.get(name)).cloned(),
+                ))),
                 Err(e) if status_of(&e) == Some(404) => Ok(None),
                 Err(e) => Err(sdk_error(&format!("looking for {}", self.url(key)), e)),
-            }
-        })
-    }
-
-    /// Write what `state` yields at `key`, handing every chunk to `each`
-    /// on its way (for a digest). Up to [`PART_BYTES`] it is one PUT;
-    /// larger states go up as a multipart upload of parts that size, which
-    /// S3 makes visible all at once when it completes (and discards when
-    /// it is aborted).
-    ///
-    /// `Ok(false)` when `condition` did not hold: nothing was written.
-    pub fn put_from(
-        &self,
-        key: &str,
-        state: &mut StateReader<'_>,
-        mut each: impl FnMut(&[u8]),
-        condition: &Condition,
-        tag: Option<&str>,
-    ) -> Result<bool, Error> {
-        let serial = state.serial();
-        if state.size() <= PART_BYTES {
-            let bytes = state.read_all();
-            each(&bytes);
-            return self.put_tagged(key, &bytes, condition, tag, serial);
-        }
-        self.abort_abandoned_uploads(key);
-        let s = &self.settings;
-        let mut create = self
-            .client
-            .create_multipart_upload()
-            .bucket(&s.bucket)
-            .key(key)
-            .set_metadata(metadata(tag, serial))
-            .content_type("application/json");
-        if let Some(kms) = &s.kms_key_id {
-            create = create
-                .server_side_encryption(ServerSideEncryption::AwsKms)
-                .ssekms_key_id(kms);
-        } else if s.encrypt {
-            create = create.server_side_encryption(ServerSideEncryption::Aes256);
-        }
-        let what = || format!("writing {}", self.url(key));
-        let upload = block_on(create.send()).map_err(|e| sdk_error(&what(), e))?;
-        let id = upload.upload_id().unwrap_or_default().to_string();
-        let uploaded = self.upload_parts(key, &id, state, &mut each, condition);
-        // Refused by its condition (`Ok(false)`) or failed: never the state.
-        if !matches!(uploaded, Ok(true)) {
-            // Best effort: an upload left open is removed by the bucket's
-            // lifecycle rules, and never becomes the state.
-            let _ = block_on(
-                self.client
-                    .abort_multipart_upload()
-                    .bucket(&s.bucket)
-                    .key(key)
-                    .upload_id(&id)
-                    .send(),
-            );
-        }
-        uploaded
-    }
-
-    fn upload_parts(
-        &self,
-        key: &str,
-        id: &str,
-        state: &mut StateReader<'_>,
-        each: &mut impl FnMut(&[u8]),
-        condition: &Condition,
-    ) -> Result<bool, Error> {
-        let what = || format!("writing {}", self.url(key));
-        let mut parts = Vec::new();
-        for number in 1.. {
-            let mut part = Vec::with_capacity(PART_BYTES as usize);
-            while (part.len() as u64) < PART_BYTES {
-                let chunk = state.next_chunk(PART_BYTES as usize - part.len());
-                if chunk.is_empty() {
-                    break;
-                }
-                part.extend_from_slice(&chunk);
-            }
-            if part.is_empty() {
-                break;
-            }
-            each(&part);
-            let sent = block_on(
-                self.client
-                    .upload_part()
-                    .bucket(&self.settings.bucket)
-                    .key(key)
-                    .upload_id(id)
-                    .part_number(number)
-                    .body(ByteStream::from(part))
-                    .send(),
-            )
-            .map_err(|e| sdk_error(&what(), e))?;
-            parts.push(
-                CompletedPart::builder()
-                    .part_number(number)
-                    .set_e_tag(sent.e_tag().map(str::to_string))
-                    .build(),
-            );
-        }
-        let complete = |condition: &Condition| {
-            let complete = self
-                .client
-                .complete_multipart_upload()
-                .bucket(&self.settings.bucket)
-                .key(key)
-                .upload_id(id)
-                .multipart_upload(
-                    CompletedMultipartUpload::builder()
-                        .set_parts(Some(parts.clone()))
-                        .build(),
-                );
-            match condition {
-                Condition::IfAbsent => complete.if_none_match("*"),
-                Condition::IfMatch(etag) => complete.if_match(etag),
-                _ => complete,
-            }
-        };
-        let conditional = *condition.sent() != Condition::Always;
-        match block_on(complete(condition.sent()).send()) {
-            Ok(_) => Ok(true),
-            Err(e) if conditional && matches!(status_of(&e), Some(412 | 409)) => Ok(false),
-            Err(e) if condition.optional() && status_of(&e) == Some(501) => {
-                block_on(complete(&Condition::Always).send())
-                    .map(|_| true)
-                    .map_err(|e| sdk_error(&what(), e))
-            }
-            Err(e) => Err(sdk_error(&what(), e)),
-        }
-    }
-
-    /// Abort uploads to `key` begun longer ago than any request may run:
-    /// writes stopped between their first part and their completion (a
-    /// deadline, a killed host), which S3 keeps, and bills, until aborted.
-    /// Best effort: a store that cannot list them keeps them for its
-    /// lifecycle rules.
-    fn abort_abandoned_uploads(&self, key: &str) {
-        let bucket = &self.settings.bucket;
-        let Ok(listed) = block_on(
-            self.client
-                .list_multipart_uploads()
-                .bucket(bucket)
-                .prefix(key)
-                .send(),
-        ) else {
-            return;
-        };
-        let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) else {
-            return;
-        };
-        for upload in listed.uploads() {
-            let old = upload.initiated().is_some_and(|t| {
-                now.as_secs().saturating_sub(t.secs().max(0) as u64) > ABANDONED_AFTER_SECS
-            });
-            if upload.key() == Some(key) && old {
-                let _ = block_on(
-                    self.client
-                        .abort_multipart_upload()
-                        .bucket(bucket)
-                        .key(key)
-                        .set_upload_id(upload.upload_id().map(str::to_string))
-                        .send(),
-                );
-            }
-        }
-    }
-
-    /// Write `bytes` at `key`. With `if_absent`, only if no object exists
-    /// there (`If-None-Match: *`): `Ok(false)` when one does.
-    pub fn put(&self, key: &str, bytes: &[u8], if_absent: bool) -> Result<bool, Error> {
-        let condition = match if_absent {
-            true => Condition::IfAbsent,
-            false => Condition::Always,
-        };
-        self.put_tagged(key, bytes, &condition, None, None)
-    }
-
-    /// Write `bytes` at `key` if `condition` holds (`Ok(false)` when it
-    /// does not), carrying `tag` as [`WRITE_TAG`] metadata and `serial` as
-    /// [`SERIAL_TAG`].
-    pub fn put_tagged(
-        &self,
-        key: &str,
-        bytes: &[u8],
-        condition: &Condition,
-        tag: Option<&str>,
-        serial: Option<u64>,
-    ) -> Result<bool, Error> {
-        let s = &self.settings;
-        let request = |condition: &Condition| {
-            let mut request = self
-                .client
-                .put_object()
-                .bucket(&s.bucket)
-                .key(key)
-                .set_metadata(metadata(tag, serial))
-                .content_type("application/json")
-                .body(ByteStream::from(bytes.to_vec()));
-            if let Some(kms) = &s.kms_key_id {
-                request = request
-                    .server_side_encryption(ServerSideEncryption::AwsKms)
-                    .ssekms_key_id(kms);
-            } else if s.encrypt {
-                request = request.server_side_encryption(ServerSideEncryption::Aes256);
-            }
-            match condition {
-                Condition::IfAbsent => request.if_none_match("*"),
-                Condition::IfMatch(etag) => request.if_match(etag),
-                _ => request,
-            }
-        };
-        let conditional = *condition.sent() != Condition::Always;
-        let what = || format!("writing {}", self.url(key));
-        block_on(async {
-            match request(condition.sent()).send().await {
-                Ok(_) => Ok(true),
-                Err(e) if conditional && matches!(status_of(&e), Some(412 | 409)) => Ok(false),
-                Err(e) if condition.optional() && status_of(&e) == Some(501) => {
-                    wasmstate_guest::log::warn(&format!(
-                        "{} does not support conditional writes: written without one",
-                        self.url(key)
-                    ));
-                    request(&Condition::Always)
-                        .send()
-                        .await
-                        .map(|_| true)
-                        .map_err(|e| sdk_error(&what(), e))
-                }
-                Err(e) if conditional && status_of(&e) == Some(501) => {
-                    Err(Error::Internal(format!(
-                        "the S3 endpoint does not support conditional writes (PutObject with If-None-Match), \
-                         which lock files need: it answered 501 Not Implemented for {}. Use a store that \
-                         supports them, or the dynamodb guest",
-                        self.url(key)
-                    )))
-                }
-                Err(e) => Err(sdk_error(&what(), e)),
             }
         })
     }

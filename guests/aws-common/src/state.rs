@@ -2,7 +2,8 @@
 //! which key holds which workspace's state, and how a state is read,
 //! written and listed there.
 
-use crate::s3::{Condition, S3State};
+use crate::s3::S3State;
+use crate::writes::Condition;
 use crate::{block_on, sdk_error};
 use wasmstate_guest::{Error, StateReader};
 

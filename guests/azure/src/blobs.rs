@@ -6,8 +6,8 @@
 //! SAS token once the guest's headers are final, so no credential ever
 //! enters the guest.
 
+use wasmstate_guest::Error;
 use wasmstate_guest::http::{self, Response};
-use wasmstate_guest::{Error, StateReader};
 
 /// The REST API version every request asks for: one Azurite serves and
 /// every Azure region has had for years.
@@ -17,6 +17,8 @@ pub const API_VERSION: &str = "2021-12-02";
 /// the guest holds of a state at once. States up to this size go up in one
 /// Put Blob.
 pub const PART_BYTES: usize = 4 << 20;
+
+mod upload;
 
 /// Prefix of user metadata headers.
 const META: &str = "x-ms-meta-";
@@ -224,7 +226,10 @@ impl Container {
     }
 
     /// Put Blob: `bytes` as the whole of `blob`, a JSON block blob with
-    /// `metadata`, if `condition` holds, under `lease` when one is held.
+    /// `metadata`, if `condition` holds, under `lease` when one is held;
+    /// sent again after no answer as `repeat` says (`None`: as the
+    /// condition allows). The store keeps the MD5 of what a Put Blob
+    /// wrote as the blob's Content-MD5.
     pub fn put(
         &self,
         blob: &str,
@@ -232,6 +237,7 @@ impl Container {
         metadata: &[(String, String)],
         condition: &Condition,
         lease: Option<&str>,
+        repeat: Option<Repeat>,
     ) -> Result<Result<(), Refusal>, Error> {
         let headers = [
             ("x-ms-blob-type", "BlockBlob"),
@@ -246,77 +252,9 @@ impl Container {
             condition,
             lease,
             bytes,
+            repeat,
         )?;
         refusal(answer, 201, &format!("writing {}", self.path(blob)))
-    }
-
-    /// Upload what `state` yields as `blob`: one Put Blob up to
-    /// [`PART_BYTES`], else Put Block per part and Put Block List, so the
-    /// guest holds one part at a time. The blob changes only at the last
-    /// request, and only if `condition` holds then.
-    pub fn upload(
-        &self,
-        blob: &str,
-        state: &mut StateReader<'_>,
-        metadata: &[(String, String)],
-        condition: &Condition,
-        lease: Option<&str>,
-    ) -> Result<Result<(), Refusal>, Error> {
-        if state.size() <= PART_BYTES as u64 {
-            return self.put(blob, state.read_all(), metadata, condition, lease);
-        }
-        let what = format!("writing {}", self.path(blob));
-        // Uncommitted blocks belong to the blob, not to the writer: ids
-        // unique to this upload keep two writers' parts apart.
-        let upload = hex(&wasmstate_guest::random_bytes(16));
-        let mut ids = Vec::new();
-        let mut sent = 0u64;
-        loop {
-            let part = read_part(state, PART_BYTES);
-            if part.is_empty() {
-                break;
-            }
-            sent += part.len() as u64;
-            let id = block_id(&upload, ids.len());
-            let url = format!("{}?comp=block&blockid={}", self.url(blob), encode(&id));
-            let mut headers = Vec::new();
-            if let Some(lease) = lease {
-                headers.push(("x-ms-lease-id", lease));
-            }
-            let answer = self.send("PUT", &url, &headers, part, Repeat::Never)?;
-            match answer.status {
-                201 => ids.push(id),
-                412 | 409 if about_lease(&answer) => return Ok(Err(Refusal::Lease)),
-                _ => return Err(failed(&what, &answer)),
-            }
-        }
-        if sent != state.size() {
-            return Err(Error::Internal(format!(
-                "{what}: the state ended at {sent} of its {} bytes",
-                state.size()
-            )));
-        }
-        let mut list = String::from(r#"<?xml version="1.0" encoding="utf-8"?><BlockList>"#);
-        for id in &ids {
-            // Block ids are base64: nothing in them needs escaping.
-            list.push_str(&format!("<Latest>{id}</Latest>"));
-        }
-        list.push_str("</BlockList>");
-        let headers = [
-            ("content-type", "application/xml"),
-            ("x-ms-blob-content-type", "application/json"),
-        ];
-        let url = format!("{}?comp=blocklist", self.url(blob));
-        let answer = self.change(
-            "PUT",
-            &url,
-            &headers,
-            metadata,
-            condition,
-            lease,
-            list.into_bytes(),
-        )?;
-        refusal(answer, 201, &what)
     }
 
     /// Set Blob Metadata: `metadata` replaces all of `blob`'s, if
@@ -329,7 +267,16 @@ impl Container {
         lease: Option<&str>,
     ) -> Result<Result<(), Refusal>, Error> {
         let url = format!("{}?comp=metadata", self.url(blob));
-        let answer = self.change("PUT", &url, &[], metadata, condition, lease, Vec::new())?;
+        let answer = self.change(
+            "PUT",
+            &url,
+            &[],
+            metadata,
+            condition,
+            lease,
+            Vec::new(),
+            None,
+        )?;
         refusal(
             answer,
             200,
@@ -338,10 +285,25 @@ impl Container {
     }
 
     /// Snapshot Blob, under `lease` when one is held (as Terraform's
-    /// `snapshot = true` does before each write).
-    pub fn snapshot(&self, blob: &str, lease: Option<&str>) -> Result<Result<(), Refusal>, Error> {
+    /// `snapshot = true` does before each write), if `condition` holds;
+    /// never sent twice (a repeat would be a second snapshot).
+    pub fn snapshot(
+        &self,
+        blob: &str,
+        condition: &Condition,
+        lease: Option<&str>,
+    ) -> Result<Result<(), Refusal>, Error> {
         let url = format!("{}?comp=snapshot", self.url(blob));
-        let answer = self.change("PUT", &url, &[], &[], &Condition::Any, lease, Vec::new())?;
+        let answer = self.change(
+            "PUT",
+            &url,
+            &[],
+            &[],
+            condition,
+            lease,
+            Vec::new(),
+            Some(Repeat::Never),
+        )?;
         refusal(answer, 201, &format!("snapshotting {}", self.path(blob)))
     }
 
@@ -357,6 +319,7 @@ impl Container {
             condition,
             None,
             Vec::new(),
+            None,
         )?;
         refusal(answer, 202, &format!("deleting {}", self.path(blob)))
     }
@@ -383,7 +346,8 @@ impl Container {
     }
 
     /// A request that changes `blob`, with its metadata, condition and
-    /// lease headers.
+    /// lease headers; sent again after no answer as `repeat` says, or
+    /// (`None`) as the condition allows.
     #[allow(clippy::too_many_arguments)]
     fn change(
         &self,
@@ -394,6 +358,7 @@ impl Container {
         condition: &Condition,
         lease: Option<&str>,
         body: Vec<u8>,
+        repeat: Option<Repeat>,
     ) -> Result<Response, Error> {
         let mut all: Vec<(String, String)> = headers
             .iter()
@@ -415,13 +380,15 @@ impl Container {
         // Conditional changes are safe to repeat, and so is metadata set
         // under the lease (only its holder changes it); Put Blob and Set
         // Blob Metadata are the only changes made with neither but a
-        // lease, and Snapshot Blob (never repeated) the only one with none.
+        // lease. A conditional write whose caller must tell "not as
+        // expected" from "done" is never repeated: a repeat of one applied
+        // is refused as changed.
         let metadata_under_lease = url.ends_with("comp=metadata") && lease.is_some();
-        let repeat = match condition {
+        let repeat = repeat.unwrap_or(match condition {
             Condition::Absent | Condition::Etag(_) => Repeat::Safe,
             Condition::Any if metadata_under_lease => Repeat::Safe,
             Condition::Any => Repeat::Never,
-        };
+        });
         let all: Vec<(&str, &str)> = all.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
         self.send(method, url, &all, body, repeat)
     }
@@ -510,30 +477,6 @@ fn refusal_of(answer: &Response, ok: u16) -> Option<Result<(), Refusal>> {
         404 => Err(Refusal::Missing),
         _ => return None,
     })
-}
-
-/// Up to `max` bytes of `state`, read in full unless it ends.
-fn read_part(state: &mut StateReader<'_>, max: usize) -> Vec<u8> {
-    let mut part = Vec::new();
-    while part.len() < max {
-        let chunk = state.next_chunk(max - part.len());
-        if chunk.is_empty() {
-            break;
-        }
-        part.extend_from_slice(&chunk);
-    }
-    part
-}
-
-/// Block `index` of upload `upload`: base64 of a fixed-width text, as
-/// every block id of a blob must be the same length.
-fn block_id(upload: &str, index: usize) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.encode(format!("{upload}-{index:08}"))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

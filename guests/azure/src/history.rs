@@ -8,9 +8,10 @@
 //! token of its content that keeps naming the same bytes after the next
 //! write snapshots them (a snapshot keeps its base blob's properties):
 //! `md5-<hex>` of its Content-MD5, which the store keeps for every Put
-//! Blob and a metadata change (a lock taken or released) leaves alone; a
-//! blob uploaded in blocks has none, and its ETag stands in, which a lock
-//! changes (such a version listed, then locked, reads as gone).
+//! Blob and a metadata change (a lock taken or released) leaves alone,
+//! and this guest sets on its block lists; a blob another tool uploaded
+//! in blocks may have none, and its ETag stands in, which a lock changes
+//! (such a version listed, then locked, reads as gone).
 
 use crate::blobs::Container;
 use crate::listing::{self, Listed};
@@ -29,8 +30,10 @@ const LIVE: &str = "live-";
 /// its serial was read.
 const LIST_TRIES: usize = 3;
 
-/// The token naming a blob's content (see the module's doc).
-fn token(md5: Option<&str>, etag: &str) -> String {
+/// The token naming a blob's content (see the module's doc); also the
+/// version `head` gives and a conditional write compares, which a lock
+/// (metadata) therefore leaves as it is.
+pub fn token(md5: Option<&str>, etag: &str) -> String {
     use base64::Engine;
     let digest = md5.filter(|m| !m.is_empty()).and_then(|m| {
         base64::engine::general_purpose::STANDARD

@@ -73,7 +73,7 @@ pub fn lock(c: &Container, blob: &str, info: &LockInfo) -> Result<(), Error> {
         let Some(props) = c.properties(blob)? else {
             // As Terraform: an empty JSON blob to lease; never over a state
             // created meanwhile.
-            match c.put(blob, Vec::new(), &[], &Condition::Absent, None)? {
+            match c.put(blob, Vec::new(), &[], &Condition::Absent, None, None)? {
                 Ok(()) | Err(Refusal::Changed | Refusal::Lease) => continue,
                 Err(Refusal::Missing) => {
                     return Err(Error::Internal(format!(

@@ -9,7 +9,20 @@
 //!   the lease ID ([`lockinfo`] says how a lock ID that is not a GUID gets
 //!   one); writes under the lock carry the lease and keep the metadata;
 //! - `snapshot = true`: a snapshot of the blob before every write, which
-//!   are then the state's history, seen by every replica.
+//!   are then the state's history, seen by every replica;
+//! - workspace metadata (wasmstate's own): block blob
+//!   `key + ".wasmstate-metadata/" + <workspace> + ".json"`, outside the
+//!   `key + "env:"` prefix Terraform lists workspaces by
+//!   ([`workspace_metadata`]).
+//!
+//! A state's version names its content: `md5-` and the blob's
+//! Content-MD5 (the store's for a Put Blob, this guest's on its block
+//! lists), else its ETag. `head` reads the first bytes, ETag, size and
+//! MD5 in one ranged Get Blob; a conditional write reads the blob's
+//! properties, compares, and is a Put Blob (or, for a large state, Put
+//! Block List) with `If-Match` on the ETag just read (`If-None-Match: *`
+//! for none there): the store's own compare-and-swap, which a lock taken
+//! in between (metadata: a new ETag) does not make stale.
 //!
 //! So native Terraform and wasmstate exclude each other on the same
 //! container, and either reads the state the other wrote.
@@ -31,13 +44,21 @@ mod history;
 mod lease;
 mod listing;
 mod lockinfo;
+mod workspace_metadata;
 
-use blobs::{Condition, Container, PART_BYTES, Refusal};
+use blobs::{Condition, Container, PART_BYTES, Refusal, Repeat};
 use lease::Holder;
 use wasmstate_guest::{
-    Backend, Config, Diagnostic, Error, LockInfo, StateReader, StateWriter, Version, check_lock,
-    register_backend,
+    Backend, Config, Diagnostic, Error, Expect, Head, LockInfo, Metadata, StateReader, StateWriter,
+    Version, check_lock, register_backend,
 };
+
+/// Bytes `head` asks for. Terraform and OpenTofu write serial and lineage
+/// in the first 120 or so (the host reads the state whole when a prefix
+/// leaves them out), and these bytes are read and billed on top of
+/// Terraform's own read of the state in every apply: few, as the
+/// conformance kit's floor (256) allows.
+const HEAD_BYTES: u64 = 256;
 
 /// Times a read starts again when the blob was replaced before its first
 /// byte was handed on.
@@ -116,13 +137,16 @@ impl Azure {
 
     /// Replace the state of `ws` with what `state` yields (empty: delete
     /// it, keeping the workspace, its lock and its history), by the lock
-    /// rules of a write.
+    /// rules of a write, if the blob is as `expect` says: `false` when it
+    /// is not (nothing written). With [`Expect::Any`], a blob changed
+    /// under the write is an error to retry instead.
     fn replace(
         &self,
         ws: &str,
         state: &mut StateReader<'_>,
         lock_id: Option<&str>,
-    ) -> Result<(), Error> {
+        expect: &Expect,
+    ) -> Result<bool, Error> {
         let c = &self.container;
         let blob = self.blob(ws);
         let path = c.path(&blob);
@@ -133,6 +157,27 @@ impl Azure {
             (Holder::Known(held), Some(_)) => Some(held.lease().to_string()),
             _ => None,
         };
+        // A zero-length blob (a workspace made, or locked, and never
+        // written) is no state: `Absent` replaces it, while it is that one.
+        let as_expected = match (expect, &props) {
+            (Expect::Any, _) | (Expect::Absent, None) => true,
+            (Expect::Absent, Some(p)) => p.size == 0,
+            (Expect::Version(v), Some(p)) => history::token(p.md5.as_deref(), &p.etag) == *v,
+            (Expect::Version(_), None) => false,
+        };
+        if !as_expected {
+            return Ok(false);
+        }
+        let conditional = *expect != Expect::Any;
+        // The caller of a conditional write must tell "not as expected"
+        // from "written": a write repeated after no answer could be
+        // refused for its own success, so it is sent once (no answer is
+        // an error, and Terraform's retry finds it written by its head).
+        let repeat = conditional.then_some(Repeat::Never);
+        let not_written = || match conditional {
+            true => Ok(false),
+            false => Err(self.changed(&blob)),
+        };
         // Only what was there before the lock check is replaced: a writer
         // whose lock was broken and taken over meanwhile finds the new
         // holder's lease, and a request applied late cannot bring an older
@@ -140,29 +185,45 @@ impl Azure {
         // included, as Terraform does.
         let (condition, metadata) = match &props {
             Some(p) => (Condition::Etag(p.etag.clone()), p.metadata.clone()),
-            None if state.size() == 0 => return Ok(()),
+            None if state.size() == 0 => return Ok(true),
             None => (Condition::Absent, Vec::new()),
         };
+        // The snapshot only of the blob about to be replaced (a snapshot
+        // leaves the base blob's ETag as it is).
         if self.snapshot && props.is_some() {
-            match c.snapshot(&blob, lease.as_deref())? {
+            match c.snapshot(&blob, &condition, lease.as_deref())? {
                 Ok(()) => {}
-                Err(Refusal::Lease) => return self.lock_lost(&blob, lock_id),
-                Err(_) => return Err(self.changed(&blob)),
+                Err(Refusal::Lease) => {
+                    self.lock_lost(&blob, lock_id)?;
+                    return not_written();
+                }
+                Err(_) => return not_written(),
             }
         }
-        match c.upload(&blob, state, &metadata, &condition, lease.as_deref())? {
-            Ok(()) => Ok(()),
-            Err(Refusal::Lease) => self.lock_lost(&blob, lock_id),
-            Err(Refusal::Changed | Refusal::Missing) => Err(self.changed(&blob)),
+        match c.upload(
+            &blob,
+            state,
+            &metadata,
+            &condition,
+            lease.as_deref(),
+            repeat,
+        )? {
+            Ok(()) => Ok(true),
+            Err(Refusal::Lease) => {
+                self.lock_lost(&blob, lock_id)?;
+                not_written()
+            }
+            Err(Refusal::Changed | Refusal::Missing) => not_written(),
         }
     }
 
     /// A write refused for its lease: the lock changed after the check.
+    /// The lock error when the writer lost it; else `Ok` (the blob
+    /// changed under the write, which was not made).
     fn lock_lost(&self, blob: &str, lock_id: Option<&str>) -> Result<(), Error> {
         let c = &self.container;
         let holder = c.properties(blob)?.map_or(Holder::None, |p| Holder::of(&p));
-        check_lock(holder.reported(&c.path(blob)), lock_id)?;
-        Err(self.changed(blob))
+        check_lock(holder.reported(&c.path(blob)), lock_id)
     }
 
     fn changed(&self, blob: &str) -> Error {
@@ -267,13 +328,75 @@ impl Backend for Azure {
         state: &mut StateReader<'_>,
         lock_id: Option<&str>,
     ) -> Result<(), Error> {
-        self.replace(ws, state, lock_id)
+        self.replace(ws, state, lock_id, &Expect::Any).map(|_| ())
+    }
+
+    /// One ranged Get Blob: the first bytes, and in its headers the ETag,
+    /// the size (`Content-Range`) and the blob's MD5
+    /// (`x-ms-blob-content-md5`: the store's own for a Put Blob, this
+    /// guest's for a block list). The version names the content (`md5-`
+    /// and its MD5, else the ETag), not the blob: taking or releasing a
+    /// lock rewrites the blob's metadata, and so its ETag, but leaves the
+    /// version of its state as it was.
+    fn head(&self, ws: &str, prefix: &mut StateWriter<'_>) -> Result<Option<Head>, Error> {
+        let blob = self.blob(ws);
+        // Gone, or zero-length (416: no state), are both none.
+        let Some(answer) = self.container.range(&blob, None, None, 0, HEAD_BYTES - 1)? else {
+            return Ok(None);
+        };
+        let first = workspace_metadata::first_bytes(&answer, &self.container.path(&blob))?;
+        if first.size == 0 {
+            return Ok(None);
+        }
+        let mut bytes = answer.body;
+        bytes.truncate(HEAD_BYTES as usize);
+        if let Err(e) = std::io::Write::write_all(prefix, &bytes)
+            && !prefix.is_stopped()
+        {
+            return Err(Error::io("handing the state's first bytes to the host", e));
+        }
+        Ok(Some(Head {
+            version: history::token(first.md5.as_deref(), &first.etag),
+            size: first.size,
+            digest: first.md5_hex().map(|hex| format!("md5:{hex}")),
+        }))
+    }
+
+    /// Put Blob (Put Block List for a large state) with `If-Match` on the
+    /// ETag of the blob read just before, whose content is the version
+    /// expected; for `Absent` `If-None-Match: *`, or `If-Match` on the
+    /// zero-length blob of a workspace never written (Terraform's lock
+    /// makes one): the store's own compare-and-swap, under the lease when
+    /// the writer holds the lock.
+    fn write_if(
+        &self,
+        ws: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+        expect: &Expect,
+    ) -> Result<bool, Error> {
+        self.replace(ws, state, lock_id, expect)
+    }
+
+    fn read_metadata(&self, ws: &str) -> Result<Option<Metadata>, Error> {
+        workspace_metadata::read(&self.container, &workspace_metadata::blob(&self.key, ws))
+    }
+
+    fn write_metadata(
+        &self,
+        ws: &str,
+        content: Option<&str>,
+        expect: &Expect,
+    ) -> Result<bool, Error> {
+        let blob = workspace_metadata::blob(&self.key, ws);
+        workspace_metadata::write(&self.container, &blob, content, expect)
     }
 
     /// The blob is emptied, not deleted: a zero-length blob reads as no
     /// state, and the workspace keeps its lease (the lock) and snapshots.
     fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
-        self.replace(ws, &mut StateReader::from_slice(&[]), lock_id)
+        self.replace(ws, &mut StateReader::from_slice(&[]), lock_id, &Expect::Any)
+            .map(|_| ())
     }
 
     fn lock(&self, ws: &str, info: &LockInfo) -> Result<(), Error> {
@@ -316,7 +439,7 @@ impl Backend for Azure {
         let blob = self.blob(ws);
         match self
             .container
-            .put(&blob, Vec::new(), &[], &Condition::Absent, None)?
+            .put(&blob, Vec::new(), &[], &Condition::Absent, None, None)?
         {
             Ok(()) => Ok(true),
             Err(Refusal::Changed | Refusal::Lease) => Ok(false),
@@ -344,7 +467,13 @@ impl Backend for Azure {
             return Err(Error::locked(holder));
         }
         match c.delete(&blob, &Condition::Etag(props.etag))? {
-            Ok(()) | Err(Refusal::Missing) => Ok(()),
+            // Then its metadata: after the state, so a workspace still
+            // listed keeps its metadata whatever fails (a failure here
+            // leaves the document, for a workspace of that name made later).
+            Ok(()) | Err(Refusal::Missing) => {
+                let metadata = workspace_metadata::blob(&self.key, ws);
+                workspace_metadata::write(c, &metadata, None, &Expect::Any).map(|_| ())
+            }
             Err(Refusal::Lease | Refusal::Changed) => {
                 match c
                     .properties(&blob)?

@@ -25,6 +25,13 @@
 //!
 //! A state is deleted only while it is the object read before the lock
 //! check (`If-Match`), so a delete applied late never removes a newer one.
+//!
+//! A conditional write (contract 0.3.0) is S3's own compare-and-swap
+//! (`If-Match` the ETag the host's head read, or `If-None-Match: *`), with
+//! the digest item kept as for every write: the tag announced before the
+//! object goes up, the digest set once it landed; a refused write leaves
+//! the object and its digest as they were. Workspace metadata lives in
+//! `<state key>.wasmstate-metadata`, as for `s3-lockfile`.
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::BehaviorVersion;
@@ -33,8 +40,8 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use md5::{Digest, Md5};
 use wasmstate_aws_common::{AwsSettings, S3State, block_on, sdk_error};
 use wasmstate_guest::{
-    Backend, Config, Diagnostic, Error, LockInfo, StateReader, StateWriter, Version, check_lock,
-    lock_by_creating, log, register_backend,
+    Backend, Config, Diagnostic, Error, Expect, Head, LockInfo, Metadata, StateReader, StateWriter,
+    Version, check_lock, lock_by_creating, log, register_backend,
 };
 
 struct Dynamo {
@@ -165,6 +172,26 @@ impl Dynamo {
                 "could not record the state digest of {ws:?}: {}",
                 sdk_error("put digest", e)
             )),
+        }
+    }
+
+    /// Withdraw the announcement of a write its condition refused: its
+    /// object never went up. Best effort: a tag left pending is cleared by
+    /// the next write that lands, and matches no object meanwhile.
+    fn drop_pending(&self, ws: &str, tag: &str) {
+        let update = self
+            .ddb
+            .update_item()
+            .table_name(&self.table)
+            .key("LockID", s(&self.digest_id(ws)))
+            .update_expression("DELETE Pending :t")
+            .expression_attribute_values(":t", AttributeValue::Ss(vec![tag.into()]));
+        if let Err(e) = block_on(update.send()) {
+            log::warn(&format!(
+                "could not withdraw a refused write of {ws:?} from table {}: {}",
+                self.table,
+                sdk_error("update", e)
+            ));
         }
     }
 
@@ -373,6 +400,59 @@ impl Backend for Dynamo {
         Ok(())
     }
 
+    /// One ranged GET: the first bytes, the ETag and the size.
+    fn head(&self, ws: &str, prefix: &mut StateWriter<'_>) -> Result<Option<Head>, Error> {
+        self.s3.state_head(ws, prefix)
+    }
+
+    /// The lock rules, the write announced in the digest item, one
+    /// conditional PUT (or multipart upload completed conditionally), then
+    /// its digest; a refused write is withdrawn and changes nothing.
+    fn write_if(
+        &self,
+        ws: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+        expect: &Expect,
+    ) -> Result<bool, Error> {
+        if *expect == Expect::Any {
+            return self.write_from(ws, state, lock_id).map(|()| true);
+        }
+        check_lock(self.holder(ws)?, lock_id)?;
+        let tag = hex::encode(wasmstate_guest::random_bytes(16));
+        let earlier = self.add_pending(ws, &tag)?;
+        let mut md5 = Md5::new();
+        let written = self.s3.write_state_if(
+            ws,
+            state,
+            |chunk| md5.update(chunk),
+            Some(&tag),
+            expect,
+            lock_id.is_some(),
+        );
+        match written {
+            Ok(true) => self.put_digest(ws, &hex::encode(md5.finalize()), &tag, &earlier),
+            Ok(false) => self.drop_pending(ws, &tag),
+            // Maybe written (a lost answer): the tag stays pending, so a
+            // read serves the object and repairs the digest.
+            Err(_) => {}
+        }
+        written
+    }
+
+    fn read_metadata(&self, ws: &str) -> Result<Option<Metadata>, Error> {
+        self.s3.read_metadata(ws)
+    }
+
+    fn write_metadata(
+        &self,
+        ws: &str,
+        content: Option<&str>,
+        expect: &Expect,
+    ) -> Result<bool, Error> {
+        self.s3.write_metadata(ws, content, expect)
+    }
+
     /// Deletes only the object there before the lock check (`If-Match`):
     /// a delete applied late never removes a newer state.
     fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
@@ -468,14 +548,19 @@ impl Backend for Dynamo {
         self.s3.create_workspace(ws)
     }
 
+    /// The state, its digest item, then its metadata. Metadata left
+    /// without a state (its workspace deleted by Terraform itself) goes
+    /// too, as not found.
     fn delete_workspace(&self, ws: &str) -> Result<(), Error> {
         let Some(etag) = self.s3.state_etag(ws)? else {
+            self.s3.remove_metadata(ws)?;
             return Err(Error::NotFound);
         };
         check_lock(self.holder(ws)?, None)?;
         self.s3
             .delete_state_read(ws, &etag, || check_lock(self.holder(ws)?, None))?;
-        self.delete_item(&self.digest_id(ws))
+        self.delete_item(&self.digest_id(ws))?;
+        self.s3.remove_metadata(ws)
     }
 
     /// The bucket's object versions, when it has versioning on.

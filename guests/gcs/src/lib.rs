@@ -7,7 +7,15 @@
 //!   exists (`ifGenerationMatch=0`), holding Terraform's LockInfo JSON with
 //!   `Path = "gs://<bucket>/<lock object>"`; removed only while it is the
 //!   generation that was read;
-//! - workspaces: the `.tfstate` objects directly under the prefix.
+//! - workspaces: the `.tfstate` objects directly under the prefix;
+//! - workspace metadata (wasmstate's own): `<prefix>wasmstate-metadata/
+//!   <workspace>.json`, one folder down, so never listed as a workspace
+//!   ([`metadata`]).
+//!
+//! A state's version is its object's generation: `head` reads the first
+//! bytes, generation, size and MD5 in one ranged GET, and a conditional
+//! write is an upload with `ifGenerationMatch` (`0` for none there), the
+//! store's own compare-and-swap.
 //!
 //! So native Terraform and wasmstate exclude each other on the same
 //! bucket, and either reads the state the other wrote. Terraform names a
@@ -23,16 +31,24 @@
 //! `kms_encryption_key`.
 
 mod history;
+mod metadata;
 mod objects;
 
 use objects::{Bucket, Condition};
 use wasmstate_guest::{
-    Backend, Config, Diagnostic, Error, LockInfo, StateReader, StateWriter, Version, check_lock,
-    lock_by_creating, register_backend, unlock_if_unchanged,
+    Backend, Config, Diagnostic, Error, Expect, Head, LockInfo, Metadata, StateReader, StateWriter,
+    Version, check_lock, lock_by_creating, register_backend, unlock_if_unchanged,
 };
 
 /// Google's endpoint for the JSON API.
 const DEFAULT_ENDPOINT: &str = "https://storage.googleapis.com/storage/v1/";
+
+/// Bytes `head` asks for. Terraform and OpenTofu write serial and lineage
+/// in the first 120 or so (the host reads the state whole when a prefix
+/// leaves them out), and these bytes are read and billed on top of
+/// Terraform's own read of the state in every apply: few, as the
+/// conformance kit's floor (256) allows.
+const HEAD_BYTES: u64 = 256;
 
 struct Gcs {
     bucket: Bucket,
@@ -222,6 +238,84 @@ impl Backend for Gcs {
         )))
     }
 
+    /// One ranged GET: the first bytes, and in its headers the generation,
+    /// the size (`Content-Range`) and the MD5 (`x-goog-hash`).
+    fn head(&self, ws: &str, prefix: &mut StateWriter<'_>) -> Result<Option<Head>, Error> {
+        let Some(found) = self.bucket.first_bytes(&self.state(ws), HEAD_BYTES)? else {
+            return Ok(None);
+        };
+        // An empty object is a workspace created and never written.
+        if found.size == 0 {
+            return Ok(None);
+        }
+        let Some(version) = found.generation else {
+            return Err(Error::Internal(format!(
+                "reading {} answered no x-goog-generation",
+                self.bucket.url(&self.state(ws))
+            )));
+        };
+        if let Err(e) = std::io::Write::write_all(prefix, &found.bytes)
+            && !prefix.is_stopped()
+        {
+            return Err(Error::io("handing the state's first bytes to the host", e));
+        }
+        Ok(Some(Head {
+            version,
+            size: found.size,
+            digest: found.md5.map(|hex| format!("md5:{hex}")),
+        }))
+    }
+
+    /// An upload with `ifGenerationMatch`: the generation expected, or
+    /// for `Absent` none (`0`) or the empty object of a workspace never
+    /// written. What is live is read before the lock is checked, as for
+    /// any write. Large states go up resumable, the condition given when
+    /// the session starts and checked by GCS when it completes.
+    fn write_if(
+        &self,
+        ws: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+        expect: &Expect,
+    ) -> Result<bool, Error> {
+        let name = self.state(ws);
+        let condition = match expect {
+            Expect::Any => return self.write_from(ws, state, lock_id).map(|()| true),
+            // Generations are positive numbers: anything else never was one.
+            Expect::Version(v) => v
+                .parse::<i64>()
+                .ok()
+                .filter(|g| *g > 0)
+                .map(Condition::Generation),
+            Expect::Absent => match self.bucket.get(&name)? {
+                None => Some(Condition::Absent),
+                Some(live) if live.bytes()? == 0 => {
+                    Some(Condition::Generation(generation_number(&live.generation)?))
+                }
+                Some(_) => None,
+            },
+        };
+        check_lock(self.holder(ws)?, lock_id)?;
+        match condition {
+            Some(condition) => self.bucket.upload_from(&name, state, condition),
+            None => Ok(false),
+        }
+    }
+
+    fn read_metadata(&self, ws: &str) -> Result<Option<Metadata>, Error> {
+        metadata::read(&self.bucket, &metadata::object(&self.prefix, ws))
+    }
+
+    fn write_metadata(
+        &self,
+        ws: &str,
+        content: Option<&str>,
+        expect: &Expect,
+    ) -> Result<bool, Error> {
+        let name = metadata::object(&self.prefix, ws);
+        metadata::write(&self.bucket, &name, content, expect)
+    }
+
     /// As a write: only the generation live before the lock was checked.
     fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
         let name = self.state(ws);
@@ -313,7 +407,13 @@ impl Backend for Gcs {
         if let Some(holder) = self.holder(ws)? {
             return Err(Error::locked(holder));
         }
-        self.delete_state(&name, &live.generation)
+        self.delete_state(&name, &live.generation)?;
+        // Then its metadata: after the state, so a workspace still listed
+        // keeps its metadata whatever fails (a failure here leaves the
+        // document behind, for a workspace of that name made later).
+        self.bucket
+            .delete(&metadata::object(&self.prefix, ws), None)
+            .map(|_| ())
     }
 
     /// The bucket's generations of the state object, when it has object

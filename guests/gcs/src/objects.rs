@@ -72,15 +72,33 @@ pub enum Condition {
     Absent,
     /// Only if the live object is this generation.
     Generation(i64),
+    /// Whatever is there (workspace metadata written unconditionally).
+    Any,
 }
 
 impl Condition {
+    /// The query parameter, with its leading `&` (none for `Any`).
     fn query(self) -> String {
         match self {
-            Condition::Absent => "ifGenerationMatch=0".into(),
-            Condition::Generation(g) => format!("ifGenerationMatch={g}"),
+            Condition::Absent => "&ifGenerationMatch=0".into(),
+            Condition::Generation(g) => format!("&ifGenerationMatch={g}"),
+            Condition::Any => String::new(),
         }
     }
+}
+
+/// The first bytes of an object and what the answer said of the whole.
+pub struct FirstBytes {
+    /// The generation the bytes are of (`x-goog-generation`).
+    pub generation: Option<String>,
+    /// The object's size in bytes.
+    pub size: u64,
+    /// Lowercase hex MD5 of the object's bytes as served, when the store
+    /// keeps one (`x-goog-hash`; none for composite objects, or for
+    /// objects stored compressed, whose hash is of other bytes).
+    pub md5: Option<String>,
+    /// Its first bytes.
+    pub bytes: Vec<u8>,
 }
 
 /// One bucket.
@@ -205,6 +223,55 @@ impl Bucket {
         Ok(Some(meta))
     }
 
+    /// The first `len` bytes of the live `object` (fewer when it is
+    /// shorter), with its generation, size and MD5, in one ranged GET;
+    /// `None` when there is no such object.
+    pub fn first_bytes(&self, object: &str, len: u64) -> Result<Option<FirstBytes>, Error> {
+        let url = format!("{}?alt=media", self.object_url(object));
+        let range = format!("bytes=0-{}", len.max(1) - 1);
+        let answer = get_with(&url, &[("range", &range)])?;
+        let size = match answer.status {
+            // `Content-Range: bytes 0-65535/1048576`
+            206 => answer
+                .header("content-range")
+                .and_then(|r| r.rsplit('/').next())
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    Error::Internal(format!(
+                        "reading {}: a part came without the object's size",
+                        self.url(object)
+                    ))
+                })?,
+            // The whole object: a store that ignores ranges, or one that
+            // serves a compressed object decompressed.
+            200 => answer.body.len() as u64,
+            // Nothing to range over: an empty object.
+            416 => 0,
+            404 => return Ok(None),
+            _ => return Err(failed(&format!("reading {}", self.url(object)), &answer)),
+        };
+        let identity = answer
+            .header("x-goog-stored-content-encoding")
+            .is_none_or(|e| e.eq_ignore_ascii_case("identity"));
+        // GCS sends one `x-goog-hash` per algorithm, or one list of them.
+        let md5 = answer
+            .headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("x-goog-hash"))
+            .flat_map(|(_, v)| v.split(','))
+            .find_map(|h| h.trim().strip_prefix("md5="))
+            .and_then(base64_hex)
+            .filter(|_| identity);
+        let mut bytes = answer.body;
+        bytes.truncate(len as usize);
+        Ok(Some(FirstBytes {
+            generation: answer_generation(&answer.headers),
+            size,
+            md5,
+            bytes,
+        }))
+    }
+
     /// Bytes `start..end` of `object` at `generation` (fewer when it is
     /// shorter; none when it is gone).
     pub fn read_range(
@@ -303,7 +370,7 @@ impl Bucket {
         }
         body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
         let url = format!(
-            "{}b/{}/o?uploadType=multipart&{}",
+            "{}b/{}/o?uploadType=multipart{}",
             self.upload,
             encode(&self.name),
             condition.query()
@@ -326,7 +393,7 @@ impl Bucket {
     ) -> Result<bool, Error> {
         let what = || format!("writing {}", self.url(object));
         let url = format!(
-            "{}b/{}/o?uploadType=resumable&{}",
+            "{}b/{}/o?uploadType=resumable{}",
             self.upload,
             encode(&self.name),
             condition.query()
@@ -479,6 +546,23 @@ impl Bucket {
         let bucket: BucketResource = answer.json()?;
         Ok(bucket.versioning.is_some_and(|v| v.enabled))
     }
+}
+
+/// The `x-goog-generation` of an answer.
+fn answer_generation(headers: &[(String, String)]) -> Option<String> {
+    headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("x-goog-generation"))
+        .map(|(_, v)| v.trim().to_string())
+}
+
+/// Lowercase hex of base64 `text`, when it is base64.
+fn base64_hex(text: &str) -> Option<String> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text.trim())
+        .ok()?;
+    Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// A multipart boundary that does not occur in `bytes`.

@@ -13,6 +13,9 @@ pub const DEFAULT_REF: &str = "main";
 /// Suffix of state files: `<dir>/<workspace>.tfstate`.
 pub const STATE_SUFFIX: &str = ".tfstate";
 
+/// Where workspaces' metadata lives, inside the state directory.
+pub const METADATA_DIR: &str = ".wasmstate/metadata";
+
 /// The operator's configuration, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -85,10 +88,16 @@ impl Settings {
         } else {
             format!("{}/{workspace}{STATE_SUFFIX}", self.dir)
         };
+        let metadata = if self.dir.is_empty() {
+            format!("{METADATA_DIR}/{workspace}.json")
+        } else {
+            format!("{}/{METADATA_DIR}/{workspace}.json", self.dir)
+        };
         Ok(Paths {
             lock_ref: format!("refs/heads/locks/{state}"),
             lock_file: format!("{state}.lock"),
             state,
+            metadata,
         })
     }
 }
@@ -103,6 +112,10 @@ pub struct Paths {
     pub lock_ref: String,
     /// `P.lock`: the LockInfo JSON inside the lock branch's commit.
     pub lock_file: String,
+    /// `<dir>/.wasmstate/metadata/<workspace>.json`: the workspace's
+    /// metadata, on the states' branch (Terraform never reads it, and a
+    /// listing of `<dir>` sees only files, not this directory).
+    pub metadata: String,
 }
 
 /// The workspace a file listed in the state directory belongs to, if it is
@@ -199,6 +212,7 @@ mod tests {
         assert_eq!(p.state, "prod.tfstate");
         assert_eq!(p.lock_ref, "refs/heads/locks/prod.tfstate");
         assert_eq!(p.lock_file, "prod.tfstate.lock");
+        assert_eq!(p.metadata, ".wasmstate/metadata/prod.json");
 
         let s = settings(&[("repository", "r"), ("ref", "master"), ("dir", "env/aws")]).unwrap();
         assert_eq!(s.main_ref, "refs/heads/master");
@@ -206,6 +220,7 @@ mod tests {
         assert_eq!(p.state, "env/aws/default.tfstate");
         assert_eq!(p.lock_ref, "refs/heads/locks/env/aws/default.tfstate");
         assert_eq!(p.lock_file, "env/aws/default.tfstate.lock");
+        assert_eq!(p.metadata, "env/aws/.wasmstate/metadata/default.json");
         assert!(s.paths("a..b").is_err());
     }
 

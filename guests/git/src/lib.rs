@@ -28,16 +28,23 @@
 //!   as in terraform-backend-git: Terraform takes the lock before it writes,
 //!   so only clients running with locking disabled can slip between them.
 //!
+//! - Contract 0.3.0 ([`conditional`]): a state's version is its file's
+//!   blob id in the tip of `ref`; a conditional write re-checks it on every
+//!   fresh tip and pushes expecting that tip. Each workspace's metadata is
+//!   `<dir>/.wasmstate/metadata/<workspace>.json` on `ref`, removed with
+//!   the workspace.
+//!
 //! Every git call goes through the host, which holds the credentials and a
 //! clone; this guest names the repository by URL and nothing else.
 
+mod conditional;
 mod layout;
 
 use layout::{Paths, Settings, commit_message, state_serial, workspace_of};
 use wasmstate_guest::git::{FileChange, GitError, Repo};
 use wasmstate_guest::{
-    Backend, Config, Error, LockInfo, StateReader, StateWriter, Version, check_lock,
-    register_backend,
+    Backend, Config, Error, Expect, Head, LockInfo, Metadata, StateReader, StateWriter, Version,
+    check_lock, register_backend,
 };
 
 /// Pushes to `ref` tried before giving up when other writers keep moving
@@ -95,9 +102,9 @@ impl Snapshot {
     }
 }
 
-/// One file change and its commit message, planned from a [`Snapshot`];
-/// `None` for the change: the state file gets the state being written.
-type Change = (Option<FileChange>, String);
+/// The file changes and the commit message planned from a [`Snapshot`]
+/// (the state being written, when there is one, is committed with them).
+type Change = (Vec<FileChange>, String);
 
 /// Turn a git failure into the storage error it means (the SDK's mapping:
 /// unreachable remote → retryable `Unavailable`, ungranted repository →
@@ -207,13 +214,16 @@ impl Git {
 
     /// Commit the change `plan` makes to a fresh snapshot on top of its tip
     /// and push it if `ref` has not moved since; on losing that race, plan
-    /// again from the new tip. `plan` returns `None` when nothing needs
-    /// changing; the result says whether a commit was pushed.
+    /// again from the new tip (refused if this workspace's state changed
+    /// meanwhile, unless `plan` checks that itself: `rechecks`). `plan`
+    /// returns `None` when nothing needs changing; the result says whether
+    /// a commit was pushed.
     fn update(
         &self,
         paths: &Paths,
         doing: &str,
         state: Option<&StateReader<'_>>,
+        rechecks: bool,
         mut plan: impl FnMut(&Snapshot) -> Result<Option<Change>, Error>,
     ) -> Result<bool, Error> {
         // The first tip seen.
@@ -222,23 +232,20 @@ impl Git {
             let snapshot = self.snapshot(paths, doing)?;
             match &began_at {
                 None => began_at = Some(snapshot.tip.clone()),
+                Some(_) if rechecks => {}
                 Some(first) => self.refuse_if_moved(paths, first.as_deref(), &snapshot, doing)?,
             }
-            let Some((change, message)) = plan(&snapshot)? else {
+            let Some((changes, message)) = plan(&snapshot)? else {
                 return Ok(false);
             };
             let tip = snapshot.tip.as_deref();
-            let commit = match (change, state) {
-                (Some(change), _) => self.repo.commit(tip, &[change], &message),
+            let commit = match state {
                 // The host commits the state it holds: this guest never
                 // does, and can commit it again after a lost race.
-                (None, Some(state)) => {
-                    self.repo
-                        .commit_state(tip, &paths.state, state, &[], &message)
-                }
-                (None, None) => {
-                    return Err(Error::Internal(format!("{doing}: no state to commit")));
-                }
+                Some(state) => self
+                    .repo
+                    .commit_state(tip, &paths.state, state, &changes, &message),
+                None => self.repo.commit(tip, &changes, &message),
             }
             .map_err(failed(doing))?;
             match self.repo.push(&self.settings.main_ref, &commit, tip) {
@@ -315,19 +322,49 @@ impl Backend for Git {
         let paths = self.paths(ws)?;
         let doing = format!("writing the state of workspace {ws}");
         let serial = state.serial();
-        self.update(&paths, &doing, Some(state), |snapshot| {
+        self.update(&paths, &doing, Some(state), false, |snapshot| {
             check_holder(snapshot.holder(), lock_id)?;
             let who = snapshot.holder().map(|h| h.who.as_str());
             let message = commit_message("Update", &paths, ws, serial, who, lock_id);
-            Ok(Some((None, message)))
+            Ok(Some((Vec::new(), message)))
         })?;
         Ok(())
+    }
+
+    fn head(&self, ws: &str, prefix: &mut StateWriter<'_>) -> Result<Option<Head>, Error> {
+        self.head_of(ws, prefix)
+    }
+
+    fn write_if(
+        &self,
+        ws: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+        expect: &Expect,
+    ) -> Result<bool, Error> {
+        match expect {
+            Expect::Any => self.write_from(ws, state, lock_id).map(|()| true),
+            _ => self.write_expecting(ws, state, lock_id, expect),
+        }
+    }
+
+    fn read_metadata(&self, ws: &str) -> Result<Option<Metadata>, Error> {
+        self.metadata_of(ws)
+    }
+
+    fn write_metadata(
+        &self,
+        ws: &str,
+        content: Option<&str>,
+        expect: &Expect,
+    ) -> Result<bool, Error> {
+        self.set_metadata(ws, content, expect)
     }
 
     fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
         let paths = self.paths(ws)?;
         let doing = format!("deleting the state of workspace {ws}");
-        self.update(&paths, &doing, None, |snapshot| {
+        self.update(&paths, &doing, None, false, |snapshot| {
             check_holder(snapshot.holder(), lock_id)?;
             match self.file_at(snapshot.tip.as_deref(), &paths, &doing)? {
                 // Absent stays absent (no workspace is created), and an
@@ -338,7 +375,7 @@ impl Backend for Git {
                     let who = snapshot.holder().map(|h| h.who.as_str());
                     let message = commit_message("Clear", &paths, ws, None, who, lock_id);
                     Ok(Some((
-                        Some(FileChange::put(&paths.state, Vec::new())),
+                        vec![FileChange::put(&paths.state, Vec::new())],
                         message,
                     )))
                 }
@@ -452,7 +489,7 @@ impl Backend for Git {
     fn create_workspace(&self, ws: &str) -> Result<bool, Error> {
         let paths = self.paths(ws)?;
         let doing = format!("creating workspace {ws}");
-        self.update(&paths, &doing, None, |snapshot| {
+        self.update(&paths, &doing, None, false, |snapshot| {
             if self
                 .file_at(snapshot.tip.as_deref(), &paths, &doing)?
                 .is_some()
@@ -461,7 +498,7 @@ impl Backend for Git {
             }
             let message = commit_message("Create", &paths, ws, None, None, None);
             Ok(Some((
-                Some(FileChange::put(&paths.state, Vec::new())),
+                vec![FileChange::put(&paths.state, Vec::new())],
                 message,
             )))
         })
@@ -470,7 +507,7 @@ impl Backend for Git {
     fn delete_workspace(&self, ws: &str) -> Result<(), Error> {
         let paths = self.paths(ws)?;
         let doing = format!("deleting workspace {ws}");
-        self.update(&paths, &doing, None, |snapshot| {
+        self.update(&paths, &doing, None, false, |snapshot| {
             if let Some(holder) = snapshot.holder() {
                 return Err(Error::locked(holder.clone()));
             }
@@ -480,8 +517,14 @@ impl Backend for Git {
             {
                 return Err(Error::NotFound);
             }
+            // Its metadata, where there is some, goes in the same commit
+            // (only then: an operator's own `git_paths` may not grant it).
             let message = commit_message("Remove", &paths, ws, None, None, None);
-            Ok(Some((Some(FileChange::remove(&paths.state)), message)))
+            let mut changes = vec![FileChange::remove(&paths.state)];
+            if self.has_metadata(snapshot.tip.as_deref(), &paths, &doing)? {
+                changes.push(FileChange::remove(&paths.metadata));
+            }
+            Ok(Some((changes, message)))
         })?;
         Ok(())
     }

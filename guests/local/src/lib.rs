@@ -4,12 +4,17 @@
 //! ```text
 //! /data/<workspace>/terraform.tfstate        the state
 //! /data/<workspace>/terraform.tfstate.lock   LockInfo JSON while locked
+//! /data/.wasmstate/metadata/<workspace>.json the workspace's metadata
 //! ```
 //!
-//! Correctness across threads and host processes rests on two atomic
-//! filesystem operations: `rename` (a state is replaced whole, never torn)
-//! and `link` (creates the lock file with its full content, or fails because
-//! it exists — so a lock is never granted twice and never seen half-written).
+//! Correctness across threads and host processes rests on three atomic
+//! filesystem operations: `rename` (a state is replaced whole, never torn),
+//! `link` (creates the lock file with its full content, or fails because
+//! it exists — so a lock is never granted twice and never seen half-written)
+//! and create-new (`O_EXCL`), which makes a conditional write's check and
+//! rename one step for every writer of the directory ([`cas`]). A state's
+//! storage version is its file's identity, modification time and size
+//! ([`stamp`]).
 //!
 //! With `fsync` (the default) every change is on stable storage before it is
 //! acknowledged: the file's data, then the directory entry naming it (a
@@ -19,14 +24,24 @@
 //! trap, a killed host) are swept once they are older than [`STALE_AFTER`],
 //! so they do not count against the disk quota forever.
 
+mod cas;
+mod stamp;
+
+use cas::{Opened, Slot};
 use std::hash::{BuildHasher, Hasher};
 use std::io::{ErrorKind, Read};
 use wasmstate_guest::fs::Dir;
 use wasmstate_guest::{
-    Backend, Config, Error, LockInfo, StateReader, StateWriter, register_backend,
+    Backend, Config, Error, Expect, Head, LockInfo, Metadata, StateReader, StateWriter,
+    register_backend,
 };
 
 const STATE_FILE: &str = "terraform.tfstate";
+/// Where workspaces' metadata lives: a name no workspace can have (they
+/// never start with `.`), a directory Terraform never reads.
+const METADATA_DIR: &str = ".wasmstate/metadata";
+/// Largest metadata document kept (the contract's bound).
+const MAX_METADATA_BYTES: u64 = 64 << 10;
 const LOCK_FILE: &str = "terraform.tfstate.lock";
 /// Prefix of files being written, renamed or linked into place.
 const TEMP_PREFIX: &str = ".tmp-";
@@ -47,6 +62,10 @@ fn lock_path(workspace: &str) -> String {
     format!("{workspace}/{LOCK_FILE}")
 }
 
+fn metadata_name(workspace: &str) -> String {
+    format!("{workspace}.json")
+}
+
 /// A random number from the host (WASI random seeds std's hasher keys).
 fn random_u64() -> u64 {
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
@@ -63,11 +82,22 @@ fn ignore_missing(result: std::io::Result<()>, context: &str) -> Result<(), Erro
 
 impl Local {
     fn ensure_workspace(&self, workspace: &str) -> Result<(), Error> {
-        match self.root.create_dir(workspace) {
-            Ok(()) => self.sync_dir("."),
+        self.ensure_dir(workspace, ".")
+    }
+
+    /// Create directory `dir` (inside `parent`) unless it exists.
+    fn ensure_dir(&self, dir: &str, parent: &str) -> Result<(), Error> {
+        match self.root.create_dir(dir) {
+            Ok(()) => self.sync_dir(parent),
             Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
-            Err(e) => Err(Error::io("creating workspace directory", e)),
+            Err(e) => Err(Error::io("creating directory", e)),
         }
+    }
+
+    fn ensure_metadata_dir(&self) -> Result<(), Error> {
+        let (parent, _) = METADATA_DIR.split_once('/').expect("two levels");
+        self.ensure_dir(parent, ".")?;
+        self.ensure_dir(METADATA_DIR, parent)
     }
 
     /// Make the entries of `dir` durable (with `fsync` on).
@@ -80,9 +110,9 @@ impl Local {
             .map_err(|e| Error::io("syncing directory", e))
     }
 
-    /// Remove temporary files in `workspace` older than [`STALE_AFTER`]:
-    /// what requests stopped mid-way left. Best effort: a sweep that fails
-    /// leaves them for the next.
+    /// Remove temporary files in directory `workspace` older than
+    /// [`STALE_AFTER`]: what requests stopped mid-way left. Best effort: a
+    /// sweep that fails leaves them for the next.
     fn sweep_debris(&self, workspace: &str) {
         let Ok(entries) = self.root.list(workspace) else {
             return;
@@ -103,22 +133,47 @@ impl Local {
         }
     }
 
-    /// Write what `source` yields to a fresh, uniquely named file beside
-    /// the target and return its path; the caller renames or links it into
+    /// Write what `source` yields to a fresh, uniquely named file in `dir`
+    /// (made by `make_dir` when missing: asked only then, to spare a call
+    /// per write) and return its path; the caller renames or links it into
     /// place.
-    fn write_temp(&self, workspace: &str, source: &mut dyn Read) -> Result<String, Error> {
-        self.ensure_workspace(workspace)?;
+    fn write_temp(
+        &self,
+        dir: &str,
+        source: &mut dyn Read,
+        make_dir: impl Fn() -> Result<(), Error>,
+    ) -> Result<String, Error> {
+        let mut made = false;
         loop {
-            let path = format!("{workspace}/{TEMP_PREFIX}{:016x}", random_u64());
+            let path = format!("{dir}/{TEMP_PREFIX}{:016x}", random_u64());
             match self.root.create_new_from(&path, source, self.fsync) {
                 Ok(()) => return Ok(path),
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
+                // Nothing was read from `source` yet: the open failed.
+                Err(e) if e.kind() == ErrorKind::NotFound && !made => {
+                    make_dir()?;
+                    made = true;
+                }
                 Err(e) => {
                     let _ = self.root.remove_file(&path);
                     return Err(Error::io("writing temporary file", e));
                 }
             }
         }
+    }
+
+    /// After [`cas::switch`]: remove the temporary file unless it became
+    /// the target, and make a switch durable (the rename is only once the
+    /// directory holding both names is).
+    fn settle(&self, temp: &str, switched: Result<bool, Error>, dir: &str) -> Result<bool, Error> {
+        if !matches!(switched, Ok(true)) {
+            let _ = self.root.remove_file(temp);
+        }
+        let switched = switched?;
+        if switched {
+            self.sync_dir(dir)?;
+        }
+        Ok(switched)
     }
 
     /// The lock holder, `None` when unlocked.
@@ -180,48 +235,84 @@ impl Backend for Local {
             .map_err(|e| Error::io("reading state", e))
     }
 
+    fn head(&self, workspace: &str, prefix: &mut StateWriter<'_>) -> Result<Option<Head>, Error> {
+        // Stamp and bytes from one open file: they agree even if a writer
+        // replaces the state meanwhile. Open, stat, hash, one read and one
+        // host call for the first 64 KiB.
+        let Some(file) = Opened::open(&self.root, &state_path(workspace))? else {
+            return Ok(None);
+        };
+        let Some(stamp) = stamp::stored(Some(file.stamp)) else {
+            return Ok(None);
+        };
+        file.copy_prefix(prefix)?;
+        Ok(Some(Head {
+            version: stamp.version(),
+            size: stamp.size,
+            digest: None,
+        }))
+    }
+
     fn write_from(
         &self,
         workspace: &str,
         state: &mut StateReader<'_>,
         lock_id: Option<&str>,
     ) -> Result<(), Error> {
+        self.write_if(workspace, state, lock_id, &Expect::Any)
+            .map(|_| ())
+    }
+
+    fn write_if(
+        &self,
+        workspace: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+        expect: &Expect,
+    ) -> Result<bool, Error> {
         // Checked first so a refused write costs nothing (no temp file, no
         // workspace made, no quota taken)...
         self.check_lock(workspace, lock_id)?;
-        let temp = self.write_temp(workspace, state)?;
-        // ...and again once the body is written and synced, just before
-        // the rename: a force-unlock that landed while a slow body was
-        // written then refuses this write instead of letting it replace
-        // what the new holder wrote meanwhile. What stays open is the gap
-        // between this check and the rename (two host calls; longer only
-        // if the guest loses its turn on the cores in between), as in
-        // Terraform's own backends.
-        let replaced = self.check_lock(workspace, lock_id).and_then(|()| {
-            self.root
-                .rename(&temp, &state_path(workspace))
-                .map_err(|e| Error::io("replacing state", e))
+        let temp = self.write_temp(workspace, state, || self.ensure_workspace(workspace))?;
+        // ...and again under the write marker, once the body is written
+        // and synced, just before the version check and the rename: a
+        // force-unlock that landed while a slow body was written then
+        // refuses this write instead of letting it replace what the new
+        // holder wrote meanwhile. (Locks are not taken under the marker,
+        // so what stays open is the gap between this check and the rename:
+        // a few calls, as in Terraform's own backends.)
+        let slot = Slot {
+            dir: workspace,
+            name: STATE_FILE,
+        };
+        let switched = cas::switch(&self.root, &slot, Some(&temp), expect, || {
+            self.check_lock(workspace, lock_id)
         });
-        if let Err(e) = replaced {
-            let _ = self.root.remove_file(&temp);
-            return Err(e);
-        }
-        // The rename is what makes the new state the state: durable only
-        // once the directory holding both names is.
-        self.sync_dir(workspace)
+        self.settle(&temp, switched, workspace)
     }
 
     fn delete(&self, workspace: &str, lock_id: Option<&str>) -> Result<(), Error> {
         self.check_lock(workspace, lock_id)?;
-        ignore_missing(
-            self.root.remove_file(&state_path(workspace)),
-            "deleting state",
-        )?;
-        self.sync_dir(workspace)
+        // Under the write marker too: a conditional write's check and
+        // rename must not straddle a delete.
+        let slot = Slot {
+            dir: workspace,
+            name: STATE_FILE,
+        };
+        cas::switch(&self.root, &slot, None, &Expect::Any, || {
+            self.check_lock(workspace, lock_id)
+        })?;
+        match self.sync_dir(workspace) {
+            // No workspace, no state: deleting it succeeds.
+            Err(_) if !self.root.is_dir(workspace) => Ok(()),
+            other => other,
+        }
     }
 
     fn lock(&self, workspace: &str, info: &LockInfo) -> Result<(), Error> {
-        let temp = self.write_temp(workspace, &mut &info.to_json()[..])?;
+        let temp = self.write_temp(workspace, &mut &info.to_json()[..], || {
+            self.ensure_workspace(workspace)
+        })?;
         let result = self.link_lock(workspace, &temp, info);
         let _ = self.root.remove_file(&temp);
         // Once per apply is often enough to keep debris bounded.
@@ -298,10 +389,78 @@ impl Backend for Local {
         if let Some(holder) = self.holder(name)? {
             return Err(Error::locked(holder));
         }
-        self.root
-            .remove_dir_all(name)
-            .map_err(|e| Error::io("deleting workspace", e))?;
+        // The metadata first: a delete that fails midway leaves a
+        // workspace without metadata (a retry finishes it), never metadata
+        // that a new workspace of the same name would inherit.
+        self.write_metadata(name, None, &Expect::Any)?;
+        // Under the state's write marker: see `cas::remove_dir`.
+        let slot = Slot {
+            dir: name,
+            name: STATE_FILE,
+        };
+        cas::remove_dir(&self.root, &slot, || match self.holder(name)? {
+            Some(holder) => Err(Error::locked(holder)),
+            None => Ok(()),
+        })?;
         self.sync_dir(".")
+    }
+
+    fn read_metadata(&self, workspace: &str) -> Result<Option<Metadata>, Error> {
+        let path = format!("{METADATA_DIR}/{}", metadata_name(workspace));
+        let Some(file) = Opened::open(&self.root, &path)? else {
+            return Ok(None);
+        };
+        let Some(stamp) = stamp::stored(Some(file.stamp)) else {
+            return Ok(None);
+        };
+        if stamp.size > MAX_METADATA_BYTES {
+            return Err(Error::Internal(format!(
+                "{path} is over 64 KiB, more than wasmstate ever writes; remove it"
+            )));
+        }
+        let content = String::from_utf8(file.read_all()?).map_err(|_| {
+            Error::Internal(format!(
+                "{path} is not UTF-8, so not wasmstate's; remove it"
+            ))
+        })?;
+        Ok(Some(Metadata {
+            content,
+            version: stamp.version(),
+        }))
+    }
+
+    fn write_metadata(
+        &self,
+        workspace: &str,
+        content: Option<&str>,
+        expect: &Expect,
+    ) -> Result<bool, Error> {
+        let name = metadata_name(workspace);
+        let slot = Slot {
+            dir: METADATA_DIR,
+            name: &name,
+        };
+        let Some(content) = content else {
+            let removed = cas::switch(&self.root, &slot, None, expect, || Ok(()))?;
+            if removed && self.root.is_dir(METADATA_DIR) {
+                self.sync_dir(METADATA_DIR)?;
+            }
+            return Ok(removed);
+        };
+        // An empty file reads as no metadata; the host never writes one.
+        if content.is_empty() || content.len() as u64 > MAX_METADATA_BYTES {
+            return Err(Error::InvalidInput(format!(
+                "workspace metadata must be 1 byte to 64 KiB, not {} bytes",
+                content.len()
+            )));
+        }
+        let temp = self.write_temp(METADATA_DIR, &mut content.as_bytes(), || {
+            self.ensure_metadata_dir()
+        })?;
+        let switched = cas::switch(&self.root, &slot, Some(&temp), expect, || Ok(()));
+        // Rare enough to afford a look for what a stopped request left.
+        self.sweep_debris(METADATA_DIR);
+        self.settle(&temp, switched, METADATA_DIR)
     }
 }
 

@@ -20,13 +20,25 @@
 //!   Terraform's pg backend never reads that table. Every replica on the
 //!   database lists, reads and restores the same versions.
 //!
+//! - contract 0.3.0: `head` is one statement (the row's version, the
+//!   state's size and md5 computed by the database, its first bytes); a
+//!   conditional write checks the row's version in the write's own
+//!   transaction, with the lock check and the history copy, so of two
+//!   writers expecting one version exactly one writes, on any replicas.
+//!   The version is the row's `xmin`, which Terraform's own writes change
+//!   too, so a native `terraform` writing in between is seen.
+//! - workspace metadata: rows of `<schema_name>.wasmstate_workspace_metadata`
+//!   (made by the host, never read by Terraform), removed with the
+//!   workspace's row.
+//!
 //! Settings, named as Terraform's: `conn_str` (taken by the host),
 //! `schema_name`, `skip_schema_creation`, `skip_table_creation`,
 //! `skip_index_creation`.
 
 use wasmstate_guest::postgres::{self, Holder, Refused};
 use wasmstate_guest::{
-    Backend, Config, Error, LockInfo, StateReader, StateWriter, Version, register_backend,
+    Backend, Config, Error, Expect, Head, LockInfo, Metadata, StateReader, StateWriter, Version,
+    register_backend,
 };
 
 const DEFAULT: &str = "default";
@@ -38,6 +50,8 @@ fn refusal(refused: Refused) -> Error {
     match refused {
         Refused::Held(holder) => Error::locked(holder.into_lock_info()),
         Refused::NotLocked => Error::lock_mismatch(None),
+        // Only a conditional write expects a version; this one did not.
+        Refused::Changed => Error::Internal("the row changed under an unconditional write".into()),
     }
 }
 
@@ -95,6 +109,44 @@ impl Backend for Pg {
             None => Ok(()),
             Some(refused) => Err(refusal(refused)),
         }
+    }
+
+    /// One statement: the data stays in the database.
+    fn head(&self, ws: &str, prefix: &mut StateWriter<'_>) -> Result<Option<Head>, Error> {
+        Ok(postgres::head(ws, prefix)?.map(|row| Head {
+            version: row.version,
+            size: row.size,
+            digest: Some(row.digest),
+        }))
+    }
+
+    /// The row's version checked in the write's transaction, after the
+    /// lock rule.
+    fn write_if(
+        &self,
+        ws: &str,
+        state: &mut StateReader<'_>,
+        lock_id: Option<&str>,
+        expect: &Expect,
+    ) -> Result<bool, Error> {
+        match postgres::write_if(ws, state, lock_id, expect)? {
+            None => Ok(true),
+            Some(Refused::Changed) => Ok(false),
+            Some(refused) => Err(refusal(refused)),
+        }
+    }
+
+    fn read_metadata(&self, ws: &str) -> Result<Option<Metadata>, Error> {
+        Ok(postgres::read_metadata(ws)?)
+    }
+
+    fn write_metadata(
+        &self,
+        ws: &str,
+        content: Option<&str>,
+        expect: &Expect,
+    ) -> Result<bool, Error> {
+        Ok(postgres::write_metadata(ws, content, expect)?)
     }
 
     fn delete(&self, ws: &str, lock_id: Option<&str>) -> Result<(), Error> {
@@ -172,7 +224,8 @@ impl Backend for Pg {
 
     /// Keeps the workspace's versions, as storage with object versions
     /// does: the delete is one of them (0 bytes), after which the rollback
-    /// check starts afresh.
+    /// check starts afresh. The host removes the workspace's metadata in
+    /// the delete's transaction.
     fn delete_workspace(&self, ws: &str) -> Result<(), Error> {
         if !postgres::list_names()?.iter().any(|n| n == ws) {
             return Err(Error::NotFound);

@@ -99,6 +99,19 @@ const RUST: &[File] = &[
 /// manifest.
 const LOCAL_GUEST: &str = include_str!("../../../guests/local/src/lib.rs");
 
+/// The `local` guest's other modules (its compare-and-swap), copied as
+/// they are beside its `lib.rs`.
+const LOCAL_GUEST_MODULES: &[(&str, &str)] = &[
+    (
+        "src/cas.rs",
+        include_str!("../../../guests/local/src/cas.rs"),
+    ),
+    (
+        "src/stamp.rs",
+        include_str!("../../../guests/local/src/stamp.rs"),
+    ),
+];
+
 fn rust_lib() -> String {
     let body = LOCAL_GUEST.replacen(
         "//! wasmstate's default storage guest:",
@@ -207,6 +220,11 @@ pub fn write_template(
         std::fs::create_dir_all(target.parent().expect("in dir"))?;
         std::fs::write(&target, rust_lib())
             .with_context(|| format!("writing {}", target.display()))?;
+        for (path, text) in LOCAL_GUEST_MODULES {
+            let target = dir.join(path);
+            std::fs::write(&target, text)
+                .with_context(|| format!("writing {}", target.display()))?;
+        }
     }
     let shown = dir.display();
     Ok(match lang {

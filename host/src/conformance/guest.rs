@@ -178,16 +178,16 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
     let storage = loaded.storage.clone();
     let run_id = super::run_id();
     let mut report = super::run(storage.clone(), &run_id).await;
-    report.outcomes.push(Outcome {
-        name: "a state larger than the memory cap round-trips both ways (it streams)",
-        result: super::big_state(
+    report.outcomes.push(Outcome::of(
+        "a state larger than the memory cap round-trips both ways (it streams)",
+        super::big_state(
             &*storage,
             &run_id,
             subject.limits.memory_bytes,
             loaded.max_body_bytes(),
         )
         .await,
-    });
+    ));
     let result = match loaded.with_config(UNKNOWN_KEY, "1").await {
         Ok(_) => Err(format!(
             "the guest accepted the unknown key {UNKNOWN_KEY:?}"
@@ -203,9 +203,9 @@ pub async fn run_guest(subject: GuestUnderTest) -> anyhow::Result<Report> {
             }
         }
     };
-    report.outcomes.push(Outcome {
-        name: "an unknown configuration key is reported as a diagnostic, not a trap",
+    report.outcomes.push(Outcome::of(
+        "an unknown configuration key is reported as a diagnostic, not a trap",
         result,
-    });
+    ));
     Ok(report)
 }

@@ -7,6 +7,7 @@
 //! afterwards, so the kit can run against storage that holds real data.
 
 mod cases;
+mod conditional;
 mod guest;
 mod history;
 mod rules;
@@ -24,6 +25,23 @@ pub struct Outcome {
     pub name: &'static str,
     /// `Err` with the reason when the guest got it wrong.
     pub result: Result<(), String>,
+    /// Said beside a pass (what the case could not check, and why); for a
+    /// case not run, why not.
+    pub note: Option<String>,
+    /// Not run: the guest's contract has no such call.
+    pub skipped: bool,
+}
+
+impl Outcome {
+    /// A case run, with its result.
+    pub fn of(name: &'static str, result: Result<(), String>) -> Outcome {
+        Outcome {
+            name,
+            result,
+            note: None,
+            skipped: false,
+        }
+    }
 }
 
 /// The outcomes of a whole run.
@@ -34,10 +52,11 @@ pub struct Report {
 }
 
 impl Report {
-    /// How many cases passed and failed.
+    /// How many cases passed and failed (those skipped did neither).
     pub fn counts(&self) -> (usize, usize) {
-        let passed = self.outcomes.iter().filter(|o| o.result.is_ok()).count();
-        (passed, self.outcomes.len() - passed)
+        let run = self.outcomes.iter().filter(|o| !o.skipped);
+        let passed = run.clone().filter(|o| o.result.is_ok()).count();
+        (passed, run.count() - passed)
     }
 
     /// Whether every case passed.
@@ -45,14 +64,17 @@ impl Report {
         self.counts().1 == 0
     }
 
-    /// The report as printed by `wasmstate guest test`: a line per case,
+    /// The report as printed by `wasmstate guest test`: a line per case
+    /// (`SKIP` with why for a case the guest's contract has no call for),
     /// then `N passed, M failed`.
     pub fn render(&self) -> String {
         let mut out = String::new();
         for o in &self.outcomes {
-            match &o.result {
-                Ok(()) => out.push_str(&format!("PASS  {}\n", o.name)),
-                Err(reason) => out.push_str(&format!("FAIL  {}: {}\n", o.name, reason)),
+            match (&o.result, &o.note) {
+                (_, Some(why)) if o.skipped => out.push_str(&format!("SKIP  {}: {why}\n", o.name)),
+                (Ok(()), Some(note)) => out.push_str(&format!("PASS  {} ({note})\n", o.name)),
+                (Ok(()), None) => out.push_str(&format!("PASS  {}\n", o.name)),
+                (Err(reason), _) => out.push_str(&format!("FAIL  {}: {}\n", o.name, reason)),
             }
         }
         let (passed, failed) = self.counts();
@@ -70,9 +92,28 @@ pub async fn run<S: Storage>(storage: Arc<S>, run_id: &str) -> Report {
         let result = (case.run)(storage.clone(), workspace.clone()).await;
         // Leave nothing behind, whatever the case did.
         clean_up(&*storage, &workspace).await;
-        report.outcomes.push(Outcome {
-            name: case.name,
-            result,
+        report.outcomes.push(Outcome::of(case.name, result));
+    }
+    // Contract 0.3.0's cases, which older guests skip, saying why.
+    let conditional = storage.conditional_writes();
+    for (index, case) in conditional::all::<S>().into_iter().enumerate() {
+        if !conditional {
+            report.outcomes.push(Outcome {
+                note: Some(conditional::SKIPPED.into()),
+                skipped: true,
+                ..Outcome::of(case.name, Ok(()))
+            });
+            continue;
+        }
+        let workspace = format!("ck-{run_id}-c{index}");
+        let checked = (case.run)(storage.clone(), workspace.clone()).await;
+        clean_up(&*storage, &workspace).await;
+        report.outcomes.push(match checked {
+            Ok(note) => Outcome {
+                note,
+                ..Outcome::of(case.name, Ok(()))
+            },
+            Err(reason) => Outcome::of(case.name, Err(reason)),
         });
     }
     report

@@ -84,6 +84,7 @@ impl ApiError {
             GuestTimedOut(_) => StatusCode::GATEWAY_TIMEOUT,
             NoHistory => StatusCode::NOT_FOUND,
             InvalidConfig(_)
+            | NoMetadata(_)
             | Internal(_)
             | GuestTrapped { .. }
             | GuestOutOfMemory(_)

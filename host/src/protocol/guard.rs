@@ -1,11 +1,15 @@
 //! The stale-write guard and the write it allows, as one step.
 //!
 //! On one host the workspace's gate makes check and write one step. Across
-//! hosts the guest's own lock does: a write that came without a lock
-//! (`-lock=false`, a script) runs under a lock the host takes for it, so
-//! two unlocked writers on two replicas cannot both pass the guard on the
-//! same stored state. Writes under a client's lock need nothing more: the
-//! guest refuses them unless that lock still holds.
+//! hosts, storage with conditional writes (a contract 0.3.0 guest) does:
+//! the guard judges the stored state's head and the write replaces only
+//! the version it judged ([`super::conditional`]), so no lock is taken for
+//! a write sent without one. For older guests the guest's own lock does: a
+//! write that came without a lock (`-lock=false`, a script) runs under a
+//! lock the host takes for it, so two unlocked writers on two replicas
+//! cannot both pass the guard on the same stored state. Writes under a
+//! client's lock need nothing more there: the guest refuses them unless
+//! that lock still holds.
 
 use super::error::ApiError;
 use super::{App, Target};
@@ -13,7 +17,6 @@ use crate::audit::{Facts, StateVersion};
 use crate::backend::{Storage, StorageError};
 use crate::statefile;
 use axum::body::Bytes;
-use axum::http::StatusCode;
 
 /// Write `body` as the state of `target` unless the stale-write guard
 /// refuses it (409), or it is already stored (a retried POST: nothing to
@@ -40,7 +43,14 @@ pub(crate) async fn write_unless_stale<S: Storage>(
         lineage: Some(lineage.to_string()),
         serial,
     });
-    if app.switches.allows_force_push(target.backend) {
+    let force = app.switches.allows_force_push(target.backend);
+    if target.storage.conditional_writes() {
+        return super::conditional::write_if_unchanged(
+            target, lock_id, &incoming, body, force, facts,
+        )
+        .await;
+    }
+    if force {
         // The guard is off: nothing to make one step with the write.
         return write(target, body, lock_id).await;
     }
@@ -152,53 +162,6 @@ async fn write<S: Storage>(
         .map_err(|e: StorageError| target.error(e))
 }
 
-/// Largest stored state read whole to see whether it is empty: an empty
-/// one is a few hundred bytes.
-const EMPTY_STATE_MAX_BYTES: usize = 64 << 10;
-
-/// Whether the stored state is proven empty (see [`proven_empty`]). At
-/// most [`EMPTY_STATE_MAX_BYTES`] are read: anything longer is not empty.
-async fn stored_is_empty<S: Storage>(target: &Target<'_, S>) -> Result<bool, ApiError> {
-    let Some(stored) = target
-        .storage
-        .read_prefix(target.workspace, EMPTY_STATE_MAX_BYTES + 1)
-        .await
-        .map_err(|e| target.error(e))?
-    else {
-        return Ok(true);
-    };
-    Ok(stored.len() <= EMPTY_STATE_MAX_BYTES && proven_empty(&stored))
-}
-
-/// Whether `stored` is a state that provably holds nothing: a plain state
-/// (format 4 or later) whose `resources` is there and empty and whose
-/// `outputs` are empty. What cannot be seen into is not empty: an
-/// OpenTofu-encrypted state (its resources are ciphertext), a legacy
-/// format-3 state (its resources sit under `modules`), a state without
-/// `resources`, or bytes that are not JSON. Replacing any of those with
-/// another lineage could lose resources.
-fn proven_empty(stored: &[u8]) -> bool {
-    let Ok(serde_json::Value::Object(state)) = serde_json::from_slice(stored) else {
-        return false;
-    };
-    let plain = state
-        .get("encryption_version")
-        .is_none_or(|v| v.is_null() || v.as_str() == Some(""));
-    let format = state.get("version").and_then(|v| v.as_u64());
-    let no_resources =
-        matches!(state.get("resources"), Some(serde_json::Value::Array(r)) if r.is_empty());
-    let no_outputs = match state.get("outputs") {
-        None | Some(serde_json::Value::Null) => true,
-        Some(serde_json::Value::Object(outputs)) => outputs.is_empty(),
-        Some(_) => false,
-    };
-    plain
-        && format.is_some_and(|v| v >= 4)
-        && no_resources
-        && no_outputs
-        && !state.contains_key("modules")
-}
-
 /// Refuse a write that would replace the stored state with an unrelated
 /// (other lineage) or older (lower serial) one, as `terraform state push`
 /// does without `-force`. `Ok(true)`: the same serial with the same bytes
@@ -219,95 +182,5 @@ async fn guard_stale_write<S: Storage>(
     let stored_version = crate::backend::stored_version(target.storage, target.workspace)
         .await
         .map_err(|e| target.error(e))?;
-    facts.before = stored_version.clone().map(StateVersion::of);
-    let Some((stored_lineage, stored_serial)) = stored_version else {
-        return Ok(false);
-    };
-    let refuse = |why: String| {
-        Err(ApiError::Message(
-            StatusCode::CONFLICT,
-            format!(
-                "{why}; nothing was written (`terraform state push -force` needs allow_force_push = true on backend {:?})",
-                target.backend
-            ),
-        ))
-    };
-    let Some((lineage, serial)) = incoming.version() else {
-        return refuse(format!(
-            "the state has no lineage and serial, and the stored state has lineage {stored_lineage:?} and serial {stored_serial}"
-        ));
-    };
-    if lineage != stored_lineage {
-        // A workspace created empty (serial 1, nothing in it, as
-        // Terraform's pg backend creates one) takes a state of any
-        // lineage, as Terraform's own push check allows: nothing is lost.
-        if stored_serial <= 1 && stored_is_empty(target).await? {
-            return Ok(false);
-        }
-        return refuse(format!(
-            "the state's lineage {lineage:?} differs from the stored state's {stored_lineage:?}"
-        ));
-    }
-    if serial < stored_serial {
-        return refuse(format!(
-            "the state's serial {serial} is older than the stored state's {stored_serial}"
-        ));
-    }
-    if serial == stored_serial {
-        // A retried POST sends the same bytes again: compared as storage
-        // streams them, never held twice.
-        if target
-            .storage
-            .holds(target.workspace, body)
-            .await
-            .map_err(|e| target.error(e))?
-        {
-            facts.unchanged = true;
-            return Ok(true);
-        }
-        return refuse(format!(
-            "the state has serial {serial} like the stored state, but different content: another writer got there first"
-        ));
-    }
-    Ok(false)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::proven_empty;
-
-    /// Terraform's pg backend creates a workspace with this state: any
-    /// lineage may replace it.
-    #[test]
-    fn terraforms_empty_workspace_is_empty() {
-        let created = br#"{"version":4,"terraform_version":"1.11.4","serial":1,"lineage":"x","outputs":{},"resources":[],"check_results":null}"#;
-        assert!(proven_empty(created));
-        assert!(proven_empty(
-            br#"{"version":4,"serial":0,"lineage":"x","resources":[]}"#
-        ));
-    }
-
-    /// Issue 47, data 1: what cannot be seen into is never taken for empty.
-    #[test]
-    fn opaque_legacy_or_unparsable_states_are_not_empty() {
-        let not_empty: [&[u8]; 9] = [
-            // OpenTofu client-side encrypted: no top-level resources/outputs.
-            br#"{"serial":1,"lineage":"la","meta":{"key_provider.pbkdf2.p":"bWV0YQ=="},"encrypted_data":"AAAA","encryption_version":"v0"}"#,
-            // Even with an empty `resources` beside the ciphertext.
-            br#"{"serial":1,"lineage":"la","resources":[],"encrypted_data":"AAAA","encryption_version":"v0"}"#,
-            // Legacy format 3: resources under `modules`.
-            br#"{"version":3,"serial":1,"lineage":"la","modules":[{"path":["root"],"outputs":{},"resources":{"null_resource.a":{"type":"null_resource"}}}]}"#,
-            br#"{"version":3,"serial":1,"lineage":"la","modules":[],"resources":[]}"#,
-            // No `resources` at all, or resources, or outputs.
-            br#"{"version":4,"serial":1,"lineage":"la"}"#,
-            br#"{"version":4,"serial":1,"lineage":"la","resources":[{"type":"x"}]}"#,
-            br#"{"version":4,"serial":1,"lineage":"la","resources":[],"outputs":{"o":{"value":1}}}"#,
-            // Not JSON, or not an object.
-            b"\x00\x01 sealed bytes",
-            b"[]",
-        ];
-        for stored in not_empty {
-            assert!(!proven_empty(stored), "{}", String::from_utf8_lossy(stored));
-        }
-    }
+    super::judge::judge(target, incoming, body, stored_version, None, facts).await
 }

@@ -11,9 +11,11 @@
 mod audit;
 mod buffers;
 mod caller;
+mod conditional;
 mod error;
 mod gate;
 mod guard;
+mod judge;
 mod locks;
 pub(crate) use locks::{force_unlock, lock as lock_workspace, unlock as unlock_workspace};
 mod origin;

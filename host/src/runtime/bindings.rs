@@ -1,7 +1,7 @@
-//! Host-side bindings of the WIT world, and conversions to the
-//! runtime-neutral types of [`crate::backend`].
+//! Host-side bindings of the WIT world (the current contract, `wit/`), and
+//! conversions to the runtime-neutral types of [`crate::backend`].
 
-use crate::backend::{Diagnostic, LockInfo, StorageError};
+use crate::backend::{Diagnostic, Expect, LockInfo, StorageError};
 
 wasmtime::component::bindgen!({
     path: "../wit",
@@ -52,6 +52,26 @@ impl From<LockInfo> for t::LockInfo {
             version: l.version,
             created: l.created,
             path: l.path,
+        }
+    }
+}
+
+impl From<Expect> for t::Expect {
+    fn from(e: Expect) -> Self {
+        match e {
+            Expect::Any => t::Expect::Any,
+            Expect::Absent => t::Expect::Absent,
+            Expect::Version(v) => t::Expect::Version(v),
+        }
+    }
+}
+
+impl From<t::Expect> for Expect {
+    fn from(e: t::Expect) -> Self {
+        match e {
+            t::Expect::Any => Expect::Any,
+            t::Expect::Absent => Expect::Absent,
+            t::Expect::Version(v) => Expect::Version(v),
         }
     }
 }

@@ -10,12 +10,10 @@
 //! by anyone without the key is compiled again, never run. Temporary files
 //! have random names, so replicas sharing a cache never collide.
 //!
-//! A miss is compiled in a child process ([`super::compiler`]) that writes
+//! A miss is compiled in a child process (the `compiler` module) that writes
 //! the entry and exits; the server then loads it as on a warm start, so
 //! the memory the compiler used leaves with the child.
 
-use super::compiler::Child;
-use super::engine::EngineSettings;
 use anyhow::Context;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -97,48 +95,13 @@ fn mac_path(artifact: &Path) -> PathBuf {
     artifact.with_extension("cwasm.mac")
 }
 
-/// Compile `wasm` (whose digest is `sha256`) for `engine` (built from
-/// `settings`), or load its cached compilation from `dir` if it carries
-/// `key`'s MAC. A miss is compiled in a child process; only where no child
-/// can be started, or it cannot write the cache, is it compiled here (and
-/// the log says so). A cache that cannot be read or written only costs
-/// time: it is reported and bypassed. A guest the child cannot compile is
-/// an error carrying the child's own message.
-pub fn compile(
-    engine: &Engine,
-    settings: &EngineSettings,
-    wasm: &[u8],
-    sha256: &str,
-    dir: &Path,
-    key: &CacheKey,
-) -> anyhow::Result<Component> {
-    let path = artifact_path(engine, sha256, dir);
-    if let Some(component) = load(engine, &path, sha256, key) {
-        return Ok(component);
-    }
-    match super::compiler::in_child(settings, wasm, sha256, dir, key)? {
-        Child::Compiled => {
-            if let Some(component) = load(engine, &path, sha256, key) {
-                return Ok(component);
-            }
-            tracing::warn!(
-                path = %path.display(),
-                "the compiler process's cache entry cannot be loaded (replaced meanwhile?): compiling in this process"
-            );
-        }
-        Child::Unavailable(why) => tracing::warn!(
-            "cannot start a compiler process ({why}): compiling in this process, which keeps the memory the compiler used"
-        ),
-        Child::CannotCache(why) => tracing::warn!(
-            path = %path.display(),
-            "could not cache compiled guest ({why}): compiling in this process, which keeps the memory the compiler used"
-        ),
-    }
-    compile_here(engine, wasm, sha256, &path, key)
-}
-
 /// The component cached at `path`, when it carries `key`'s MAC and loads.
-fn load(engine: &Engine, path: &Path, sha256: &str, key: &CacheKey) -> Option<Component> {
+pub(super) fn load(
+    engine: &Engine,
+    path: &Path,
+    sha256: &str,
+    key: &CacheKey,
+) -> Option<Component> {
     let artifact = vouched(path, sha256, key)?;
     // SAFETY: `deserialize` trusts its input to be wasmtime's own
     // output. These bytes carry this host's MAC over the source's
@@ -154,24 +117,6 @@ fn load(engine: &Engine, path: &Path, sha256: &str, key: &CacheKey) -> Option<Co
     }
 }
 
-/// Compile in this process, caching the result at `path` when possible.
-fn compile_here(
-    engine: &Engine,
-    wasm: &[u8],
-    sha256: &str,
-    path: &Path,
-    key: &CacheKey,
-) -> anyhow::Result<Component> {
-    let artifact = precompile(engine, wasm)?;
-    if let Err(e) = store(path, sha256, &artifact, key) {
-        tracing::warn!(path = %path.display(), "could not cache compiled guest: {e:#}");
-    }
-    // SAFETY: `artifact` was produced by `precompile_component` just above.
-    #[allow(unsafe_code)]
-    let component = unsafe { Component::deserialize(engine, &artifact) }?;
-    Ok(component)
-}
-
 /// `wasm` compiled to machine code for `engine`, serialized.
 pub(super) fn precompile(engine: &Engine, wasm: &[u8]) -> anyhow::Result<Vec<u8>> {
     engine
@@ -181,7 +126,7 @@ pub(super) fn precompile(engine: &Engine, wasm: &[u8]) -> anyhow::Result<Vec<u8>
 }
 
 /// The cached bytes at `path`, when their MAC is ours.
-fn vouched(path: &Path, sha256: &str, key: &CacheKey) -> Option<Vec<u8>> {
+pub(super) fn vouched(path: &Path, sha256: &str, key: &CacheKey) -> Option<Vec<u8>> {
     let artifact = std::fs::read(path).ok()?;
     let tag = std::fs::read_to_string(mac_path(path))
         .ok()
@@ -216,141 +161,4 @@ pub(super) fn store(
     write(path, artifact)?;
     let tag = hex::encode(key.mac(sha256, artifact).finalize().into_bytes());
     write(&mac_path(path), tag.as_bytes())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settings() -> EngineSettings {
-        EngineSettings {
-            max_instances: 2,
-            max_memory_bytes: 64 << 20,
-            swap_possible: false,
-        }
-    }
-
-    fn engine() -> Engine {
-        settings().build().unwrap()
-    }
-
-    fn key() -> CacheKey {
-        CacheKey([7; 32])
-    }
-
-    fn digest() -> String {
-        crate::digest::sha256_hex(local_guest())
-    }
-
-    fn local_guest() -> &'static [u8] {
-        crate::guests::embedded("local").unwrap().wasm
-    }
-
-    #[test]
-    fn a_second_load_maps_the_cached_artifact() {
-        let dir = tempfile::tempdir().unwrap();
-        let engine = engine();
-        compile(
-            &engine,
-            &settings(),
-            local_guest(),
-            &digest(),
-            dir.path(),
-            &key(),
-        )
-        .unwrap();
-        let path = artifact_path(&engine, &digest(), dir.path());
-        let first = std::fs::metadata(&path).unwrap().modified().unwrap();
-
-        compile(
-            &engine,
-            &settings(),
-            local_guest(),
-            &digest(),
-            dir.path(),
-            &key(),
-        )
-        .unwrap();
-        let second = std::fs::metadata(&path).unwrap().modified().unwrap();
-        assert_eq!(
-            first, second,
-            "a cache hit must not compile and write again"
-        );
-        assert!(
-            path.file_name()
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .starts_with(&digest())
-        );
-    }
-
-    #[test]
-    fn a_corrupt_artifact_is_replaced_not_fatal() {
-        let dir = tempfile::tempdir().unwrap();
-        let engine = engine();
-        let path = artifact_path(&engine, &digest(), dir.path());
-        std::fs::write(&path, b"not machine code").unwrap();
-        compile(
-            &engine,
-            &settings(),
-            local_guest(),
-            &digest(),
-            dir.path(),
-            &key(),
-        )
-        .unwrap();
-        assert_ne!(std::fs::read(&path).unwrap(), b"not machine code");
-    }
-
-    #[test]
-    fn an_entry_without_our_mac_is_compiled_again_never_run() {
-        let dir = tempfile::tempdir().unwrap();
-        let engine = engine();
-        compile(
-            &engine,
-            &settings(),
-            local_guest(),
-            &digest(),
-            dir.path(),
-            &key(),
-        )
-        .unwrap();
-        let path = artifact_path(&engine, &digest(), dir.path());
-        let ours = std::fs::read(&path).unwrap();
-        // Another host's key: its MAC does not verify, so the entry is
-        // replaced by a fresh compilation (with a MAC that does).
-        compile(
-            &engine,
-            &settings(),
-            local_guest(),
-            &digest(),
-            dir.path(),
-            &CacheKey([9; 32]),
-        )
-        .unwrap();
-        assert!(vouched(&path, &digest(), &CacheKey([9; 32])).is_some());
-        assert!(vouched(&path, &digest(), &key()).is_none());
-        // The same bytes claimed for another component are not vouched for.
-        std::fs::write(&path, &ours).unwrap();
-        assert!(vouched(&path, "another-digest", &key()).is_none());
-    }
-
-    #[test]
-    fn garbage_is_refused_with_a_clear_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let err = compile(
-            &engine(),
-            &settings(),
-            b"\0asm garbage",
-            "garbage",
-            dir.path(),
-            &key(),
-        )
-        .unwrap_err();
-        assert!(
-            format!("{err:#}").contains("not a valid WebAssembly component"),
-            "{err:#}"
-        );
-    }
 }

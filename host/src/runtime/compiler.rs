@@ -20,6 +20,8 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
+use wasmtime::Engine;
+use wasmtime::component::Component;
 
 /// The hidden first argument that makes `wasmstate` a compiler child.
 const SUBCOMMAND: &str = "__compile-guest";
@@ -38,8 +40,10 @@ pub(super) enum Child {
     Compiled,
     /// No child could be started: why.
     Unavailable(String),
-    /// The child compiled but could not write the cache: why.
-    CannotCache(String),
+    /// The child compiled but could not write the cache: why, and the
+    /// compiled bytes it sent on its stdout instead (empty when it could
+    /// not send them either).
+    CannotCache(String, Vec<u8>),
 }
 
 /// Run as a compiler child when this process was started as one (its
@@ -55,8 +59,17 @@ pub fn child_main_if_asked() -> Option<ExitCode> {
     let args: Vec<OsString> = args.collect();
     Some(match child(&args) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::CannotCache(e)) => {
-            eprintln!("cannot write the compile cache: {e:#}");
+        Err(Failure::CannotCache(e, artifact)) => {
+            // The server takes the machine code from here instead, so it
+            // need not compile (and keep the compiler's memory) itself.
+            let sent = std::io::stdout()
+                .lock()
+                .write_all(&artifact)
+                .and_then(|()| std::io::stdout().lock().flush());
+            match sent {
+                Ok(()) => eprintln!("cannot write the compile cache: {e:#}"),
+                Err(s) => eprintln!("cannot write the compile cache: {e:#}; nor send it: {s}"),
+            }
             ExitCode::from(CANNOT_CACHE)
         }
         Err(Failure::Other(e)) => {
@@ -68,7 +81,8 @@ pub fn child_main_if_asked() -> Option<ExitCode> {
 }
 
 enum Failure {
-    CannotCache(anyhow::Error),
+    /// Compiled, but the entry could not be written: why, and the bytes.
+    CannotCache(anyhow::Error, Vec<u8>),
     Other(anyhow::Error),
 }
 
@@ -133,7 +147,7 @@ fn child(args: &[OsString]) -> Result<(), Failure> {
     let artifact = cache::precompile(&engine, wasm)?;
     let path = cache::artifact_path(&engine, &sha256, &dir);
     cache::store(&path, &sha256, &artifact, &CacheKey::from_bytes(*key))
-        .map_err(Failure::CannotCache)
+        .map_err(|e| Failure::CannotCache(e, artifact))
 }
 
 /// The binary to re-execute: `/proc/self/exe` names this process's own
@@ -149,7 +163,7 @@ fn own_binary() -> std::io::Result<PathBuf> {
 /// Compile `wasm` (digest `sha256`) in a child process that writes its
 /// cache entry under `dir`. An error is a guest the child could not
 /// compile (or a child that died), with the child's own message.
-pub(super) fn in_child(
+fn in_child(
     settings: &EngineSettings,
     wasm: &[u8],
     sha256: &str,
@@ -170,7 +184,8 @@ pub(super) fn in_child(
     command
         .args(arguments(settings, dir, sha256))
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        // Only a child that cannot cache writes here: the compiled bytes.
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     dies_with_this_process(&mut command);
     let spawned = command.spawn();
@@ -199,9 +214,91 @@ pub(super) fn in_child(
             );
             Ok(Child::Compiled)
         }
-        Some(code) if code == i32::from(CANNOT_CACHE) => Ok(Child::CannotCache(said)),
+        Some(code) if code == i32::from(CANNOT_CACHE) => {
+            Ok(Child::CannotCache(said, output.stdout))
+        }
         _ => anyhow::bail!("the compiler process failed ({}): {said}", output.status),
     }
+}
+
+/// Compile `wasm` (whose digest is `sha256`) for `engine` (built from
+/// `settings`), or load its cached compilation from `dir` if it carries
+/// `key`'s MAC. A miss is compiled in a child process; only where no child
+/// can be started, or it cannot write the cache, is it compiled here (and
+/// the log says so). A cache that cannot be read or written only costs
+/// time: it is reported and bypassed. A guest the child cannot compile is
+/// an error carrying the child's own message.
+pub fn compile(
+    engine: &Engine,
+    settings: &EngineSettings,
+    wasm: &[u8],
+    sha256: &str,
+    dir: &Path,
+    key: &CacheKey,
+) -> anyhow::Result<Component> {
+    let path = cache::artifact_path(engine, sha256, dir);
+    if let Some(component) = cache::load(engine, &path, sha256, key) {
+        return Ok(component);
+    }
+    match in_child(settings, wasm, sha256, dir, key)? {
+        Child::Compiled => {
+            if let Some(component) = cache::load(engine, &path, sha256, key) {
+                return Ok(component);
+            }
+            tracing::warn!(
+                path = %path.display(),
+                "the compiler process's cache entry cannot be loaded (replaced meanwhile?): compiling in this process"
+            );
+        }
+        Child::Unavailable(why) => tracing::warn!(
+            "cannot start a compiler process ({why}): compiling in this process, which keeps the memory the compiler used"
+        ),
+        Child::CannotCache(why, artifact) => {
+            if !artifact.is_empty() {
+                // SAFETY: `deserialize` trusts its input to be wasmtime's
+                // own output: these bytes come over a pipe from this very
+                // binary (`/proc/self/exe`), which compiled them from
+                // `wasm` with an engine built from the same settings.
+                #[allow(unsafe_code)]
+                match unsafe { Component::deserialize(engine, &artifact) } {
+                    Ok(component) => {
+                        tracing::warn!(
+                            path = %path.display(),
+                            "could not cache compiled guest ({why}): using the compiler process's output, so the next start compiles again"
+                        );
+                        return Ok(component);
+                    }
+                    Err(e) => tracing::warn!(
+                        "the compiler process's output is unusable ({e:#}): compiling in this process"
+                    ),
+                }
+            } else {
+                tracing::warn!(
+                    path = %path.display(),
+                    "could not cache compiled guest ({why}): compiling in this process, which keeps the memory the compiler used"
+                );
+            }
+        }
+    }
+    compile_here(engine, wasm, sha256, &path, key)
+}
+
+/// Compile in this process, caching the result at `path` when possible.
+fn compile_here(
+    engine: &Engine,
+    wasm: &[u8],
+    sha256: &str,
+    path: &Path,
+    key: &CacheKey,
+) -> anyhow::Result<Component> {
+    let artifact = cache::precompile(engine, wasm)?;
+    if let Err(e) = cache::store(path, sha256, &artifact, key) {
+        tracing::warn!(path = %path.display(), "could not cache compiled guest: {e:#}");
+    }
+    // SAFETY: `artifact` was produced by `precompile_component` just above.
+    #[allow(unsafe_code)]
+    let component = unsafe { Component::deserialize(engine, &artifact) }?;
+    Ok(component)
 }
 
 /// Have the kernel kill the child when the thread that starts it ends:
@@ -274,5 +371,145 @@ mod tests {
         assert_eq!(one_line(""), "(no output)");
         let long = "x".repeat(5000);
         assert!(one_line(&long).chars().count() <= 2002);
+    }
+}
+
+#[cfg(test)]
+mod cache_tests {
+    //! The cache as `compile` uses it: hits, corrupt and foreign entries.
+    use super::cache::{artifact_path, vouched};
+    use super::*;
+    use wasmtime::Engine;
+
+    fn settings() -> EngineSettings {
+        EngineSettings {
+            max_instances: 2,
+            max_memory_bytes: 64 << 20,
+            swap_possible: false,
+        }
+    }
+
+    fn engine() -> Engine {
+        settings().build().unwrap()
+    }
+
+    fn key() -> CacheKey {
+        CacheKey::from_bytes([7; 32])
+    }
+
+    fn digest() -> String {
+        crate::digest::sha256_hex(local_guest())
+    }
+
+    fn local_guest() -> &'static [u8] {
+        crate::guests::embedded("local").unwrap().wasm
+    }
+
+    #[test]
+    fn a_second_load_maps_the_cached_artifact() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine();
+        compile(
+            &engine,
+            &settings(),
+            local_guest(),
+            &digest(),
+            dir.path(),
+            &key(),
+        )
+        .unwrap();
+        let path = artifact_path(&engine, &digest(), dir.path());
+        let first = std::fs::metadata(&path).unwrap().modified().unwrap();
+
+        compile(
+            &engine,
+            &settings(),
+            local_guest(),
+            &digest(),
+            dir.path(),
+            &key(),
+        )
+        .unwrap();
+        let second = std::fs::metadata(&path).unwrap().modified().unwrap();
+        assert_eq!(
+            first, second,
+            "a cache hit must not compile and write again"
+        );
+        assert!(
+            path.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with(&digest())
+        );
+    }
+
+    #[test]
+    fn a_corrupt_artifact_is_replaced_not_fatal() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine();
+        let path = artifact_path(&engine, &digest(), dir.path());
+        std::fs::write(&path, b"not machine code").unwrap();
+        compile(
+            &engine,
+            &settings(),
+            local_guest(),
+            &digest(),
+            dir.path(),
+            &key(),
+        )
+        .unwrap();
+        assert_ne!(std::fs::read(&path).unwrap(), b"not machine code");
+    }
+
+    #[test]
+    fn an_entry_without_our_mac_is_compiled_again_never_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine();
+        compile(
+            &engine,
+            &settings(),
+            local_guest(),
+            &digest(),
+            dir.path(),
+            &key(),
+        )
+        .unwrap();
+        let path = artifact_path(&engine, &digest(), dir.path());
+        let ours = std::fs::read(&path).unwrap();
+        // Another host's key: its MAC does not verify, so the entry is
+        // replaced by a fresh compilation (with a MAC that does).
+        compile(
+            &engine,
+            &settings(),
+            local_guest(),
+            &digest(),
+            dir.path(),
+            &CacheKey::from_bytes([9; 32]),
+        )
+        .unwrap();
+        assert!(vouched(&path, &digest(), &CacheKey::from_bytes([9; 32])).is_some());
+        assert!(vouched(&path, &digest(), &key()).is_none());
+        // The same bytes claimed for another component are not vouched for.
+        std::fs::write(&path, &ours).unwrap();
+        assert!(vouched(&path, "another-digest", &key()).is_none());
+    }
+
+    #[test]
+    fn garbage_is_refused_with_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = compile(
+            &engine(),
+            &settings(),
+            b"\0asm garbage",
+            "garbage",
+            dir.path(),
+            &key(),
+        )
+        .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("not a valid WebAssembly component"),
+            "{err:#}"
+        );
     }
 }

@@ -136,6 +136,21 @@ impl wit::Host for Sandbox {
         Ok(Some(bytes.len() as u64))
     }
 
+    async fn stat_file(
+        &mut self,
+        url: String,
+        commit: String,
+        path: String,
+    ) -> Result<Option<wit::FileStat>, wit::GitError> {
+        let stat = self
+            .git(url, move |repo| repo.stat_file(&commit, &path))
+            .await?;
+        Ok(stat.map(|s| wit::FileStat {
+            blob: s.blob,
+            size: s.size,
+        }))
+    }
+
     async fn list_files(
         &mut self,
         url: String,

@@ -3,7 +3,7 @@
 //! end turned into a [`StorageResult`].
 
 use super::OUTER_GRACE;
-use super::chunks::{StateSink, StateSource};
+use super::chunks::StateSink;
 use super::instance::Next;
 use super::limits::{Budget, Refusal};
 use super::quota::DirQuota;
@@ -20,6 +20,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 use wasmtime::{Store, Trap};
+
+mod conditional;
 
 /// Most bytes a guest may hand the host in one workspace list: far more
 /// names than any backend has, far less than the memory a flood of huge
@@ -425,26 +427,62 @@ impl Storage for GuestBackend {
         Ok(sink.is_some_and(|s| s.matched()))
     }
 
+    fn conditional_writes(&self) -> bool {
+        self.has_conditional_calls()
+    }
+
+    async fn head(&self, workspace: &str) -> StorageResult<Option<crate::backend::Head>> {
+        if !self.has_conditional_calls() {
+            // What the trait says of a storage without a head.
+            return Err(StorageError::Internal(format!(
+                "this backend's guest answers no head (built for contract {}, before 0.3.0)",
+                self.shared.contract
+            )));
+        }
+        self.head_in_guest(workspace).await
+    }
+
     async fn write(
         &self,
         workspace: &str,
         state: bytes::Bytes,
         lock_id: Option<&str>,
     ) -> StorageResult<()> {
-        let ws = workspace.to_owned();
-        let id = lock_id.map(str::to_owned);
-        self.run(self.shared.max_lift_bytes, move |g, s| {
-            Box::pin(async move {
-                let lent = s.data_mut().table.push(StateSource::new(state))?;
-                let written = g.write(s, &ws, &lent, id.as_deref()).await?;
-                let source = s.data_mut().table.delete(lent)?;
-                if source.failed() && written.is_ok() {
-                    return Ok(Err(super::body::copy_failed("write")));
-                }
-                Ok(written)
-            })
-        })
-        .await
+        let any = crate::backend::Expect::Any;
+        match self.write_in_guest(workspace, state, lock_id, any).await? {
+            true => Ok(()),
+            false => Err(StorageError::Internal(
+                "the guest refused an unconditional write (expect any) as not expected: a bug in                  the guest"
+                    .into(),
+            )),
+        }
+    }
+
+    async fn write_if(
+        &self,
+        workspace: &str,
+        state: bytes::Bytes,
+        lock_id: Option<&str>,
+        expect: crate::backend::Expect,
+    ) -> StorageResult<bool> {
+        self.write_in_guest(workspace, state, lock_id, expect).await
+    }
+
+    async fn read_metadata(
+        &self,
+        workspace: &str,
+    ) -> StorageResult<Option<crate::backend::Metadata>> {
+        self.read_metadata_in_guest(workspace).await
+    }
+
+    async fn write_metadata(
+        &self,
+        workspace: &str,
+        content: Option<String>,
+        expect: crate::backend::Expect,
+    ) -> StorageResult<bool> {
+        self.write_metadata_in_guest(workspace, content, expect)
+            .await
     }
 
     async fn delete(&self, workspace: &str, lock_id: Option<&str>) -> StorageResult<()> {

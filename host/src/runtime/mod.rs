@@ -350,7 +350,7 @@ impl Runtime {
         if let Some(linked) = known(&self.compiled.lock().unwrap_or_else(|e| e.into_inner())) {
             return Ok(linked);
         }
-        let component = cache::compile(
+        let component = compiler::compile(
             &self.engine,
             &self.engine_settings,
             wasm,

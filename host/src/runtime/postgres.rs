@@ -7,6 +7,9 @@ use super::bindings::wasmstate::backend::types::LockInfo;
 use super::chunks::{StateSink, StateSource};
 use super::limits::{Budget, WASM_PAGE};
 use super::sandbox::Sandbox;
+use crate::backend::MAX_METADATA_BYTES;
+use crate::capabilities::postgres::conditional::Expect;
+use crate::capabilities::postgres::encoding::{as_text, from_text};
 use crate::capabilities::postgres::versions::Meta;
 use crate::capabilities::postgres::{Holder, PgError, PgStore, locks::Refusal};
 use std::sync::Arc;
@@ -65,39 +68,15 @@ fn refused(r: Refusal) -> wit::Refused {
     match r {
         Refusal::Held(h) => wit::Refused::Held(holder(h)),
         Refusal::NotLocked => wit::Refused::NotLocked,
+        Refusal::Changed => wit::Refused::Changed,
     }
 }
 
-/// How a state that is not UTF-8 text (never one of Terraform's, which
-/// are JSON) is kept in the `data` column: base64 after this prefix, which
-/// no JSON document starts with.
-const BINARY_PREFIX: &str = "wasmstate-base64:";
-
-/// `bytes` as the `data` column keeps them: Terraform's states as they
-/// are, anything else (not UTF-8, holding a NUL, or beginning like an
-/// encoded state) encoded.
-fn as_text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
-    use base64::Engine as _;
-    match std::str::from_utf8(bytes) {
-        // PostgreSQL's text holds no NUL.
-        Ok(text) if !text.starts_with(BINARY_PREFIX) && !text.contains('\0') => text.into(),
-        _ => format!(
-            "{BINARY_PREFIX}{}",
-            base64::engine::general_purpose::STANDARD.encode(bytes)
-        )
-        .into(),
-    }
-}
-
-/// The state a `data` column holds.
-fn from_text(data: &str) -> Result<std::borrow::Cow<'_, [u8]>, wit::PgError> {
-    use base64::Engine as _;
-    match data.strip_prefix(BINARY_PREFIX) {
-        None => Ok(data.as_bytes().into()),
-        Some(encoded) => base64::engine::general_purpose::STANDARD
-            .decode(encoded)
-            .map(Into::into)
-            .map_err(|e| wit::PgError::Internal(format!("an encoded state is not base64: {e}"))),
+fn expectation(expect: wit::Expect) -> Expect {
+    match expect {
+        wit::Expect::Any => Expect::Any,
+        wit::Expect::Absent => Expect::Absent,
+        wit::Expect::Version(v) => Expect::Version(v),
     }
 }
 
@@ -216,11 +195,40 @@ impl wit::Host for Sandbox {
         Ok(Some(bytes.len() as u64))
     }
 
+    async fn head(
+        &mut self,
+        name: String,
+        prefix: Resource<StateSink>,
+    ) -> Result<Option<wit::RowHead>, wit::PgError> {
+        let db = self.database()?;
+        // The fetched beginning, charged while it is held (the sink's copy
+        // is charged below, as every host copy into a sink is).
+        let mut held = Held::new(&self.outbound.budgets, usize::MAX);
+        let want = crate::statefile::PREFIX_BYTES;
+        let head = db.head(&name, want, |bytes| held.admit(bytes));
+        let Some(head) = until(self.core.deadline(), head).await? else {
+            return Ok(None);
+        };
+        self.charge_capability_sink(&prefix, head.prefix.len())
+            .map_err(wit::PgError::Internal)?;
+        let sink = self
+            .table
+            .get_mut(&prefix)
+            .map_err(|e| wit::PgError::Internal(format!("bad resource handle: {e}")))?;
+        sink.write(&head.prefix);
+        Ok(Some(wit::RowHead {
+            version: head.version,
+            size: head.size,
+            digest: format!("md5:{}", head.md5),
+        }))
+    }
+
     async fn write(
         &mut self,
         name: String,
         state: Resource<StateSource>,
         lock_id: Option<String>,
+        expect: wit::Expect,
     ) -> Result<Option<wit::Refused>, wit::PgError> {
         let db = self.database()?;
         // The host's copy of the body, not the guest's (it never held it).
@@ -239,7 +247,8 @@ impl wit::Host for Sandbox {
                 .map_err(|e| wit::PgError::Internal(format!("reading the state's record: {e}")))?
         };
         let text = as_text(&bytes);
-        let outcome = db.change(&name, Some((&text, &meta)), lock_id.as_deref());
+        let expect = expectation(expect);
+        let outcome = db.change(&name, Some((&text, &meta)), lock_id.as_deref(), &expect);
         Ok(until(self.core.deadline(), outcome).await?.map(refused))
     }
 
@@ -249,7 +258,7 @@ impl wit::Host for Sandbox {
         lock_id: Option<String>,
     ) -> Result<Option<wit::Refused>, wit::PgError> {
         let db = self.database()?;
-        let outcome = db.change(&name, None, lock_id.as_deref());
+        let outcome = db.change(&name, None, lock_id.as_deref(), &Expect::Any);
         Ok(until(self.core.deadline(), outcome).await?.map(refused))
     }
 
@@ -298,6 +307,36 @@ impl wit::Host for Sandbox {
             .map_err(|e| wit::PgError::Internal(format!("bad resource handle: {e}")))?;
         sink.write(&bytes);
         Ok(true)
+    }
+
+    async fn read_metadata(&mut self, name: String) -> Result<Option<wit::Metadata>, wit::PgError> {
+        let db = self.database()?;
+        let found = until(self.core.deadline(), db.read_metadata(&name)).await?;
+        Ok(found.map(|m| wit::Metadata {
+            content: m.content,
+            version: m.version,
+        }))
+    }
+
+    async fn write_metadata(
+        &mut self,
+        name: String,
+        content: Option<String>,
+        expect: wit::Expect,
+    ) -> Result<bool, wit::PgError> {
+        let db = self.database()?;
+        if let Some(content) = &content
+            && content.len() > MAX_METADATA_BYTES
+        {
+            return Err(wit::PgError::InvalidInput(format!(
+                "workspace metadata is {} bytes, more than the {} KiB kept",
+                content.len(),
+                MAX_METADATA_BYTES >> 10
+            )));
+        }
+        let expect = expectation(expect);
+        let written = db.write_metadata(&name, content.as_deref(), &expect);
+        until(self.core.deadline(), written).await
     }
 
     async fn lock(

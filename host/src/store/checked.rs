@@ -30,7 +30,21 @@ impl<S: Storage> Store<S> {
     pub(super) async fn read_checked(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
         let known = self.marks.knows(workspace);
         let start = self.marks.read_start();
-        let Some(stored) = self.read_stored(workspace).await? else {
+        let stored = self.read_stored(workspace).await?;
+        self.check_read(workspace, stored, known, start).await
+    }
+
+    /// [`Self::read_checked`] of what storage returned (`stored`, after
+    /// [`Self::unless_plain_empty`]) to a read begun at `start`, when this
+    /// host `known` the workspace before it began.
+    pub(super) async fn check_read(
+        &self,
+        workspace: &str,
+        stored: Option<Vec<u8>>,
+        known: bool,
+        start: ReadStart,
+    ) -> StorageResult<Option<Vec<u8>>> {
+        let Some(stored) = stored else {
             // A write next starts a new life (a mark, if any, notes it).
             self.marks.absent(workspace, start);
             return Ok(None);

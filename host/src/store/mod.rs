@@ -9,9 +9,12 @@
 //! ciphertext when encryption is on.
 
 mod checked;
+mod conditional;
 pub mod envelope;
 pub mod history;
 pub mod keys;
+#[cfg(test)]
+pub(crate) mod memory;
 pub mod reseal;
 pub mod rollback;
 pub mod sealer;
@@ -175,15 +178,21 @@ impl<S: Storage> Store<S> {
     /// empty and its first write is sealed.
     pub(super) async fn read_stored(&self, workspace: &str) -> StorageResult<Option<Vec<u8>>> {
         let stored = self.inner.read(workspace).await?;
-        match (&self.sealer, &stored) {
-            (Some(sealer), Some(bytes))
+        Ok(stored.and_then(|stored| self.unless_plain_empty(stored)))
+    }
+
+    /// `stored`, unless it is Terraform's plain empty state under
+    /// encryption, which counts as none (see [`Self::read_stored`]).
+    pub(super) fn unless_plain_empty(&self, stored: Vec<u8>) -> Option<Vec<u8>> {
+        match &self.sealer {
+            Some(sealer)
                 if !sealer.accepts_plain()
-                    && !envelope::is_sealed(bytes)
-                    && sealer::is_plain_empty_state(bytes) =>
+                    && !envelope::is_sealed(&stored)
+                    && sealer::is_plain_empty_state(&stored) =>
             {
-                Ok(None)
+                None
             }
-            _ => Ok(stored),
+            _ => Some(stored),
         }
     }
 
@@ -400,33 +409,54 @@ impl<S: Storage> Storage for Store<S> {
         state: Bytes,
         lock_id: Option<&str>,
     ) -> StorageResult<()> {
-        // The stored state's life goes on, or a new one begins: from what
-        // the stale-write guard's read here found, no call of its own.
-        let stamp = match &self.sealer {
-            Some(_) => self.marks.stamp(workspace, self.checks_rollbacks()),
-            None => Stamp::none(),
-        };
-        // Read the clear fields once, for the envelope and the history both.
-        let (header, stored) = self.seal_to_store(workspace, state, stamp).await?;
-        // Storage that keeps versions itself needs no copy here.
-        let kept = (self.history_source() != HistorySource::Storage)
-            .then(|| self.history.as_ref().map(|_| stored.clone()))
-            .flatten();
+        let (header, stored, kept) = self.to_store(workspace, state).await?;
         self.inner.write(workspace, stored, lock_id).await?;
-        if self.sealer.is_some()
-            && let Some(serial) = header.serial
-        {
-            let lineage = header.lineage.as_deref();
-            self.marks.wrote(workspace, lineage, header.started, serial);
-        }
-        if let (Some(history), Some(kept)) = (&self.history, kept)
-            && let Err(e) = history.record(workspace, kept, header.serial).await
-        {
-            // The state itself is saved; failing the write now would only
-            // make Terraform retry a write that already happened.
-            tracing::error!(workspace, error = %e, "state saved, but keeping its version in the history failed");
-        }
+        self.wrote(workspace, &header, kept).await;
         Ok(())
+    }
+
+    fn conditional_writes(&self) -> bool {
+        self.inner.conditional_writes()
+    }
+
+    async fn head(&self, workspace: &str) -> StorageResult<Option<crate::backend::Head>> {
+        self.head_opened(workspace).await
+    }
+
+    async fn write_if(
+        &self,
+        workspace: &str,
+        state: Bytes,
+        lock_id: Option<&str>,
+        expect: crate::backend::Expect,
+    ) -> StorageResult<bool> {
+        let (header, stored, kept) = self.to_store(workspace, state).await?;
+        // Refused: nothing was written, so nothing is marked or kept.
+        if !self
+            .inner
+            .write_if(workspace, stored, lock_id, expect)
+            .await?
+        {
+            return Ok(false);
+        }
+        self.wrote(workspace, &header, kept).await;
+        Ok(true)
+    }
+
+    async fn read_metadata(
+        &self,
+        workspace: &str,
+    ) -> StorageResult<Option<crate::backend::Metadata>> {
+        self.inner.read_metadata(workspace).await
+    }
+
+    async fn write_metadata(
+        &self,
+        workspace: &str,
+        content: Option<String>,
+        expect: crate::backend::Expect,
+    ) -> StorageResult<bool> {
+        self.inner.write_metadata(workspace, content, expect).await
     }
 
     async fn delete(&self, workspace: &str, lock_id: Option<&str>) -> StorageResult<()> {

@@ -304,11 +304,37 @@ impl<S: Storage> Store<S> {
         // forced open may have landed since the first read, and the older
         // state written back would replace it. What stays open is this
         // read to the guest's own lock check, as with any writer.
+        //
+        // On storage with conditional writes an unlocked write takes no
+        // lock: it can pass the guest's lock check before this reseal's
+        // lock and land after the read below. So the write back expects
+        // the version a head saw *before* that read: if the bytes read
+        // are still stored under it, nothing landed between; if anything
+        // landed since, the version moved and the write is refused.
+        let expect = if self.inner.conditional_writes() {
+            match self.inner.head(workspace).await? {
+                Some(head) => Some(crate::backend::Expect::Version(head.version)),
+                None => return Ok(false),
+            }
+        } else {
+            None
+        };
         let now = self.read_stored(workspace).await?;
         if now.map(Sha256::digest).as_deref() != Some(read) {
             return Ok(false);
         }
-        self.inner.write(workspace, sealed, lock_id).await?;
+        match expect {
+            Some(expect) => {
+                if !self
+                    .inner
+                    .write_if(workspace, sealed, lock_id, expect)
+                    .await?
+                {
+                    return Ok(false);
+                }
+            }
+            None => self.inner.write(workspace, sealed, lock_id).await?,
+        }
         if let Some(serial) = header.serial {
             let lineage = header.lineage.as_deref();
             self.marks.wrote(workspace, lineage, header.started, serial);

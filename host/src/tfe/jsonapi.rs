@@ -331,6 +331,12 @@ struct ErrorObject<'a> {
 }
 
 impl TfeError {
+    /// Its HTTP status.
+    #[cfg(test)]
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
     /// `status` with `detail`.
     pub fn new(status: StatusCode, detail: impl Into<String>) -> Self {
         TfeError {

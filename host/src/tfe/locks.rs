@@ -74,7 +74,7 @@ pub(super) async fn lock<S: Storage>(
             answer
         })
         .await?;
-    answer(&tfe, &caller, &org, &name, true)
+    answer(&tfe, &caller, &org, &name, true).await
 }
 
 /// `POST workspaces/{id}/actions/unlock`: release the caller's own lock;
@@ -134,7 +134,7 @@ pub(super) async fn unlock<S: Storage>(
             answer
         })
         .await?;
-    answer(&tfe, &caller, &org, &name, false)
+    answer(&tfe, &caller, &org, &name, false).await
 }
 
 /// `POST workspaces/{id}/actions/force-unlock` (admin): release whoever
@@ -168,16 +168,27 @@ pub(super) async fn force_unlock<S: Storage>(
             answer
         })
         .await?;
-    answer(&tfe, &caller, &org, &name, false)
+    answer(&tfe, &caller, &org, &name, false).await
 }
 
-fn answer<S: Storage>(
+/// The workspace after a lock change. The lock changed whatever else
+/// happens, so metadata that cannot be read now is answered empty (logged):
+/// terraform reads no tags here.
+async fn answer<S: Storage>(
     tfe: &Tfe<S>,
     caller: &Caller,
     org: &str,
     name: &str,
     locked: bool,
 ) -> Result<Response, TfeError> {
-    let doc = document(tfe, caller, org, name, Some(locked));
+    let storage = tfe.organization(caller, org)?;
+    let meta = match tfe.meta.get(storage, org, name).await {
+        Ok(meta) => meta,
+        Err(e) => {
+            tracing::warn!(backend = org, workspace = name, error = ?e, "the workspace's TFE metadata cannot be read; answered without it");
+            Default::default()
+        }
+    };
+    let doc = document(caller, org, name, meta, Some(locked));
     Ok(jsonapi::json(&Single { data: doc }))
 }

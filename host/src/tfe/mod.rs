@@ -64,8 +64,9 @@ const UPLOAD_PATH: &str = "/_tfe/upload";
 /// How the TFE door is set up.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
-    /// Where workspace metadata (tags, terraform-version) is kept; `None`:
-    /// in memory only.
+    /// Where workspace metadata (tags, terraform-version) is kept for a
+    /// storage that keeps none, and found from before contract 0.3.0;
+    /// `None`: in memory only.
     pub data_dir: Option<PathBuf>,
     /// Whether the server speaks HTTPS (the scheme of upload URLs).
     pub secure: bool,
@@ -79,31 +80,40 @@ pub struct Tfe<S> {
     secure: bool,
 }
 
+/// Forget a deleted workspace's TFE metadata: `(backend, workspace)`.
+type Forget = Arc<
+    dyn Fn(String, String) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        + Send
+        + Sync,
+>;
+
 /// The TFE door: its routes, and what it must learn of the http door.
 pub struct Door {
     /// The routes, to merge beside the http door's.
     pub routes: Router,
-    meta: Arc<meta::MetaStore>,
+    forget: Forget,
 }
 
 impl Door {
     /// `router` (the http door, with this door's routes merged in), told
     /// to forget a workspace's TFE metadata when the http door deletes the
-    /// workspace: created again, it must not come back with the old tags
-    /// (which cloud blocks select by). The http door is the lower layer and
-    /// knows nothing of this one, so this door watches its answers.
+    /// workspace, or the state that is all there is of it (`s3-lockfile`):
+    /// created again, it must not come back with the old tags (which cloud
+    /// blocks select by). The http door is the lower layer and knows
+    /// nothing of this one, so this door watches its answers.
     pub fn around(&self, router: Router) -> Router {
         router.layer(axum::middleware::from_fn_with_state(
-            self.meta.clone(),
+            self.forget.clone(),
             forget_deleted,
         ))
     }
 }
 
-/// After a 2xx `DELETE /workspaces/{backend}/{workspace}` (the http door),
-/// forget the workspace's metadata.
+/// After a 2xx `DELETE /workspaces/{backend}/{workspace}` or `DELETE
+/// /states/{backend}/{workspace}` (the http door), forget the workspace's
+/// metadata if the workspace is gone.
 async fn forget_deleted(
-    axum::extract::State(meta): axum::extract::State<Arc<meta::MetaStore>>,
+    axum::extract::State(forget): axum::extract::State<Forget>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
@@ -112,7 +122,7 @@ async fn forget_deleted(
             let mut parts = request.uri().path().trim_start_matches('/').split('/');
             match (parts.next(), parts.next(), parts.next(), parts.next()) {
                 // Decoded as the route decodes them (`n%65t` is `net`).
-                (Some("workspaces"), Some(backend), Some(workspace), None) => {
+                (Some("workspaces" | "states"), Some(backend), Some(workspace), None) => {
                     let decode = |part: &str| {
                         percent_encoding::percent_decode_str(part)
                             .decode_utf8()
@@ -128,9 +138,8 @@ async fn forget_deleted(
     let response = next.run(request).await;
     if let Some((backend, workspace)) = deleted
         && response.status().is_success()
-        && let Err(e) = meta.remove(&backend, &workspace).await
     {
-        tracing::warn!(error = %e, "workspace deleted at the http door; forgetting its tags failed");
+        forget(backend, workspace).await;
     }
     response
 }
@@ -139,12 +148,26 @@ async fn forget_deleted(
 /// wrap around it ([`Door::around`]).
 pub fn routes<S: Storage>(app: Arc<App<S>>, options: Options) -> Door {
     let meta = Arc::new(meta::MetaStore::open(options.data_dir));
+    for (backend, storage) in &app.backends {
+        meta.check(backend, storage);
+    }
     let tfe = Arc::new(Tfe {
         app,
-        meta: meta.clone(),
+        meta,
         uploads: uploads::Uploads::default(),
         secure: options.secure,
     });
+    let forget: Forget = {
+        let tfe = tfe.clone();
+        Arc::new(move |backend, workspace| {
+            let tfe = tfe.clone();
+            Box::pin(async move {
+                if let Some(storage) = tfe.app.backends.get(&backend) {
+                    tfe.meta.forget_if_gone(storage, &backend, &workspace).await;
+                }
+            })
+        })
+    };
     let org = "/api/v2/organizations/{org}";
     let ws = "/api/v2/workspaces/{id}";
     let api = Router::new()
@@ -209,6 +232,9 @@ pub fn routes<S: Storage>(app: Arc<App<S>>, options: Options) -> Door {
         )
         .route("/api/v2", any(unknown))
         .route("/api/v2/{*rest}", any(unknown))
+        // A served path with a method it does not serve (`GET
+        // workspaces/{id}/state-versions`): 404 as well, not 405.
+        .method_not_allowed_fallback(unknown)
         .layer(axum::middleware::from_fn(require_jsonapi))
         .layer(axum::middleware::map_response(api_version))
         .layer(axum::middleware::from_fn_with_state(
@@ -219,9 +245,10 @@ pub fn routes<S: Storage>(app: Arc<App<S>>, options: Options) -> Door {
     let routes = Router::new()
         .route("/.well-known/terraform.json", get(discovery::services))
         .route(UPLOAD_PATH, put(states::upload::<S>))
+        .method_not_allowed_fallback(unknown)
         .with_state(tfe)
         .merge(api);
-    Door { routes, meta }
+    Door { routes, forget }
 }
 
 /// Name the backend and workspace a request's path names through its ids

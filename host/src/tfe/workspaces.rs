@@ -2,14 +2,15 @@
 //! id; update (tags, terraform-version) in [`update`], delete and
 //! safe-delete in [`delete`].
 //!
-//! Which workspaces exist is what the backend's storage lists, so every
-//! replica agrees; tags and terraform-version are this replica's
-//! ([`super::meta`]).
+//! Which workspaces exist is what the backend's storage lists, and their
+//! tags and terraform-version are its workspace metadata
+//! ([`super::meta`]), so every replica agrees.
 
 use super::jsonapi::{
     self, Actions, Identifier, Incoming, Permissions, Related, Resource, Single, Tags, TfeError,
     WorkspaceAttributes, WorkspaceInput, WorkspaceRelationships,
 };
+use super::meta::WorkspaceMeta;
 use super::{Client, Tfe, ids};
 use crate::audit::{Facts, Operation};
 use crate::auth::Role;
@@ -38,15 +39,21 @@ pub(super) const SMALL_BODY: usize = 64 << 10;
 const PAGE_SIZE: usize = 20;
 const MAX_PAGE_SIZE: usize = 100;
 
-/// `org`/`name` as a document for `caller`.
-pub(super) fn document<S: Storage>(
-    tfe: &Tfe<S>,
+/// Workspaces whose metadata one tag search reads at most: each is one
+/// guest call (a small read of the storage), [`READ_AT_ONCE`] at a time.
+const MAX_TAG_SEARCH: usize = 1000;
+
+/// Metadata reads a list makes at once.
+const READ_AT_ONCE: usize = 8;
+
+/// `org`/`name` with `meta` as a document for `caller`.
+pub(super) fn document(
     caller: &Caller,
     org: &str,
     name: &str,
+    meta: WorkspaceMeta,
     locked: Option<bool>,
 ) -> Workspace {
-    let meta = tfe.meta.get(org, name);
     let may = |role| caller.allows(org, Some(name), role);
     Resource {
         id: ids::workspace(org, name),
@@ -56,7 +63,13 @@ pub(super) fn document<S: Storage>(
             execution_mode: "local",
             operations: false,
             terraform_version: meta.terraform_version.unwrap_or_else(|| "latest".into()),
-            tag_names: meta.tags.into_iter().collect(),
+            // Tags say how workspaces are grouped (`prod`, `team:net`):
+            // not for a caller who may see only the outputs.
+            tag_names: if may(Role::Read) {
+                meta.tags.into_iter().collect()
+            } else {
+                Vec::new()
+            },
             locked,
             created_at: meta.created_at,
             permissions: Permissions {
@@ -97,7 +110,8 @@ pub(super) async fn current<S: Storage>(
         .await
         .map_err(|e| target.error(e))?
         .is_some();
-    Ok(document(tfe, caller, org, name, Some(locked)))
+    let meta = tfe.meta.get(target.storage, org, name).await?;
+    Ok(document(caller, org, name, meta, Some(locked)))
 }
 
 /// `GET organizations/{org}/workspaces`: `search[name]` (part of the
@@ -124,12 +138,15 @@ pub(super) async fn list<S: Storage>(
         ));
     }
     let search = query.get("search[name]").map(String::as_str).unwrap_or("");
-    let tags: BTreeSet<&str> = query
+    // Kept lower-case ([`check_tags`]), so matched so: the cloud block
+    // sends `tags = ["App"]` as it is written.
+    let tags: BTreeSet<String> = query
         .get("search[tags]")
         .map(|t| {
             t.split(',')
                 .map(str::trim)
                 .filter(|t| !t.is_empty())
+                .map(str::to_ascii_lowercase)
                 .collect()
         })
         .unwrap_or_default();
@@ -141,14 +158,47 @@ pub(super) async fn list<S: Storage>(
         .map_err(|e| ApiError::from_storage(&org, e))?;
     names.sort();
     names.dedup();
-    let found: Vec<Workspace> = names
-        .iter()
-        .filter(|n| caller.allows(&org, Some(n), Role::Outputs) && n.contains(search))
-        .map(|n| document(&tfe, &caller, &org, n, None))
-        .filter(|w| {
-            tags.iter()
-                .all(|t| w.attributes.tag_names.iter().any(|have| have == t))
-        })
+    names.retain(|n| caller.allows(&org, Some(n), Role::Outputs) && n.contains(search));
+    let with_meta = |names: Vec<String>| {
+        use futures_util::{StreamExt as _, TryStreamExt as _};
+        let tfe = &tfe;
+        let org = &org;
+        futures_util::stream::iter(names)
+            .map(move |name| async move {
+                let meta = tfe.meta.get(storage, org, &name).await?;
+                Ok::<_, TfeError>((name, meta))
+            })
+            .buffered(READ_AT_ONCE)
+            .try_collect::<Vec<_>>()
+    };
+    let to_document =
+        |(name, meta): (String, WorkspaceMeta)| document(&caller, &org, &name, meta, None);
+    if tags.is_empty() {
+        // Only the page's metadata is read.
+        let page = jsonapi::page(names, number, size);
+        let data = with_meta(page.data).await?;
+        let data = data.into_iter().map(to_document).collect();
+        let page = jsonapi::List {
+            data,
+            meta: page.meta,
+        };
+        return Ok(jsonapi::json(&page));
+    }
+    // Selecting by tags would tell an outputs-only caller the tags it
+    // may not see.
+    names.retain(|n| caller.allows(&org, Some(n), Role::Read));
+    if names.len() > MAX_TAG_SEARCH {
+        return Err(TfeError::invalid(format!(
+            "a tag search reads each workspace's tags, and {org} has more than {MAX_TAG_SEARCH} to \
+             search: narrow it with search[name] (a `prefix` in backend \"remote\") or select by \
+             `name`"
+        )));
+    }
+    let found: Vec<Workspace> = with_meta(names)
+        .await?
+        .into_iter()
+        .filter(|(_, meta)| tags.iter().all(|t| meta.tags.contains(t)))
+        .map(to_document)
         .collect();
     Ok(jsonapi::json(&jsonapi::page(found, number, size)))
 }
@@ -219,18 +269,6 @@ fn check_version(version: &str) -> Result<(), TfeError> {
     }
 }
 
-fn saved(result: std::io::Result<super::meta::WorkspaceMeta>) -> Result<(), TfeError> {
-    result.map(|_| ()).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::InvalidInput {
-            return TfeError::invalid(e.to_string());
-        }
-        TfeError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot save the workspace's tags in the data directory: {e}"),
-        )
-    })
-}
-
 /// `POST organizations/{org}/workspaces`: 201, or 422 when the name is taken.
 pub(super) async fn create<S: Storage>(
     State(tfe): State<Arc<Tfe<S>>>,
@@ -266,6 +304,13 @@ pub(super) async fn create<S: Storage>(
         .await?;
     tfe.app.refuse_while_draining()?;
     let recorded = caller.clone();
+    // Created again after a delete: nothing of the old metadata stays.
+    let meta = WorkspaceMeta {
+        tags,
+        terraform_version: input.terraform_version,
+        created_at: Some(jsonapi::now()),
+    };
+    let store = tfe.meta.clone();
     let created = tfe
         .app
         .change(&org, &name, move |app, backend, workspace| async move {
@@ -294,24 +339,16 @@ pub(super) async fn create<S: Storage>(
                 &answer,
             )
             .await;
-            answer
+            answer?;
+            // Under the workspace's gate, so a delete through this replica
+            // comes before or after both steps.
+            Ok(store
+                .create(target.storage, &backend, &workspace, meta)
+                .await)
         })
         .await;
-    created?;
-    // Created again after a delete: nothing of the old metadata stays.
-    let terraform_version = input.terraform_version;
-    saved(
-        tfe.meta
-            .update(&org, &name, move |meta| {
-                *meta = super::meta::WorkspaceMeta {
-                    tags,
-                    terraform_version,
-                    created_at: Some(jsonapi::now()),
-                };
-            })
-            .await,
-    )?;
-    let doc = document(&tfe, &caller, &org, &name, Some(false));
+    let meta = created??;
+    let doc = document(&caller, &org, &name, meta, Some(false));
     Ok(jsonapi::json_with(
         StatusCode::CREATED,
         &Single { data: doc },

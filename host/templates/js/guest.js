@@ -5,11 +5,24 @@
 //
 //   /data/<workspace>/terraform.tfstate        the state
 //   /data/<workspace>/terraform.tfstate.lock   LockInfo JSON while locked
+//   /data/<workspace>/metadata/<n>.json        metadata version n: a random token line, the document
 //
 // Two atomic filesystem operations carry correctness across requests and
 // hosts: a rename replaces a state whole (readers never see a torn one), and
-// a hard link creates the lock file with its full content or fails because
-// it exists (a lock is never granted twice, never seen half-written).
+// a hard link creates a file with its full content or fails because it
+// exists (a lock is never granted twice, never seen half-written; metadata
+// version n+1 is written by exactly one of two racing writers).
+//
+// A conditional write (contract 0.3.0: `expect`) must check what is stored
+// and replace it in one step. A directory has no "rename if the target is
+// still this file", so the check and the rename run under the workspace's
+// lock: the caller's, or, for a write sent without one, a lock this guest
+// takes for those few calls (a racing writer waits for it, then finds the
+// state changed; a write the host stopped inside, at its timeout, leaves
+// that lock, which the next writer or locker removes once it is older than
+// any request runs: `staleWriteLock`). A state's version is its file's identity: inode, size
+// and modification time, whose nanoseconds a write sets at random so that
+// a reused inode never brings back an old version.
 //
 // A state moves between its file and the host without entering this guest's
 // memory: `into.copyFrom(stream)` and `state.copyTo(stream)` (the `body`
@@ -25,12 +38,21 @@
 // with its stack, and reported as `internal`, so a bug reads as a message,
 // not a crash.
 
+import { subscribeDuration } from 'wasi:clocks/monotonic-clock@0.2.12';
+import { now } from 'wasi:clocks/wall-clock@0.2.12';
 import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
 import { getRandomBytes } from 'wasi:random/random@0.2.12';
-import { getConfig, log } from 'wasmstate:backend/host@0.2.1';
+import { getConfig, log } from 'wasmstate:backend/host@0.3.0';
 
 const STATE = 'terraform.tfstate';
 const LOCK = 'terraform.tfstate.lock';
+const META = 'metadata';
+// The operation named in the lock this guest takes for a write sent
+// without one (a client sees it only if it asks while such a write runs).
+const WRITE_LOCK = 'wasmstate-guest-write';
+// Older than any request may run (the host stops each within its timeout,
+// at most an hour): superseded metadata versions are removed after it.
+const STALE_AFTER_S = 2n * 3600n;
 // The keys this guest understands; any other is reported by `validate`.
 const KNOWN_KEYS = ['fsync'];
 // Bytes read per call from a small file (a lock).
@@ -158,9 +180,28 @@ function writeBytes(bytes) {
 }
 
 /** A `fill` for `createFile`: the state the host hands us, copied by the
- * host into the file's stream. */
+ * host into the file's stream, then stamped with random nanoseconds (the
+ * version `versionOf` reads). */
 function writeState(state) {
-  return (file) => copied('writing the state file', () => state.copyTo(file.writeViaStream(0n)));
+  return (file) => {
+    copied('writing the state file', () => state.copyTo(file.writeViaStream(0n)));
+    const nanoseconds = new DataView(getRandomBytes(4n).buffer).getUint32(0) % 1_000_000_000;
+    file.setTimes({ tag: 'no-change' }, { tag: 'timestamp', val: { seconds: now().seconds, nanoseconds } });
+  };
+}
+
+/** An open file's version (identity, modification time, size) and size. */
+function versionOf(file) {
+  const { lower } = file.metadataHash();
+  const { size, dataModificationTimestamp: m } = file.stat();
+  return [`${lower.toString(16)}.${m.seconds.toString(16)}.${m.nanoseconds.toString(16)}.${size.toString(16)}`, size];
+}
+
+/** Whether the stored version (`undefined`: nothing stored) is as `expect` says. */
+function expected(version, expect) {
+  if (expect.tag === 'version') return version === expect.val;
+  if (expect.tag === 'absent') return version === undefined;
+  return true;
 }
 
 function isDir(dir, path) {
@@ -238,8 +279,165 @@ function holder(dir, workspace) {
 
 function checkLock(dir, workspace, lockId) {
   const current = holder(dir, workspace);
-  if (current !== undefined && current.id !== lockId) throw new Failure('locked', current);
+  if (current !== undefined && current.id !== lockId) {
+    if (lockId === undefined && current.operation === WRITE_LOCK) return; // `writeTurn` waits for it
+    throw new Failure('locked', current);
+  }
   if (current === undefined && lockId !== undefined) throw new Failure('lock-mismatch', undefined);
+}
+
+/** Link a lock file holding `info` into place; `locked` when someone else
+ * holds the lock. */
+function takeLock(dir, workspace, info) {
+  const temp = writeTemp(dir, workspace, writeBytes(lockToJson(info)));
+  try {
+    for (let attempt = 0; attempt < 100; attempt++) {
+      try {
+        dir.linkAt(NOFOLLOW, temp, dir, `${workspace}/${LOCK}`);
+        return;
+      } catch (e) {
+        if (code(e) !== 'exist') throw e;
+        const current = holder(dir, workspace);
+        if (current === undefined) continue; // its holder just unlocked: try again
+        if (current.id === info.id) return; // a retry of a lock we hold
+        if (staleWriteLock(current) && takeOver(dir, workspace, current)) continue;
+        throw new Failure('locked', current);
+      }
+    }
+    throw new Failure('unavailable', `the lock of "${workspace}" kept changing hands`);
+  } finally {
+    remove(dir, temp);
+  }
+}
+
+/** Whether `current` is a lock this guest took for a write sent without
+ * one, taken longer ago than any request runs: the host stopped that write
+ * between its lock and its release (a timeout), and nobody else will ever
+ * remove it. */
+function staleWriteLock(current) {
+  if (current.operation !== WRITE_LOCK) return false;
+  const created = Date.parse(current.created);
+  if (Number.isNaN(created)) return false;
+  return BigInt(Math.floor(created / 1000)) < now().seconds - STALE_AFTER_S;
+}
+
+/** Remove the stale guest-write lock `stale`, by one writer only: the one
+ * that links its marker `.stale-<id>` first. Without the marker, a second
+ * writer that read the same stale lock could remove the first one's fresh
+ * lock. A marker outlives any request that may have read its lock (it is
+ * swept after the same bound), so it is never won twice. Whether this
+ * writer removed it (false: another one is). */
+function takeOver(dir, workspace, stale) {
+  const cutoff = now().seconds - STALE_AFTER_S;
+  const entries = dir.openAt(NOFOLLOW, workspace, { directory: true }, { read: true }).readDirectory();
+  for (let entry = entries.readDirectoryEntry(); entry; entry = entries.readDirectoryEntry()) {
+    if (!entry.name.startsWith('.stale-')) continue;
+    const marker = `${workspace}/${entry.name}`;
+    try {
+      if (dir.statAt(NOFOLLOW, marker).dataModificationTimestamp.seconds < cutoff) remove(dir, marker);
+    } catch (e) {
+      if (code(e) !== 'no-entry') throw e;
+    }
+  }
+  const temp = writeTemp(dir, workspace, writeBytes(new Uint8Array(0)));
+  try {
+    dir.linkAt(NOFOLLOW, temp, dir, `${workspace}/.stale-${stale.id}`);
+  } catch (e) {
+    if (code(e) !== 'exist') throw e;
+    return false;
+  } finally {
+    remove(dir, temp);
+  }
+  const current = holder(dir, workspace);
+  if (current !== undefined && current.id === stale.id) {
+    log('warn', `removed the lock of a write to "${workspace}" stopped mid-way (created ${stale.created})`);
+    remove(dir, `${workspace}/${LOCK}`);
+  }
+  return true;
+}
+
+/** Remove the lock if `id` holds it; `lock-mismatch` if another does. */
+function release(dir, workspace, id) {
+  const current = holder(dir, workspace);
+  if (current === undefined) return;
+  if (current.id !== id) throw new Failure('lock-mismatch', current);
+  remove(dir, `${workspace}/${LOCK}`);
+}
+
+/** Run `body` while the workspace is held for a write's check and switch:
+ * under the caller's lock (checked again just before), or under a lock of
+ * our own, taken for these few calls. */
+function writeTurn(dir, workspace, lockId, body) {
+  if (lockId !== undefined) {
+    checkLock(dir, workspace, lockId);
+    return body();
+  }
+  const id = randomName() + randomName();
+  const info = { id, operation: WRITE_LOCK, info: 'a write sent without a lock', who: 'wasmstate', version: '', created: new Date().toISOString(), path: '' };
+  for (let attempt = 0; ; attempt++) {
+    try {
+      takeLock(dir, workspace, info);
+      break;
+    } catch (e) {
+      if (!(e instanceof Failure && e.tag === 'locked' && e.val.operation === WRITE_LOCK)) throw e;
+      // 5 s at most: such a lock is held for a few calls.
+      if (attempt === 500) throw new Failure('unavailable', `another write to "${workspace}" held it for 5 s; try again (a write the server stopped mid-way leaves its lock, operation ${WRITE_LOCK}: it is removed ${STALE_AFTER_S / 3600n} h after it was taken, or force-unlock the workspace)`);
+      subscribeDuration(10_000_000n).block();
+    }
+  }
+  try {
+    return body();
+  } finally {
+    try {
+      release(dir, workspace, id);
+    } catch (e) {
+      if (!(e instanceof Failure)) throw e; // force-unlocked meanwhile: not ours to remove
+    }
+  }
+}
+
+/** The metadata versions on disk, as numbers. */
+function metadataVersions(dir, workspace) {
+  if (!isDir(dir, `${workspace}/${META}`)) return [];
+  const versions = [];
+  const entries = dir.openAt(NOFOLLOW, `${workspace}/${META}`, { directory: true }, { read: true }).readDirectory();
+  for (let entry = entries.readDirectoryEntry(); entry; entry = entries.readDirectoryEntry()) {
+    const match = /^(\d+)\.json$/.exec(entry.name);
+    if (match) versions.push(Number(match[1]));
+  }
+  return versions;
+}
+
+/** [newest number or 0, its version, its document or `undefined` when
+ * removed]. The version adds the file's random token to its number, so it
+ * never comes back after the workspace is deleted and made again. */
+function currentMetadata(dir, workspace) {
+  for (let attempt = 0; attempt < 100; attempt++) {
+    const versions = metadataVersions(dir, workspace);
+    if (versions.length === 0) return [0, undefined, undefined];
+    const newest = Math.max(...versions);
+    const bytes = readFile(dir, `${workspace}/${META}/${newest}.json`);
+    if (bytes === undefined) continue; // removed as superseded meanwhile: look again
+    const text = new TextDecoder().decode(bytes);
+    const newline = text.indexOf('\n');
+    return [newest, `${newest}.${text.slice(0, newline)}`, text.slice(newline + 1) || undefined];
+  }
+  throw new Failure('unavailable', `the metadata of "${workspace}" kept changing`);
+}
+
+/** Remove metadata versions up to `upto` (superseded) written longer ago
+ * than any request runs: no writer that read one of them as the newest can
+ * still be linking its successor. */
+function sweepMetadata(dir, workspace, upto) {
+  const cutoff = now().seconds - STALE_AFTER_S;
+  for (const version of metadataVersions(dir, workspace)) {
+    const old = `${workspace}/${META}/${version}.json`;
+    try {
+      if (version <= upto && dir.statAt(NOFOLLOW, old).dataModificationTimestamp.seconds < cutoff) remove(dir, old);
+    } catch (e) {
+      if (code(e) !== 'no-entry') throw e;
+    }
+  }
 }
 
 function removeTree(dir, path) {
@@ -254,55 +452,44 @@ function removeTree(dir, path) {
 }
 
 export const storage = {
+  head: guarded((workspace, prefix) => {
+    const file = openRead(root(), `${workspace}/${STATE}`);
+    if (file === undefined) return undefined;
+    const [version, size] = versionOf(file);
+    // The host takes the first bytes it needs and stops the copy.
+    copied('reading the state file', () => prefix.copyFrom(file.readViaStream(0n)));
+    return { version, size, digest: undefined };
+  }),
+
   read: guarded((workspace, into) => copyToSink(root(), `${workspace}/${STATE}`, into)),
 
-  write: guarded((workspace, state, lockId) => {
+  write: guarded((workspace, state, lockId, expect) => {
     const dir = root();
-    checkLock(dir, workspace, lockId);
+    checkLock(dir, workspace, lockId); // a refused write costs nothing
     const temp = writeTemp(dir, workspace, writeState(state));
     try {
-      dir.renameAt(temp, dir, `${workspace}/${STATE}`);
-    } catch (e) {
-      remove(dir, temp);
-      throw e;
+      return writeTurn(dir, workspace, lockId, () => {
+        const file = openRead(dir, `${workspace}/${STATE}`);
+        if (!expected(file && versionOf(file)[0], expect)) return false;
+        dir.renameAt(temp, dir, `${workspace}/${STATE}`);
+        return true;
+      });
+    } finally {
+      remove(dir, temp); // gone once renamed; left by a refused write
     }
   }),
 
   delete: guarded((workspace, lockId) => {
     const dir = root();
     checkLock(dir, workspace, lockId);
-    remove(dir, `${workspace}/${STATE}`);
+    if (openRead(dir, `${workspace}/${STATE}`) === undefined) return;
+    // Not between a conditional write's check and its rename.
+    writeTurn(dir, workspace, lockId, () => remove(dir, `${workspace}/${STATE}`));
   }),
 
-  lock: guarded((workspace, info) => {
-    const dir = root();
-    const temp = writeTemp(dir, workspace, writeBytes(lockToJson(info)));
-    try {
-      for (let attempt = 0; attempt < 100; attempt++) {
-        try {
-          dir.linkAt(NOFOLLOW, temp, dir, `${workspace}/${LOCK}`);
-          return;
-        } catch (e) {
-          if (code(e) !== 'exist') throw e;
-          const current = holder(dir, workspace);
-          if (current === undefined) continue; // its holder just unlocked: try again
-          if (current.id === info.id) return; // a retry of a lock we hold
-          throw new Failure('locked', current);
-        }
-      }
-      throw new Failure('unavailable', `the lock of "${workspace}" kept changing hands`);
-    } finally {
-      remove(dir, temp);
-    }
-  }),
+  lock: guarded((workspace, info) => takeLock(root(), workspace, info)),
 
-  unlock: guarded((workspace, id) => {
-    const dir = root();
-    const current = holder(dir, workspace);
-    if (current === undefined) return;
-    if (current.id !== id) throw new Failure('lock-mismatch', current);
-    remove(dir, `${workspace}/${LOCK}`);
-  }),
+  unlock: guarded((workspace, id) => release(root(), workspace, id)),
 
   currentLock: guarded((workspace) => holder(root(), workspace)),
 
@@ -344,7 +531,38 @@ export const workspaces = {
     if (!isDir(dir, name)) throw new Failure('not-found');
     const current = holder(dir, name);
     if (current !== undefined) throw new Failure('locked', current);
-    removeTree(dir, name);
+    removeTree(dir, name); // its state, lock file and metadata
+  }),
+
+  readMetadata: guarded((name) => {
+    const [, version, content] = currentMetadata(root(), name);
+    return content === undefined ? undefined : { content, version };
+  }),
+
+  writeMetadata: guarded((name, content, expect) => {
+    const dir = root();
+    // Version n+1 is linked into place, which fails if a racing writer made
+    // it first: then look again (an `expect` it no longer meets answers false).
+    for (let attempt = 0; attempt < 100; attempt++) {
+      const [number, version, current] = currentMetadata(dir, name);
+      if (!expected(current === undefined ? undefined : version, expect)) return false;
+      if (content === undefined && current === undefined) return true; // nothing to remove
+      ensureDir(dir, name);
+      ensureDir(dir, `${name}/${META}`);
+      const document = `${randomName()}\n${content ?? ''}`; // no document: removed
+      const temp = writeTemp(dir, name, writeBytes(new TextEncoder().encode(document)));
+      try {
+        dir.linkAt(NOFOLLOW, temp, dir, `${name}/${META}/${number + 1}.json`);
+      } catch (e) {
+        if (code(e) === 'exist') continue;
+        throw e;
+      } finally {
+        remove(dir, temp);
+      }
+      sweepMetadata(dir, name, number);
+      return true;
+    }
+    throw new Failure('unavailable', `the metadata of "${name}" kept changing; try again`);
   }),
 };
 

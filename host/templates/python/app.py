@@ -5,11 +5,24 @@ Each workspace is a directory in the one directory the operator grants
 
     /data/<workspace>/terraform.tfstate        the state
     /data/<workspace>/terraform.tfstate.lock   LockInfo JSON while locked
+    /data/<workspace>/metadata/<n>.json        metadata version n: a random token line, the document
 
 Two atomic filesystem operations carry correctness across requests and
 hosts: a rename replaces a state whole (readers never see a torn one), and
-a hard link creates the lock file with its full content or fails because it
-exists (a lock is never granted twice, never seen half-written).
+a hard link creates a file with its full content or fails because it
+exists (a lock is never granted twice, never seen half-written; metadata
+version n+1 is written by exactly one of two racing writers).
+
+A conditional write (contract 0.3.0: `expect`) must check what is stored
+and replace it in one step. A directory has no "rename if the target is
+still this file", so the check and the rename run under the workspace's
+lock: the caller's, or, for a write sent without one, a lock this guest
+takes for those few calls (a racing writer waits for it, then finds the
+state changed; a write the host stopped inside, at its timeout, leaves
+that lock, which the next writer or locker removes once it is older than
+any request runs: `stale_write_lock`). A state's version is its file's
+identity: inode, size and modification time, whose nanoseconds a write
+sets at random so that a reused inode never brings back an old version.
 
 A state moves between its file and the host without entering this guest's
 memory: `into.copy_from(stream)` and `state.copy_to(stream)` (the `body`
@@ -24,6 +37,8 @@ contract's errors; anything else is caught, logged with its traceback, and
 reported as `internal`, so a bug reads as a message, not a crash.
 """
 
+import contextlib
+import datetime
 import functools
 import json
 import os
@@ -32,13 +47,21 @@ import traceback
 
 from componentize_py_types import Err
 from wit_world import exports
+from wit_world.exports.storage import StateHead
 from wit_world.imports import backend_types as t
-from wit_world.imports import host, preopens
+from wit_world.imports import host, monotonic_clock, preopens, wall_clock
 from wit_world.imports import wasi_filesystem_types as fs
 
 ROOT = "/data"
 STATE = "terraform.tfstate"
 LOCK = "terraform.tfstate.lock"
+META = "metadata"
+# The operation named in the lock this guest takes for a write sent
+# without one (a client sees it only if it asks while such a write runs).
+WRITE_LOCK = "wasmstate-guest-write"
+# Older than any request may run (the host stops each within its timeout,
+# at most an hour): superseded metadata versions are removed after it.
+STALE_AFTER_S = 2 * 3600
 # The keys this guest understands; any other is reported by `validate`.
 KNOWN_KEYS = {"fsync"}
 
@@ -147,9 +170,137 @@ def holder(workspace):
 def check_lock(workspace, lock_id):
     current = holder(workspace)
     if current is not None and current.id != lock_id:
+        if lock_id is None and current.operation == WRITE_LOCK:
+            return  # another unlocked write: `write_turn` waits for it
         raise Err(t.Error_Locked(current))
     if current is None and lock_id is not None:
         raise Err(t.Error_LockMismatch(None))
+
+
+def take_lock(workspace, info):
+    """Link a lock file holding `info` into place; `Error_Locked` when
+    someone else holds the lock."""
+    temp = write_temp(workspace, write_bytes(lock_to_json(info)))
+    try:
+        for _ in range(100):
+            try:
+                os.link(temp, path(workspace, LOCK))
+                return
+            except FileExistsError:
+                current = holder(workspace)
+                if current is None:
+                    continue  # its holder just unlocked: try again
+                if current.id == info.id:
+                    return  # a retry of a lock we hold
+                if stale_write_lock(current) and take_over(workspace, current):
+                    continue
+                raise Err(t.Error_Locked(current))
+        raise Err(t.Error_Unavailable(f"the lock of {workspace!r} kept changing hands"))
+    finally:
+        remove(temp)
+
+
+def stale_write_lock(current):
+    """Whether `current` is a lock this guest took for a write sent without
+    one, taken longer ago than any request runs: the host stopped that
+    write between its lock and its release (a timeout), and nobody else
+    will ever remove it."""
+    if current.operation != WRITE_LOCK:
+        return False
+    try:
+        created = datetime.datetime.fromisoformat(current.created.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return created.timestamp() < wall_clock.now().seconds - STALE_AFTER_S
+
+
+def take_over(workspace, stale):
+    """Remove the stale guest-write lock `stale`, by one writer only: the one
+    that links its marker `.stale-<id>` first. Without the marker, a second
+    writer that read the same stale lock could remove the first one's fresh
+    lock. A marker outlives any request that may have read its lock (it is
+    swept after the same bound), so it is never won twice. Whether this
+    writer removed it (False: another one is)."""
+    cutoff = wall_clock.now().seconds - STALE_AFTER_S
+    for name in os.listdir(path(workspace)):
+        if name.startswith(".stale-"):
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(path(workspace, name)).st_mtime < cutoff:
+                    remove(path(workspace, name))
+    temp = write_temp(workspace, write_bytes(b""))
+    try:
+        os.link(temp, path(workspace, f".stale-{stale.id}"))
+    except FileExistsError:
+        return False
+    finally:
+        remove(temp)
+    current = holder(workspace)
+    if current is not None and current.id == stale.id:
+        host.log(host.LogLevel.WARN, f"removed the lock of a write to {workspace!r} stopped mid-way (created {stale.created})")
+        remove(path(workspace, LOCK))
+    return True
+
+
+def release(workspace, id):
+    """Remove the lock if `id` holds it; `Error_LockMismatch` if another does."""
+    current = holder(workspace)
+    if current is None:
+        return
+    if current.id != id:
+        raise Err(t.Error_LockMismatch(current))
+    remove(path(workspace, LOCK))
+
+
+@contextlib.contextmanager
+def write_turn(workspace, lock_id):
+    """Hold the workspace while a write checks what is stored and replaces
+    it: under the caller's lock (checked again just before the switch), or
+    under a lock of our own, taken for these few calls."""
+    if lock_id is not None:
+        check_lock(workspace, lock_id)
+        yield
+        return
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    info = t.LockInfo(os.urandom(16).hex(), WRITE_LOCK, "a write sent without a lock", "wasmstate", "", now, "")
+    for _ in range(500):  # 5 s at most: such a lock is held for a few calls
+        try:
+            take_lock(workspace, info)
+            break
+        except Err as e:
+            if not (isinstance(e.value, t.Error_Locked) and e.value.value.operation == WRITE_LOCK):
+                raise
+            with monotonic_clock.subscribe_duration(10_000_000) as pause:
+                pause.block()
+    else:
+        raise Err(
+            t.Error_Unavailable(
+                f"another write to {workspace!r} held it for 5 s; try again (a write the server "
+                f"stopped mid-way leaves its lock, operation {WRITE_LOCK}: it is removed {STALE_AFTER_S // 3600} h "
+                "after it was taken, or force-unlock the workspace)"
+            )
+        )
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Err):  # force-unlocked meanwhile: not ours to remove
+            release(workspace, info.id)
+
+
+def version_of(file):
+    """An open file's version (identity, modification time, size) and size."""
+    identity = file.metadata_hash()
+    stat = file.stat()
+    mtime = stat.data_modification_timestamp
+    return f"{identity.lower:x}.{mtime.seconds:x}.{mtime.nanoseconds:x}.{stat.size:x}", stat.size
+
+
+def expected(version, expect):
+    """Whether the stored version (None: nothing stored) is as `expect` says."""
+    if isinstance(expect, t.Expect_Version):
+        return version == expect.value
+    if isinstance(expect, t.Expect_Absent):
+        return version is None
+    return True
 
 
 def write_temp(workspace, fill):
@@ -191,11 +342,15 @@ def write_bytes(data):
 
 def write_state(state):
     """A `fill` for `write_temp`: the state the host hands us, copied by the
-    host into the file's stream."""
+    host into the file's stream, then stamped with random nanoseconds (the
+    version `version_of` reads)."""
 
     def fill(file):
         with file.write_via_stream(0) as out:
             state.copy_to(out)
+        now = wall_clock.now()
+        stamp = wall_clock.Datetime(now.seconds, int.from_bytes(os.urandom(4)) % 1_000_000_000)
+        file.set_times(fs.NewTimestamp_NoChange(), fs.NewTimestamp_Timestamp(stamp))
 
     return fill
 
@@ -217,7 +372,58 @@ def remove(file):
         pass
 
 
+def metadata_versions(workspace):
+    """The metadata versions on disk, as numbers."""
+    try:
+        names = os.listdir(path(workspace, META))
+    except FileNotFoundError:
+        return []
+    return [int(name[:-5]) for name in names if name.endswith(".json") and name[:-5].isdigit()]
+
+
+def sweep_metadata(workspace, upto):
+    """Remove metadata versions up to `upto` (superseded) written longer
+    ago than any request runs: no writer that read one of them as the
+    newest can still be linking its successor."""
+    cutoff = wall_clock.now().seconds - STALE_AFTER_S
+    for version in metadata_versions(workspace):
+        old = path(workspace, f"{META}/{version}.json")
+        with contextlib.suppress(FileNotFoundError):
+            if version <= upto and os.stat(old).st_mtime < cutoff:
+                remove(old)
+
+
+def current_metadata(workspace):
+    """(newest number or 0, its version or None, its document or None when
+    removed). The version adds the file's random token to its number, so it
+    never comes back after the workspace is deleted and made again."""
+    for _ in range(100):
+        versions = metadata_versions(workspace)
+        if not versions:
+            return 0, None, None
+        newest = max(versions)
+        try:
+            with open(path(workspace, f"{META}/{newest}.json"), "rb") as f:
+                token, _, document = f.read().decode().partition("\n")
+        except FileNotFoundError:
+            continue  # removed as superseded meanwhile: look again
+        return newest, f"{newest}.{token}", document or None
+    raise Err(t.Error_Unavailable(f"the metadata of {workspace!r} kept changing"))
+
+
 class Storage(exports.Storage):
+    @guarded
+    def head(self, workspace, prefix):
+        file = open_state(workspace)
+        if file is None:
+            return None
+        with file:
+            version, size = version_of(file)
+            # The host takes the first bytes it needs and stops the copy.
+            with file.read_via_stream(0) as stream:
+                prefix.copy_from(stream)
+        return StateHead(version, size, None)
+
     @guarded
     def read(self, workspace, into):
         file = open_state(workspace)
@@ -230,47 +436,38 @@ class Storage(exports.Storage):
         return True
 
     @guarded
-    def write(self, workspace, state, lock_id):
-        check_lock(workspace, lock_id)
+    def write(self, workspace, state, lock_id, expect):
+        check_lock(workspace, lock_id)  # a refused write costs nothing
         temp = write_temp(workspace, write_state(state))
         try:
-            os.replace(temp, path(workspace, STATE))
-        except BaseException:
-            remove(temp)
-            raise
+            with write_turn(workspace, lock_id):
+                file = open_state(workspace)
+                stored = None
+                if file is not None:
+                    with file:
+                        stored, _ = version_of(file)
+                if not expected(stored, expect):
+                    return False
+                os.replace(temp, path(workspace, STATE))
+                return True
+        finally:
+            remove(temp)  # gone once renamed; left by a refused write
 
     @guarded
     def delete(self, workspace, lock_id):
         check_lock(workspace, lock_id)
-        remove(path(workspace, STATE))
+        if os.path.exists(path(workspace, STATE)):
+            # Not between a conditional write's check and its rename.
+            with write_turn(workspace, lock_id):
+                remove(path(workspace, STATE))
 
     @guarded
     def lock(self, workspace, info):
-        temp = write_temp(workspace, write_bytes(lock_to_json(info)))
-        try:
-            for _ in range(100):
-                try:
-                    os.link(temp, path(workspace, LOCK))
-                    return
-                except FileExistsError:
-                    current = holder(workspace)
-                    if current is None:
-                        continue  # its holder just unlocked: try again
-                    if current.id == info.id:
-                        return  # a retry of a lock we hold
-                    raise Err(t.Error_Locked(current))
-            raise Err(t.Error_Unavailable(f"the lock of {workspace!r} kept changing hands"))
-        finally:
-            remove(temp)
+        take_lock(workspace, info)
 
     @guarded
     def unlock(self, workspace, id):
-        current = holder(workspace)
-        if current is None:
-            return
-        if current.id != id:
-            raise Err(t.Error_LockMismatch(current))
-        remove(path(workspace, LOCK))
+        release(workspace, id)
 
     @guarded
     def current_lock(self, workspace):
@@ -310,7 +507,36 @@ class Workspaces(exports.Workspaces):
         current = holder(name)
         if current is not None:
             raise Err(t.Error_Locked(current))
-        shutil.rmtree(path(name))
+        shutil.rmtree(path(name))  # its state, lock file and metadata
+
+    @guarded
+    def read_metadata(self, name):
+        _, version, content = current_metadata(name)
+        return None if content is None else t.Metadata(content, version)
+
+    @guarded
+    def write_metadata(self, name, content, expect):
+        # Version n+1 is linked into place, which fails if a racing writer
+        # made it first: then look again (an `expect` it no longer meets
+        # answers False).
+        for _ in range(100):
+            number, version, current = current_metadata(name)
+            if not expected(None if current is None else version, expect):
+                return False
+            if content is None and current is None:
+                return True  # nothing to remove
+            os.makedirs(path(name, META), exist_ok=True)
+            document = f"{os.urandom(8).hex()}\n{content or ''}"  # no document: removed
+            temp = write_temp(name, write_bytes(document.encode()))
+            try:
+                os.link(temp, path(name, f"{META}/{number + 1}.json"))
+            except FileExistsError:
+                continue
+            finally:
+                remove(temp)
+            sweep_metadata(name, number)
+            return True
+        raise Err(t.Error_Unavailable(f"the metadata of {name!r} kept changing; try again"))
 
 
 class History(exports.History):

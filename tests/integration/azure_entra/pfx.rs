@@ -54,7 +54,7 @@ fn a_pfx_without_a_password_from_the_environment_passes_the_kit() {
     ]);
     let (ok, out) = kit(&settings, &env);
     assert!(ok, "{out}");
-    assert_eq!(summary(&out), "25 passed, 0 failed", "{out}");
+    assert_eq!(summary(&out), "33 passed, 0 failed", "{out}");
     assert!(entra.token_hits() >= 1);
     assert_eq!(entra.refusals(), Vec::<String>::new());
 }

@@ -52,6 +52,7 @@ pub fn check_with(events: &[Event], history_shared: bool) -> Vec<Anomaly> {
         lost_writes(events, &mut anomalies);
         super::locks::check(events, &kills, &mut anomalies);
         super::rules::other_lineages(events, &mut anomalies);
+        super::rules::races(events, &mut anomalies);
         super::rules::refusals(events, &overridden(events), history_shared, &mut anomalies);
     }
     anomalies

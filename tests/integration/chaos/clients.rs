@@ -168,7 +168,8 @@ impl Client {
                 45..47 => self.delete_under_lock(&workspace),
                 47..49 => self.second_lineage(&workspace),
                 49..51 => self.recreate_workspace(super::operators::API_WORKSPACE),
-                51..75 => self.unlocked_write(&workspace),
+                51..55 => self.race(&workspace),
+                55..75 => self.unlocked_write(&workspace),
                 75..85 => {
                     self.get(&workspace);
                 }
@@ -219,6 +220,54 @@ impl Client {
         if let Some(base) = self.get(workspace) {
             self.post(workspace, &base, None);
         }
+    }
+
+    /// Two `-lock=false` writers from one serial at once, each through
+    /// its own host (two when two are up): exactly one may be
+    /// acknowledged, the other refused as stale (409), whether a host
+    /// takes a lock for each (a guest before contract 0.3.0) or the
+    /// storage's conditional write decides (0.3.0).
+    fn race(&mut self, workspace: &str) {
+        let Some(base) = self.get(workspace) else {
+            return;
+        };
+        let up = self.hosts.up();
+        if up.is_empty() {
+            return;
+        }
+        let first = self.rng.below(up.len());
+        let second = match up.len() {
+            1 => first,
+            n => (first + 1 + self.rng.below(n - 1)) % n,
+        };
+        let racers: Vec<_> = [first, second]
+            .into_iter()
+            .map(|i| {
+                let (written, body) = self.written_as(workspace, &base, None, Some("race"));
+                (up[i].clone(), written, body)
+            })
+            .collect();
+        let outcomes: Vec<Outcome> = std::thread::scope(|scope| {
+            let racing: Vec<_> = racers
+                .into_iter()
+                .map(|((host, url), written, body)| {
+                    let (http, recorder, id) = (self.http.clone(), self.recorder.clone(), self.id);
+                    let url = format!("{url}/states/{}/{workspace}", self.backend);
+                    scope.spawn(move || {
+                        recorder.record(id, host, workspace, Op::Post(written), || {
+                            let sent = http
+                                .post(&url)
+                                .header("Content-Type", "application/json")
+                                .body(body)
+                                .send();
+                            answer(sent, false)
+                        })
+                    })
+                })
+                .collect();
+            racing.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        self.recorder.races.lock().unwrap().tally(&outcomes);
     }
 
     /// The state now, as (lineage, serial) to write on top of: a new
@@ -417,6 +466,9 @@ pub(super) fn lock_info(id: &str) -> Vec<u8> {
     crate::common::lock_info(id, "chaos@checker")
 }
 
+/// The operation named in the lock a host takes for an unlocked write.
+const HOST_LOCK: &[u8] = b"\"wasmstate-unlocked-write\"";
+
 /// The outcome of a request: for a GET answered 200, the state it returned.
 pub(super) fn answer(sent: reqwest::Result<reqwest::blocking::Response>, is_get: bool) -> Outcome {
     answer_keeping(sent, is_get, &mut None)
@@ -438,6 +490,11 @@ pub(super) fn answer_keeping(
             let seen = seen(&body);
             *kept = Some(body.to_vec());
             Outcome::Answered(200, Some(seen))
+        }
+        // The lock a host takes for an unlocked write (a guest before
+        // contract 0.3.0), told from a client's.
+        Ok(body) if status == 423 && body.windows(HOST_LOCK.len()).any(|w| w == HOST_LOCK) => {
+            Outcome::HeldByHost
         }
         Ok(body) if status >= 500 => {
             let said = String::from_utf8_lossy(&body);

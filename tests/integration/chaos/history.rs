@@ -90,12 +90,17 @@ pub enum Outcome {
     /// No answer (timeout, connection dropped, host killed): it may or may
     /// not have taken effect.
     Unknown(String),
+    /// 423, held by the lock a host takes for a write sent without one
+    /// (`wasmstate-unlocked-write`): only a guest built before contract
+    /// 0.3.0 needs it; with a conditional write no host takes it.
+    HeldByHost,
 }
 
 impl Outcome {
     /// Answered with `status`.
     pub fn is(&self, status: u16) -> bool {
         matches!(self, Outcome::Answered(s, _) | Outcome::Failed(s, _) if *s == status)
+            || (status == 423 && *self == Outcome::HeldByHost)
     }
 
     /// It may have taken effect: answered 200, or no answer at all. A 5xx
@@ -104,6 +109,7 @@ impl Outcome {
         match self {
             Outcome::Answered(status, _) => *status == 200 || *status >= 500,
             Outcome::Failed(..) | Outcome::Unknown(_) => true,
+            Outcome::HeldByHost => false,
         }
     }
 }
@@ -171,6 +177,7 @@ impl fmt::Display for Event {
             Outcome::Answered(status, None) => status.to_string(),
             Outcome::Failed(status, said) => format!("{status} {said}"),
             Outcome::Unknown(why) => format!("unknown ({why})"),
+            Outcome::HeldByHost => "423 (held by a host's lock for an unlocked write)".into(),
         };
         let host = match self.host {
             NATIVE => "native Terraform".to_string(),
@@ -192,6 +199,48 @@ impl fmt::Display for Event {
 pub struct Recorder {
     began: Instant,
     events: Mutex<Vec<Event>>,
+    /// How the races of two unlocked writers from one serial ended.
+    pub races: Mutex<Races>,
+}
+
+/// How the races of two unlocked writers from one serial, through two
+/// hosts at once, ended ([`super::clients::Client`]'s `race`): how many
+/// ended each way, by the two answers (`200+409`, `423+423`, …).
+#[derive(Debug, Default, Clone)]
+pub struct Races(pub std::collections::BTreeMap<String, usize>);
+
+impl Races {
+    /// Count one race that ended with `outcomes`.
+    pub fn tally(&mut self, outcomes: &[Outcome]) {
+        let mut answers: Vec<String> = outcomes
+            .iter()
+            .map(|o| match o {
+                Outcome::Answered(status, _) | Outcome::Failed(status, _) => status.to_string(),
+                Outcome::HeldByHost => "423".into(),
+                Outcome::Unknown(_) => "none".into(),
+            })
+            .collect();
+        answers.sort();
+        *self.0.entry(answers.join("+")).or_default() += 1;
+    }
+
+    /// Races answered one 200 and one 409: what every guest must answer
+    /// when both are answered and nothing else wrote in between.
+    pub fn one_each(&self) -> usize {
+        self.0.get("200+409").copied().unwrap_or(0)
+    }
+}
+
+impl fmt::Display for Races {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let run: usize = self.0.values().sum();
+        let ends: Vec<String> = self.0.iter().map(|(k, n)| format!("{n} × {k}")).collect();
+        write!(
+            f,
+            "unlocked races from one serial through two hosts: {run} ({})",
+            ends.join(", ")
+        )
+    }
 }
 
 impl Recorder {
@@ -200,6 +249,7 @@ impl Recorder {
         Recorder {
             began: Instant::now(),
             events: Mutex::new(Vec::new()),
+            races: Mutex::default(),
         }
     }
 

@@ -2,7 +2,7 @@
 //! run reached each seam, and the history around each anomaly.
 
 use super::check::Anomaly;
-use super::history::{Event, NATIVE, Op, Outcome};
+use super::history::{Event, NATIVE, Op, Outcome, Races};
 
 /// What a run did and found.
 pub struct Report {
@@ -14,6 +14,19 @@ pub struct Report {
     pub faults: Vec<String>,
     /// What the check found.
     pub anomalies: Vec<Anomaly>,
+    /// How the races of unlocked writers from one serial ended.
+    pub races: Races,
+}
+
+impl Report {
+    /// How many answers were a 423 for the lock a host takes for an
+    /// unlocked write: none where the guest has conditional writes.
+    pub fn host_locks(&self) -> usize {
+        self.events
+            .iter()
+            .filter(|e| e.outcome == Outcome::HeldByHost)
+            .count()
+    }
 }
 
 impl std::fmt::Display for Report {
@@ -38,6 +51,12 @@ impl std::fmt::Display for Report {
             self.anomalies.len()
         )?;
         writeln!(f, "{}", Seams::of(&self.events))?;
+        writeln!(
+            f,
+            "{}; {} answers held by a host's own lock for an unlocked write",
+            self.races,
+            self.host_locks()
+        )?;
         let mut kinds = std::collections::BTreeMap::new();
         for anomaly in &self.anomalies {
             let kind = anomaly.what.split(':').next().unwrap_or_default();

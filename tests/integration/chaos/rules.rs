@@ -14,6 +14,50 @@ use super::check::{Anomaly, Deletes};
 use super::history::{Event, Op, Outcome};
 use std::collections::HashSet;
 
+/// Two unlocked writers racing from one serial (`race` POSTs of one
+/// client, lineage and serial, sent at once through two hosts) both
+/// answered 200: the guard let two states of one serial in, and one was
+/// lost, unless a delete (of the state or the workspace) that may have
+/// taken effect ran while they did, so the second found no state.
+pub(super) fn races(events: &[&Event], anomalies: &mut Vec<Anomaly>) {
+    let racers: Vec<&Event> = events
+        .iter()
+        .copied()
+        .filter(|e| matches!(&e.op, Op::Post(w) if w.shape == "race") && e.outcome.is(200))
+        .collect();
+    let deletes: Vec<&Event> = events
+        .iter()
+        .copied()
+        .filter(|e| matches!(e.op, Op::DeleteWorkspace | Op::DeleteState(_)))
+        .filter(|e| e.outcome.may_have_applied())
+        .collect();
+    for (i, a) in racers.iter().enumerate() {
+        for b in &racers[i + 1..] {
+            let (Op::Post(wa), Op::Post(wb)) = (&a.op, &b.op) else {
+                continue;
+            };
+            let paired = a.client == b.client
+                && (wa.lineage.as_str(), wa.serial) == (wb.lineage.as_str(), wb.serial)
+                && a.start < b.end
+                && b.start < a.end;
+            if !paired {
+                continue;
+            }
+            let (from, to) = (a.start.min(b.start), a.end.max(b.end));
+            if deletes.iter().any(|d| d.start < to && d.end > from) {
+                continue;
+            }
+            anomalies.push(Anomaly {
+                what: format!(
+                    "two unlocked writers racing from one serial were both acknowledged: {}#{} twice, no delete between",
+                    wa.lineage, wa.serial
+                ),
+                events: vec![a.index, b.index],
+            });
+        }
+    }
+}
+
 /// (e) A POST answered 200 whose lineage differs from that of a POST
 /// answered 200 before it began, with no delete in between: the first
 /// one's state (never empty: every client writes something) was replaced.
@@ -175,6 +219,37 @@ mod tests {
     }
 
     const OK: Outcome = Outcome::Answered(200, None);
+
+    #[test]
+    fn two_racers_from_one_serial_both_acknowledged_are_caught_unless_a_delete_ran() {
+        let racer = |index, start, end, digest, outcome| Event {
+            client: 7,
+            ..event(index, start, end, post("l", 2, digest, "race"), outcome)
+        };
+        let both = [racer(0, 0, 10, "a", OK), racer(1, 1, 12, "b", OK)];
+        let found = check(&both);
+        assert!(
+            found.iter().any(|a| a.what.contains("both acknowledged")),
+            "{found:?}"
+        );
+        let one_each = [
+            racer(0, 0, 10, "a", OK),
+            racer(1, 1, 12, "b", Outcome::Answered(409, None)),
+        ];
+        assert!(check(&one_each).is_empty(), "{:?}", check(&one_each));
+        let deleted = [
+            racer(0, 0, 10, "a", OK),
+            event(1, 4, 6, Op::DeleteWorkspace, OK),
+            racer(2, 1, 12, "b", OK),
+        ];
+        assert!(
+            !check(&deleted)
+                .iter()
+                .any(|a| a.what.contains("both acknowledged")),
+            "{:?}",
+            check(&deleted)
+        );
+    }
 
     #[test]
     fn a_second_lineage_accepted_over_an_opaque_state_is_caught() {

@@ -1,8 +1,7 @@
 //! The cloud block over other guests than `local`: `postgres` (with two
 //! replicas on one database) and `s3-lockfile` (on moto). Workspaces,
-//! states and locks are the storage's, so every replica agrees on them;
-//! tags are kept per data directory (docs/cloud-block.md), which the
-//! replica test pins.
+//! states, locks and (contract 0.3.0) tags are the storage's, so every
+//! replica agrees on them.
 
 use super::{Fixture, fixture_with, names, text};
 use crate::aws::{BUCKET, KEY, Locking, settings, start_moto};
@@ -123,14 +122,20 @@ fn the_cloud_block_over_postgres_with_two_replicas() {
         b.http("GET", "/states/acme/dev", None).body,
         a.http("GET", "/states/acme/dev", None).body
     );
-    // ...but its tags are A's data directory's: B selects nothing by them.
+    // ...and its tags, kept in the database's metadata table (B has no
+    // data directory of A's).
     let tagged = b.api(
         "GET",
         "organizations/acme/workspaces?search%5Btags%5D=app",
         &b.ci,
         None,
     );
-    assert_eq!(names(&tagged.json()), Vec::<String>::new());
+    assert_eq!(names(&tagged.json()), ["dev", "prod"]);
+    assert_eq!(
+        pg.query("select count(*) from cloud.wasmstate_workspace_metadata"),
+        "2"
+    );
+    assert!(!b._data.path().join("tfe").join("workspaces.json").exists());
 
     // A lock taken at A stops an apply through B; released, B applies.
     let id = a.workspace_id("dev");

@@ -104,8 +104,9 @@ fn fixed_tags_are_forgotten_when_the_http_door_deletes_a_workspace() {
         f.http("DELETE", "/workspaces/acme/old", &f.ci, None).status,
         200
     );
-    let file = std::fs::read_to_string(f.data.path().join("tfe").join("workspaces.json")).unwrap();
-    assert!(!file.contains("prod") && !file.contains("1.2.3"), "{file}");
+    // Kept in the storage since contract 0.3.0: this replica's file has
+    // none of it.
+    assert!(!f.data.path().join("tfe").join("workspaces.json").exists());
     assert_eq!(
         f.http("PUT", "/workspaces/acme/old", &f.runner, None)
             .status,
@@ -399,4 +400,42 @@ fn audit_text(dir: &std::path::Path) -> String {
         }
     }
     all
+}
+
+/// Issue 44: a method the TFE door does not serve on a path it serves
+/// (`GET workspaces/{id}/state-versions`, which terraform's tfe provider
+/// may ask for) answers 404 like an unknown route, never a 405 or a 5xx
+/// (terraform retries 5xx for minutes), with the API version terraform
+/// checks; so does the upload path outside `/api/v2`.
+#[test]
+fn fixed_unserved_methods_answer_404() {
+    let f = fixture();
+    let id = f.create("w", &[]);
+    let unserved = [
+        ("GET", format!("workspaces/{id}/state-versions")),
+        ("PUT", "ping".to_string()),
+        ("DELETE", "account/details".to_string()),
+        ("POST", format!("workspaces/{id}/current-state-version")),
+        ("GET", format!("workspaces/{id}/actions/lock")),
+        ("PUT", "organizations/acme/workspaces".to_string()),
+    ];
+    for (method, path) in unserved {
+        let body = (method != "GET").then_some("{}");
+        let answer = f.api(method, &path, &f.ci, body);
+        assert_eq!(answer.status, 404, "{method} {path}: {}", answer.text());
+        assert_eq!(answer.headers["tfp-api-version"], "2.5", "{method} {path}");
+        assert_eq!(answer.json()["errors"][0]["status"], "404");
+    }
+    let upload = send(
+        "GET",
+        &format!("{}/_tfe/upload?capability=x", f.server.url),
+        None,
+    );
+    assert_eq!(upload.status, 404, "{}", upload.text());
+    let discovery = send(
+        "POST",
+        &format!("{}/.well-known/terraform.json", f.server.url),
+        Some(b"{}"),
+    );
+    assert_eq!(discovery.status, 404, "{}", discovery.text());
 }

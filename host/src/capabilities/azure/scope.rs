@@ -1,6 +1,8 @@
 //! What the host authorizes on a backend's storage account: the state
 //! blobs of its container (`key`, `key` + `env:NAME`) and the listing of
-//! them, with the operations a state store needs. Copying from elsewhere
+//! them, with the operations a state store needs, and each workspace's
+//! metadata blob (`key` + `.wasmstate-metadata/NAME.json`: read, put,
+//! deleted). Copying from elsewhere
 //! in the account, ACLs, tags, container changes and permanent deletes are
 //! refused, so a guest cannot use the host's key to reach other blobs.
 
@@ -37,6 +39,7 @@ const ALLOWED_MS_HEADERS: &[&str] = &[
     "x-ms-client-request-id",
     "x-ms-blob-type",
     "x-ms-blob-content-type",
+    "x-ms-blob-content-md5",
     "x-ms-lease-id",
     "x-ms-lease-action",
     "x-ms-lease-duration",
@@ -135,6 +138,23 @@ pub fn check(
             .is_some_and(|ws| {
                 crate::names::check_name("workspace", ws).is_ok() && !ws.ends_with('.')
             });
+    // A workspace's metadata: a whole small blob, read, put or deleted.
+    let metadata_blob = blob
+        .strip_prefix(grant.key.as_str())
+        .and_then(|rest| rest.strip_prefix(".wasmstate-metadata/"))
+        .and_then(|rest| rest.strip_suffix(".json"))
+        .is_some_and(|ws| crate::names::check_name("workspace", ws).is_ok());
+    if metadata_blob {
+        return if query.is_empty()
+            && matches!(
+                *method,
+                Method::GET | Method::HEAD | Method::PUT | Method::DELETE
+            ) {
+            Ok(())
+        } else {
+            refuse("a workspace's metadata blob is only read, put and deleted")
+        };
+    }
     if !state_blob {
         return refuse(&format!(
             "the host signs only the state blobs {:?} and {:?}+\"env:NAME\"",
@@ -222,6 +242,14 @@ mod tests {
                 Method::GET,
                 "/devstoreaccount1/tfstate?restype=container&comp=list&prefix=prod.tfstateenv%3A",
             ),
+            (
+                Method::PUT,
+                "/devstoreaccount1/tfstate/prod.tfstate.wasmstate-metadata%2Fdev.json",
+            ),
+            (
+                Method::DELETE,
+                "/devstoreaccount1/tfstate/prod.tfstate.wasmstate-metadata%2Fdev.json",
+            ),
         ] {
             assert_eq!(
                 check_of(method.clone(), path, &[]),
@@ -243,6 +271,16 @@ mod tests {
             (
                 Method::GET,
                 "/devstoreaccount1/tfstate/prod.tfstateenv:dev/../../other",
+                &[],
+            ),
+            (
+                Method::PUT,
+                "/devstoreaccount1/tfstate/prod.tfstate.wasmstate-metadata%2Fdev.json?comp=lease",
+                &[],
+            ),
+            (
+                Method::GET,
+                "/devstoreaccount1/tfstate/prod.tfstate.wasmstate-metadata%2Fa%2Fb.json",
                 &[],
             ),
             (

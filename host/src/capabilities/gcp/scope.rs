@@ -1,5 +1,6 @@
 //! What the host adds a token to: the state and lock objects of one
 //! bucket under one prefix (`<prefix><workspace>.tfstate|.tflock`), the
+//! workspaces' metadata (`<prefix>wasmstate-metadata/<workspace>.json`), the
 //! listing of that prefix and the bucket's versioning setting. Other
 //! objects, ACLs, IAM, copies, composes, batches and erasing a generation
 //! (history) are refused, so a guest cannot use the host's token to reach
@@ -198,11 +199,15 @@ pub fn check(
     }
 }
 
-/// `Ok` for `<prefix><workspace>.tfstate` and `.tflock`.
+/// `Ok` for `<prefix><workspace>.tfstate` and `.tflock`, and the
+/// workspace's metadata `<prefix>wasmstate-metadata/<workspace>.json`.
 fn in_scope(grant: &GcpGrant, object: &str) -> Result<(), String> {
     let workspace = object.strip_prefix(&grant.prefix).and_then(|rest| {
         rest.strip_suffix(".tfstate")
             .or(rest.strip_suffix(".tflock"))
+            .or(rest
+                .strip_prefix("wasmstate-metadata/")
+                .and_then(|m| m.strip_suffix(".json")))
     });
     match workspace {
         Some(ws) if crate::names::check_name("workspace", ws).is_ok() => Ok(()),
@@ -358,6 +363,14 @@ mod tests {
                 Method::DELETE,
                 "/storage/v1/b/tf-state/o/team%2Fapp%2Fdev.tflock?ifGenerationMatch=7",
             ),
+            (
+                Method::GET,
+                "/storage/v1/b/tf-state/o/team%2Fapp%2Fwasmstate-metadata%2Fdev.json?alt=media",
+            ),
+            (
+                Method::DELETE,
+                "/storage/v1/b/tf-state/o/team%2Fapp%2Fwasmstate-metadata%2Fdev.json",
+            ),
         ] {
             assert_eq!(
                 check_of(method.clone(), path, None, None),
@@ -440,6 +453,10 @@ mod tests {
             (
                 Method::GET,
                 "/storage/v1/b/tf-state/o/team%2Fapp%2Fnested%2Fx.tfstate",
+            ),
+            (
+                Method::GET,
+                "/storage/v1/b/tf-state/o/team%2Fapp%2Fwasmstate-metadata%2Fa%2Fb.json",
             ),
             (Method::GET, "/storage/v1/b/tf-state/o?prefix=other%2F"),
             (Method::GET, "/storage/v1/b/tf-state/o"),

@@ -50,7 +50,9 @@ const DEFAULT_MAX_CLONE_BYTES: u64 = 1 << 30;
 const DEFAULT_MAX_FILE_BYTES: u64 = 64 << 20;
 
 mod grant;
+mod stat;
 pub use grant::{GitAuth, GitError, GitGrant};
+pub use stat::FileStat;
 
 pub use wasmstate_types::git::{FileChange, FileVersion, RemoteRef};
 

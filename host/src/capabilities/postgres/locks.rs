@@ -214,13 +214,15 @@ impl LockSession {
         name: &str,
         lock: Option<&str>,
     ) -> Result<Option<Refusal>, PgError> {
+        // Typed statements: each parsed, bound and run in one round trip.
+        use tokio_postgres::types::Type;
         let row = tx
-            .query_opt(
+            .query_typed_opt(
                 &format!(
                     "SELECT w.info, {HOLDER_HOLDS_KEY} FROM {} w WHERE w.name = $1 FOR SHARE",
                     store.table("wasmstate_locks")
                 ),
-                &[&name],
+                &[(&name, Type::TEXT)],
             )
             .await?;
         let row: Option<(serde_json::Value, bool)> = row.map(|r| (r.get(0), r.get(1)));
@@ -243,17 +245,26 @@ impl LockSession {
             (Some((info, _)), _) => Ok(Some(Refusal::Held(Holder::Wasmstate(info)))),
             (None, Some(_)) => Ok(Some(Refusal::NotLocked)),
             (None, None) => {
-                // The keys for this transaction: a lock anyone holds (or
-                // takes before the commit) and this write exclude each
-                // other.
-                let key = key_of(tx, store, name).await?;
-                let free: bool = tx
-                    .query_one(
-                        "SELECT pg_try_advisory_xact_lock($1) AND ($1 = -1 OR pg_try_advisory_xact_lock(-1))",
-                        &[&key],
+                // The keys for this transaction, looked up and taken in one
+                // statement: a lock anyone holds (or takes before the
+                // commit) and this write exclude each other. Shared: other
+                // unlocked writes, of this workspace or any other, go
+                // ahead together, ordered by the row's own locking (a
+                // conditional write re-checks its version on the row a
+                // concurrent one committed), instead of one being told the
+                // workspace is locked.
+                let row = tx
+                    .query_typed_one(
+                        &format!(
+                            "SELECT k, pg_try_advisory_xact_lock_shared(k)
+                                 AND (k = {CREATION_KEY} OR pg_try_advisory_xact_lock_shared({CREATION_KEY}))
+                             FROM (SELECT coalesce((SELECT id FROM {} WHERE name = $1), {CREATION_KEY}) AS k) keys",
+                            store.table("states")
+                        ),
+                        &[(&name, Type::TEXT)],
                     )
-                    .await?
-                    .get(0);
+                    .await?;
+                let (key, free): (i64, bool) = (row.get(0), row.get(1));
                 if free {
                     return Ok(None);
                 }
@@ -325,6 +336,8 @@ pub enum Refusal {
     Held(Holder),
     /// A lock id was given, but nobody holds the lock.
     NotLocked,
+    /// The row is not as the write expected ([`super::conditional::Expect`]).
+    Changed,
 }
 
 impl Session {

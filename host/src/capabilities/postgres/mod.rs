@@ -11,7 +11,10 @@
 //! a version in `<schema>.wasmstate_state_versions`, in its own
 //! transaction ([`versions`]).
 
+pub mod conditional;
+pub mod encoding;
 pub mod locks;
+pub mod metadata;
 mod read;
 mod schema;
 mod tls;
@@ -222,8 +225,8 @@ pub struct PgStore {
     /// Itself, for the lock sweep's task.
     me: std::sync::Weak<PgStore>,
     idle: std::sync::Mutex<Vec<Client>>,
-    /// Made once per store: whether the table of versions is there.
-    prepared: tokio::sync::OnceCell<bool>,
+    /// Made once per store: which of wasmstate's optional tables are there.
+    prepared: tokio::sync::OnceCell<schema::Tables>,
     /// Versions kept of each state (the backend's `history`).
     keep: AtomicUsize,
     locks: locks::LockSession,
@@ -351,16 +354,18 @@ impl PgStore {
     }
 
     /// Set row `name` to `data` (Terraform's Put; with the record of the
-    /// state it holds) or delete it (`None`), only while the lock rule of
+    /// state it holds) if the row is as `expect` says, or delete it
+    /// (`None`, with its workspace's metadata), only while the lock rule of
     /// [`locks::LockSession::may_change`] holds; in one transaction with
-    /// that check, so a lock taken or released meanwhile waits for it, and
-    /// with the version it makes ([`versions`]), so a version is kept
+    /// those checks, so a lock taken or released meanwhile waits for it,
+    /// and with the version it makes ([`versions`]), so a version is kept
     /// exactly when its change committed.
     pub async fn change(
         &self,
         name: &str,
         data: Option<(&str, &versions::Meta)>,
         lock_id: Option<&str>,
+        expect: &conditional::Expect,
     ) -> Result<Option<locks::Refusal>, PgError> {
         // A delete under a lock drives the lock session (it takes and
         // releases advisory keys): to completion in a task of its own, as
@@ -371,11 +376,14 @@ impl PgStore {
             && let Some(id) = lock_id
         {
             let (name, id) = (name.to_string(), id.to_string());
+            let any = conditional::Expect::Any;
             return self
-                .locking(move |store| async move { store.change_now(&name, None, Some(&id)).await })
+                .locking(move |store| async move {
+                    store.change_now(&name, None, Some(&id), &any).await
+                })
                 .await;
         }
-        self.change_now(name, data, lock_id).await
+        self.change_now(name, data, lock_id, expect).await
     }
 
     /// [`PgStore::change`], in the caller's future.
@@ -384,6 +392,7 @@ impl PgStore {
         name: &str,
         data: Option<(&str, &versions::Meta)>,
         lock_id: Option<&str>,
+        expect: &conditional::Expect,
     ) -> Result<Option<locks::Refusal>, PgError> {
         // A delete under a lock moves the lock onto the creation key
         // ([`locks::Session::keep_through_delete`]) through this replica's
@@ -411,20 +420,20 @@ impl PgStore {
                 return Ok(Some(refusal));
             }
             match data {
-                // Terraform's own statement, so both write rows alike.
                 Some((data, meta)) => {
-                    let sql = format!(
-                        "INSERT INTO {t} (name, data) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET data = $2 WHERE {t}.name = $1",
-                        t = self.table("states")
-                    );
-                    tx.execute(&sql, &[&name, &data]).await?;
+                    if !self.put(&tx, name, data, expect).await? {
+                        return Ok(Some(locks::Refusal::Changed));
+                    }
                     self.record_version(&tx, name, Some(meta)).await?;
                 }
                 None => {
                     let sql = format!("DELETE FROM {} WHERE name = $1", self.table("states"));
-                    // A delete of nothing (a retry) marks nothing.
+                    // A delete of nothing (a retry) marks nothing. Without
+                    // its row the workspace is gone (Terraform lists rows),
+                    // and so is its metadata.
                     if tx.execute(&sql, &[&name]).await? > 0 {
                         self.record_version(&tx, name, None).await?;
+                        self.remove_metadata(&tx, name).await?;
                     }
                 }
             }

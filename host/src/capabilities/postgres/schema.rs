@@ -25,14 +25,28 @@ pub fn quote(name: &str) -> String {
 /// never reads it.
 pub const VERSIONS: &str = "wasmstate_state_versions";
 
+/// The table of workspace metadata, beside `states`: Terraform's pg
+/// backend never reads it.
+pub const METADATA: &str = "wasmstate_workspace_metadata";
+
+/// Which of wasmstate's optional tables a store may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tables {
+    /// [`VERSIONS`] is there.
+    pub versions: bool,
+    /// [`METADATA`] is there and this role may read and write it.
+    pub metadata: bool,
+}
+
 /// Make what Terraform's pg backend makes at init (backend.go), with its
-/// statements, `wasmstate_locks` and [`VERSIONS`]. Each only where it is
-/// missing, so a role without CREATE rights works on tables made
-/// beforehand; replicas starting together may race on a CREATE, and the
-/// loser's "already exists" is success. Whether [`VERSIONS`] is there: a
-/// role that may not create it (a deployment from before it) keeps working
-/// without it, its history then kept by each replica, as a warning says.
-pub async fn prepare(client: &Client, grant: &PgGrant) -> Result<bool, PgError> {
+/// statements, `wasmstate_locks`, [`VERSIONS`] and [`METADATA`]. Each only
+/// where it is missing, so a role without CREATE rights works on tables
+/// made beforehand; replicas starting together may race on a CREATE, and
+/// the loser's "already exists" is success. Which optional tables are
+/// there: a role that may not create one (a deployment from before it)
+/// keeps working without it, its history or metadata then kept by each
+/// replica, as a warning says.
+pub async fn prepare(client: &Client, grant: &PgGrant) -> Result<Tables, PgError> {
     let schema = quote(&grant.schema);
     let exists = |what: String| async move {
         let found: bool = client
@@ -94,9 +108,15 @@ pub async fn prepare(client: &Client, grant: &PgGrant) -> Result<bool, PgError> 
             other => other,
         })?;
     }
-    if exists(format!("{schema}.{VERSIONS}")).await? {
-        return Ok(true);
-    }
+    let versions =
+        exists(format!("{schema}.{VERSIONS}")).await? || make_versions(client, grant).await?;
+    let metadata = prepare_metadata(client, grant).await?;
+    Ok(Tables { versions, metadata })
+}
+
+/// Make [`VERSIONS`]; whether it is there now.
+async fn make_versions(client: &Client, grant: &PgGrant) -> Result<bool, PgError> {
+    let schema = quote(&grant.schema);
     // `id` orders the versions of a name (a sequence, not a clock: replicas'
     // clocks may disagree); `bytes` is the state's own size (`data` may hold
     // it encoded), 0 with no `data` for a delete.
@@ -126,6 +146,62 @@ pub async fn prepare(client: &Client, grant: &PgGrant) -> Result<bool, PgError> 
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Make [`METADATA`] where it is missing; whether this role may use it.
+/// `version` is the writing transaction's id (`txid_current()`: 64 bits,
+/// never reused), so a version seen once never comes back, not even after
+/// the metadata was removed and written again.
+async fn prepare_metadata(client: &Client, grant: &PgGrant) -> Result<bool, PgError> {
+    let schema = quote(&grant.schema);
+    let table = format!("{schema}.{METADATA}");
+    let usable = |row: tokio_postgres::Row| row.get::<_, Option<bool>>(0);
+    let found = usable(client.query_one(USABLE, &[&table]).await?);
+    let usable = match found {
+        Some(usable) => usable,
+        None => {
+            let sql = format!(
+                "CREATE TABLE IF NOT EXISTS {table} (
+                     name text PRIMARY KEY,
+                     content text NOT NULL,
+                     version bigint NOT NULL)"
+            );
+            match client.batch_execute(&sql).await {
+                Ok(()) => true,
+                Err(e) if raced(&e) => true,
+                Err(e)
+                    if e.code()
+                        == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>
+                {
+                    false
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    if !usable {
+        tracing::warn!(schema = %grant.schema, "postgres: {}", metadata_unusable(&grant.schema));
+    }
+    Ok(usable)
+}
+
+/// Whether the table named by `$1` is there (`NULL`: it is not) and this
+/// role may read and write it. (`has_table_privilege` with several
+/// privileges answers whether any is held: each is asked alone.)
+pub const USABLE: &str = "SELECT CASE WHEN to_regclass($1) IS NULL THEN NULL ELSE
+        has_table_privilege(to_regclass($1), 'SELECT')
+        AND has_table_privilege(to_regclass($1), 'INSERT')
+        AND has_table_privilege(to_regclass($1), 'UPDATE')
+        AND has_table_privilege(to_regclass($1), 'DELETE') END";
+
+/// What an operator reads when this role may not make or use [`METADATA`].
+pub fn metadata_unusable(schema: &str) -> String {
+    let table = format!("{}.{METADATA}", quote(schema));
+    format!(
+        "this database role may not create or use {table}, so workspace metadata is not kept \
+         in the database; make the table beforehand and grant this role SELECT, INSERT, UPDATE \
+         and DELETE on it (see the postgres guest in operating.md)"
+    )
 }
 
 /// Whether a CREATE failed because another replica's CREATE of the same

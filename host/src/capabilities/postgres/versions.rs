@@ -15,6 +15,7 @@
 use super::schema::VERSIONS;
 use super::{PgError, PgStore};
 use tokio_postgres::Transaction;
+use tokio_postgres::types::Type;
 
 /// What a version records of the state it keeps, besides its bytes: read
 /// from the state as written (its clear fields, sealed or not).
@@ -79,7 +80,7 @@ impl PgStore {
     /// `history`, or 0 without the table (a role that may not create it).
     pub(super) fn keeping(&self) -> i64 {
         match self.prepared.get() {
-            Some(true) => i64::try_from(self.keep()).unwrap_or(i64::MAX),
+            Some(tables) if tables.versions => i64::try_from(self.keep()).unwrap_or(i64::MAX),
             _ => 0,
         }
     }
@@ -99,40 +100,47 @@ impl PgStore {
             return Ok(());
         }
         let versions = self.table(VERSIONS);
+        // One statement: the insert in a WITH, the prune after it. The
+        // prune does not see the row its WITH inserts (one snapshot), so
+        // it keeps `keep - 1` of the older ones.
+        let prune = format!(
+            "DELETE FROM {versions} WHERE name = $1 AND id <= (
+                 SELECT id FROM {versions} WHERE name = $1 ORDER BY id DESC OFFSET $2 LIMIT 1)"
+        );
+        let older = keep - 1;
         match written {
             Some(meta) => {
                 let sql = format!(
-                    "INSERT INTO {versions} (name, serial, lineage, created_at, bytes, digest, data)
-                     SELECT name, $2, $3, clock_timestamp(), $4, $5, data FROM {} WHERE name = $1",
+                    "WITH kept AS (
+                         INSERT INTO {versions} (name, serial, lineage, created_at, bytes, digest, data)
+                         SELECT name, $3, $4, clock_timestamp(), $5, $6, data FROM {} WHERE name = $1)
+                     {prune}",
                     self.table("states")
                 );
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
-                    &name,
-                    &meta.serial,
-                    &meta.lineage,
-                    &meta.bytes,
-                    &meta.digest,
+                // Typed: parsed, bound and run in one round trip.
+                let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 6] = [
+                    (&name, Type::TEXT),
+                    (&older, Type::INT8),
+                    (&meta.serial, Type::INT8),
+                    (&meta.lineage, Type::TEXT),
+                    (&meta.bytes, Type::INT8),
+                    (&meta.digest, Type::TEXT),
                 ];
-                tx.execute(&sql, &params)
+                tx.execute_typed(&sql, &params)
                     .await
                     .map_err(|e| not_granted(e, &versions))?;
             }
             None => {
                 let sql = format!(
-                    "INSERT INTO {versions} (name, created_at, bytes) VALUES ($1, clock_timestamp(), 0)"
+                    "WITH kept AS (
+                         INSERT INTO {versions} (name, created_at, bytes) VALUES ($1, clock_timestamp(), 0))
+                     {prune}"
                 );
-                tx.execute(&sql, &[&name])
+                tx.execute_typed(&sql, &[(&name, Type::TEXT), (&older, Type::INT8)])
                     .await
                     .map_err(|e| not_granted(e, &versions))?;
             }
         }
-        let prune = format!(
-            "DELETE FROM {versions} WHERE name = $1 AND id <= (
-                 SELECT id FROM {versions} WHERE name = $1 ORDER BY id DESC OFFSET $2 LIMIT 1)"
-        );
-        tx.execute(&prune, &[&name, &keep])
-            .await
-            .map_err(|e| not_granted(e, &versions))?;
         Ok(())
     }
 
@@ -144,7 +152,7 @@ impl PgStore {
     /// holds no versions; the first change makes it.
     pub async fn list_versions(&self, name: &str) -> Result<Option<Vec<Kept>>, PgError> {
         let keep = i64::try_from(self.keep()).unwrap_or(i64::MAX);
-        if keep == 0 || self.prepared.get() == Some(&false) {
+        if keep == 0 || self.prepared.get().is_some_and(|tables| !tables.versions) {
             return Ok(None);
         }
         let client = self.connection().await?;

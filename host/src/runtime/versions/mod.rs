@@ -25,8 +25,10 @@ macro_rules! host_versions {
 }
 
 pub mod since_v0_1_0;
+pub mod since_v0_2_1;
 
-use super::bindings::wasmstate::backend::types::{Diagnostic, Error, LockInfo};
+use super::bindings::exports::wasmstate::backend::storage::StateHead;
+use super::bindings::wasmstate::backend::types::{Diagnostic, Error, Expect, LockInfo, Metadata};
 use super::bindings::{Backend as Latest, BackendPre as LatestPre};
 use super::chunks::{StateSink, StateSource};
 use super::sandbox::Sandbox;
@@ -48,6 +50,7 @@ pub fn add_to_linker(linker: &mut Linker<Sandbox>) -> wasmtime::Result<()> {
     body::add_to_linker::<_, HasSelf<Sandbox>>(linker, |s| s)?;
     git::add_to_linker::<_, HasSelf<Sandbox>>(linker, |s| s)?;
     postgres::add_to_linker::<_, HasSelf<Sandbox>>(linker, |s| s)?;
+    since_v0_2_1::add_to_linker(linker)?;
     since_v0_1_0::Backend::add_to_linker::<_, HasSelf<Sandbox>>(linker, |s| s)?;
     Ok(())
 }
@@ -56,6 +59,8 @@ pub fn add_to_linker(linker: &mut Linker<Sandbox>) -> wasmtime::Result<()> {
 pub enum GuestPre {
     /// Built against the current `wit/`.
     Latest(LatestPre<Sandbox>),
+    /// Built against 0.2.1 or 0.2.0.
+    V0_2_1(since_v0_2_1::BackendPre<Sandbox>),
     /// Built against 0.1.0.
     V0_1_0(since_v0_1_0::BackendPre<Sandbox>),
 }
@@ -64,6 +69,8 @@ pub enum GuestPre {
 pub enum Guest {
     /// Built against the current `wit/`.
     Latest(Latest),
+    /// Built against 0.2.1 or 0.2.0.
+    V0_2_1(since_v0_2_1::Backend),
     /// Built against 0.1.0.
     V0_1_0(since_v0_1_0::Backend),
 }
@@ -72,10 +79,11 @@ impl GuestPre {
     /// Typed exports of `pre` for `version`.
     pub fn new(version: ContractVersion, pre: InstancePre<Sandbox>) -> wasmtime::Result<Self> {
         Ok(match version {
+            ContractVersion::V0_3_0 => GuestPre::Latest(LatestPre::new(pre)?),
             // 0.2.0 is a subset of 0.2.1: the same bindings (its names
             // resolve to 0.2.1's by semver) serve it.
             ContractVersion::V0_2_1 | ContractVersion::V0_2_0 => {
-                GuestPre::Latest(LatestPre::new(pre)?)
+                GuestPre::V0_2_1(since_v0_2_1::BackendPre::new(pre)?)
             }
             ContractVersion::V0_1_0 => GuestPre::V0_1_0(since_v0_1_0::BackendPre::new(pre)?),
         })
@@ -85,23 +93,52 @@ impl GuestPre {
     pub async fn instantiate(&self, store: &mut Store<Sandbox>) -> wasmtime::Result<Guest> {
         Ok(match self {
             GuestPre::Latest(pre) => Guest::Latest(pre.instantiate_async(store).await?),
+            GuestPre::V0_2_1(pre) => Guest::V0_2_1(pre.instantiate_async(store).await?),
             GuestPre::V0_1_0(pre) => Guest::V0_1_0(pre.instantiate_async(store).await?),
         })
     }
 }
 
-/// Both arms call the same function of the same interface, whose
+/// Every arm calls the same function of the same interface, whose
 /// signature did not change between versions.
 macro_rules! same_in_every_version {
     ($guest:expr, $interface:ident . $call:ident ( $store:expr $(, $arg:expr)* )) => {
         match $guest {
             Guest::Latest(g) => g.$interface().$call($store $(, $arg)*).await,
+            Guest::V0_2_1(g) => g.$interface().$call($store $(, $arg)*).await,
             Guest::V0_1_0(g) => g.$interface().$call($store $(, $arg)*).await,
         }
     };
 }
 
+/// What an older guest answers to a call its contract lacks (the host
+/// asks only 0.3.0 guests, see `GuestBackend::conditional_writes`).
+fn not_in_contract<T>(call: &str) -> Answer<T> {
+    Ok(Err(Error::Internal(format!(
+        "{call} is not in the contract this guest was built for (before 0.3.0)"
+    ))))
+}
+
 impl Guest {
+    /// `storage.head`, its first bytes into `prefix`; `None` when there is
+    /// no state.
+    pub async fn head(
+        &self,
+        store: &mut Store<Sandbox>,
+        workspace: &str,
+        prefix: &Resource<StateSink>,
+    ) -> Answer<Option<StateHead>> {
+        match self {
+            Guest::Latest(g) => {
+                let lent = Resource::new_borrow(prefix.rep());
+                g.wasmstate_backend_storage()
+                    .call_head(store, workspace, lent)
+                    .await
+            }
+            Guest::V0_2_1(_) | Guest::V0_1_0(_) => not_in_contract("storage.head"),
+        }
+    }
+
     /// `storage.read` into `sink`; `false` when there is no state.
     pub async fn read(
         &self,
@@ -109,33 +146,52 @@ impl Guest {
         workspace: &str,
         sink: &Resource<StateSink>,
     ) -> Answer<bool> {
+        let lent = || Resource::new_borrow(sink.rep());
         match self {
             Guest::Latest(g) => {
-                let lent = Resource::new_borrow(sink.rep());
                 g.wasmstate_backend_storage()
-                    .call_read(store, workspace, lent)
+                    .call_read(store, workspace, lent())
+                    .await
+            }
+            Guest::V0_2_1(g) => {
+                g.wasmstate_backend_storage()
+                    .call_read(store, workspace, lent())
                     .await
             }
             Guest::V0_1_0(g) => since_v0_1_0::read(g, store, workspace, sink).await,
         }
     }
 
-    /// `storage.write` from `source`.
+    /// `storage.write` from `source`, if the stored state is as `expect`
+    /// says; `false` when it is not. Guests before 0.3.0 take only
+    /// [`Expect::Any`].
     pub async fn write(
         &self,
         store: &mut Store<Sandbox>,
         workspace: &str,
         source: &Resource<StateSource>,
         lock_id: Option<&str>,
-    ) -> Answer<()> {
+        expect: &Expect,
+    ) -> Answer<bool> {
+        let lent = || Resource::new_borrow(source.rep());
+        let unconditional = matches!(expect, Expect::Any);
         match self {
             Guest::Latest(g) => {
-                let lent = Resource::new_borrow(source.rep());
                 g.wasmstate_backend_storage()
-                    .call_write(store, workspace, lent, lock_id)
+                    .call_write(store, workspace, lent(), lock_id, expect)
                     .await
             }
-            Guest::V0_1_0(g) => since_v0_1_0::write(g, store, workspace, source, lock_id).await,
+            Guest::V0_2_1(_) | Guest::V0_1_0(_) if !unconditional => {
+                not_in_contract("a conditional storage.write")
+            }
+            Guest::V0_2_1(g) => Ok(g
+                .wasmstate_backend_storage()
+                .call_write(store, workspace, lent(), lock_id)
+                .await?
+                .map(|()| true)),
+            Guest::V0_1_0(g) => Ok(since_v0_1_0::write(g, store, workspace, source, lock_id)
+                .await?
+                .map(|()| true)),
         }
     }
 
@@ -148,11 +204,16 @@ impl Guest {
         id: &str,
         sink: &Resource<StateSink>,
     ) -> Answer<bool> {
+        let lent = || Resource::new_borrow(sink.rep());
         match self {
             Guest::Latest(g) => {
-                let lent = Resource::new_borrow(sink.rep());
                 g.wasmstate_backend_history()
-                    .call_read_version(store, workspace, id, lent)
+                    .call_read_version(store, workspace, id, lent())
+                    .await
+            }
+            Guest::V0_2_1(g) => {
+                g.wasmstate_backend_history()
+                    .call_read_version(store, workspace, id, lent())
                     .await
             }
             Guest::V0_1_0(g) => since_v0_1_0::read_version(g, store, workspace, id, sink).await,
@@ -173,10 +234,50 @@ impl Guest {
                     .await?;
                 Ok(host_versions!(listed))
             }
+            Guest::V0_2_1(g) => {
+                let listed = g
+                    .wasmstate_backend_history()
+                    .call_list_versions(store, workspace)
+                    .await?;
+                Ok(host_versions!(listed))
+            }
             Guest::V0_1_0(g) => since_v0_1_0::list_versions(g, store, workspace).await,
         }
     }
 
+    /// `workspaces.read-metadata`.
+    pub async fn read_metadata(
+        &self,
+        store: &mut Store<Sandbox>,
+        name: &str,
+    ) -> Answer<Option<Metadata>> {
+        match self {
+            Guest::Latest(g) => {
+                g.wasmstate_backend_workspaces()
+                    .call_read_metadata(store, name)
+                    .await
+            }
+            Guest::V0_2_1(_) | Guest::V0_1_0(_) => not_in_contract("workspaces.read-metadata"),
+        }
+    }
+
+    /// `workspaces.write-metadata`.
+    pub async fn write_metadata(
+        &self,
+        store: &mut Store<Sandbox>,
+        name: &str,
+        content: Option<&str>,
+        expect: &Expect,
+    ) -> Answer<bool> {
+        match self {
+            Guest::Latest(g) => {
+                g.wasmstate_backend_workspaces()
+                    .call_write_metadata(store, name, content, expect)
+                    .await
+            }
+            Guest::V0_2_1(_) | Guest::V0_1_0(_) => not_in_contract("workspaces.write-metadata"),
+        }
+    }
     /// `storage.delete`.
     pub async fn delete(
         &self,

@@ -110,9 +110,9 @@ async fn delete<S: Storage>(
         })
         .await;
     deleted?;
-    if let Err(e) = tfe.meta.remove(&org, &name).await {
-        tracing::warn!(error = %e, "workspace deleted; forgetting its tags failed");
-    }
+    // The storage's metadata went with the workspace (the guest's
+    // delete-workspace); this replica's file may still have some.
+    tfe.meta.deleted(&org, &name).await;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

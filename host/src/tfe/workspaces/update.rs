@@ -3,7 +3,7 @@
 
 use super::super::jsonapi::{self, Incoming, Single, Tags, TfeError, WorkspaceInput};
 use super::super::{Client, Tfe};
-use super::{SMALL_BODY, check_version, current, saved, tag_names};
+use super::{SMALL_BODY, check_version, current, tag_names};
 use crate::audit::{Facts, Operation};
 use crate::auth::Role;
 use crate::backend::Storage;
@@ -63,13 +63,12 @@ async fn update<S: Storage>(
     if let Some(version) = input.terraform_version {
         check_version(&version)?;
         let note = format!("terraform-version {version}");
-        saved(
-            tfe.meta
-                .update(org, name, move |meta| {
-                    meta.terraform_version = Some(version);
-                })
-                .await,
-        )?;
+        let storage = tfe.organization(caller, org)?;
+        tfe.meta
+            .update(storage, org, name, move |meta| {
+                meta.terraform_version = Some(version.clone());
+            })
+            .await?;
         updated(tfe, caller, (org, name), note).await;
     }
     let doc = current(tfe, caller, org, name).await?;
@@ -117,17 +116,16 @@ async fn change_tags<S: Storage>(
         if add { "added:" } else { "removed:" },
         listed.join(", ")
     );
-    saved(
-        tfe.meta
-            .update(&org, &name, move |meta| {
-                if add {
-                    meta.tags.extend(tags);
-                } else {
-                    meta.tags.retain(|t| !tags.contains(t));
-                }
-            })
-            .await,
-    )?;
+    let storage = tfe.organization(&caller, &org)?;
+    tfe.meta
+        .update(storage, &org, &name, move |meta| {
+            if add {
+                meta.tags.extend(tags.iter().cloned());
+            } else {
+                meta.tags.retain(|t| !tags.contains(t));
+            }
+        })
+        .await?;
     updated(tfe, &caller, (&org, &name), note).await;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

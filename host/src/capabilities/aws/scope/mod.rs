@@ -359,11 +359,16 @@ impl SigningScope {
         }
     }
 
-    /// A state key of this backend or its lock file (every key, when the
-    /// configuration of a first-party guest names no `key`: the guest
-    /// refuses that anyway; none for another guest).
+    /// A state key of this backend, its lock file or its workspace's
+    /// metadata object (`.wasmstate-metadata`, contract 0.3.0) (every key,
+    /// when the configuration of a first-party guest names no `key`: the
+    /// guest refuses that anyway; none for another guest).
     fn key_allowed(&self, key: &str) -> bool {
-        self.state_key_allowed(key.strip_suffix(".tflock").unwrap_or(key))
+        let state = [".tflock", ".wasmstate-metadata"]
+            .iter()
+            .find_map(|suffix| key.strip_suffix(suffix))
+            .unwrap_or(key);
+        self.state_key_allowed(state)
     }
 
     /// `key`, or `<workspace_key_prefix>/<workspace>/key` for one

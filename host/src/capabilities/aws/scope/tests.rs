@@ -50,6 +50,14 @@ fn a_state_stores_own_calls_are_signed() {
             "http://127.0.0.1:5000/states/env%3A/ws/app/terraform.tfstate",
         ),
         (
+            "PUT",
+            "http://127.0.0.1:5000/states/env%3A/ws/app/terraform.tfstate.wasmstate-metadata",
+        ),
+        (
+            "DELETE",
+            "http://127.0.0.1:5000/states/app/terraform.tfstate.wasmstate-metadata",
+        ),
+        (
             "POST",
             "http://127.0.0.1:5000/states/env%3A/ws/app/terraform.tfstate?uploads",
         ),
@@ -96,6 +104,8 @@ fn other_backends_in_a_shared_bucket_and_table_are_out_of_reach() {
         "http://127.0.0.1:5000/states/env%3A/a/b/app/terraform.tfstate",
         "http://127.0.0.1:5000/states/env%3A//app/terraform.tfstate",
         "http://127.0.0.1:5000/states/other/terraform.tfstate.tflock",
+        "http://127.0.0.1:5000/states/other/terraform.tfstate.wasmstate-metadata",
+        "http://127.0.0.1:5000/states/app/terraform.tfstate.tflock.wasmstate-metadata",
     ] {
         assert!(
             s.check(&request("GET", uri, &[], "")).is_err(),
