@@ -382,3 +382,32 @@ fn native_terraform_lists_no_gcs_metadata_object_as_a_workspace() {
         "the guest lists states only: {ours:?}"
     );
 }
+
+/// The chaos run's proxy keeps the precondition fake-gcs-server ignores:
+/// a delete naming another generation is refused (412) and the object
+/// stays; one naming the live generation deletes it.
+#[test]
+fn the_chaos_proxy_keeps_cloud_storages_delete_precondition() {
+    let gcs = start(false);
+    let proxy = FaultProxy::random_gcs(&gcs.url, 1, 0);
+    let object = format!("{}/storage/v1/b/{BUCKET}/o/proxy-check", proxy.url);
+    let upload = format!(
+        "{}/upload/storage/v1/b/{BUCKET}/o?uploadType=media&name=proxy-check",
+        proxy.url
+    );
+    let created = send("POST", &upload, Some(b"x"));
+    assert_eq!(created.status, 200, "{}", created.text());
+    let made: serde_json::Value = serde_json::from_slice(&created.body).unwrap();
+    let generation = made["generation"].as_str().unwrap().to_string();
+    let stale = send("DELETE", &format!("{object}?ifGenerationMatch=1"), None);
+    assert_eq!(stale.status, 412, "a delete naming another generation");
+    assert_eq!(send("GET", &object, None).status, 200, "the object stays");
+    let live = send(
+        "DELETE",
+        &format!("{object}?ifGenerationMatch={generation}"),
+        None,
+    );
+    // Cloud Storage answers 204, fake-gcs-server 200.
+    assert!(matches!(live.status, 200 | 204), "{}", live.text());
+    assert_eq!(send("GET", &object, None).status, 404);
+}

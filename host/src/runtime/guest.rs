@@ -98,7 +98,10 @@ impl GuestBackend {
     /// epoch tick, every host call the guest awaits (network, git, a turn,
     /// `sync` on the blocking pool) is dropped with this future, and the
     /// file calls it makes inline are short (only regular files and
-    /// directories can be opened, see [`super::fs`]). A change whose
+    /// directories can be opened, see [`super::fs`]). The one exception:
+    /// the server's only guest call flushes inline, on a runtime with
+    /// another worker, and a disk slower than the deadline holds that
+    /// worker until it answers (`fs::sync`). A change whose
     /// client hangs up still completes: the protocol runs every change as a
     /// task of its own ([`crate::protocol::App::change`]).
     async fn run<T: Send>(

@@ -7,9 +7,10 @@
 //! goes"). So while a backend is in use (its calls come less than
 //! [`READY_IDLE`] apart) and no other call of it is under way (under load
 //! the cores are busy already: made ahead, an instance saves its call
-//! nothing), the instance for its next call is made as a call ends, in a
-//! task of its own, where the used store is dropped too (unless it grew
-//! big: that one gives its memory back before its call answers); a call
+//! nothing), the instance for its next call is made as a call ends, on a
+//! thread of the lowest priority ([`super::ahead`]), where the used store
+//! is dropped first (unless it grew big: that one gives its memory back
+//! before its call answers); a call
 //! that finds one ready only hands it its deadline and slots. Each
 //! instance still serves one call: a ready instance has run no call, and
 //! the one a call used is dropped, never reused.
@@ -75,6 +76,29 @@ pub(super) fn hand_to_call(
     (store, guest)
 }
 
+/// The ready slot an instance is made in: free, or still held by the
+/// store of the call that ended.
+enum Slot {
+    Free(OwnedSemaphorePermit),
+    HeldBy(Store<Sandbox>),
+}
+
+impl Slot {
+    /// The slot, once the store holding it is dropped (`None` if something
+    /// else still holds it: not blocking work the call started, which
+    /// keeps the call's own slots, those `after_call` replaced).
+    fn free(self) -> Option<OwnedSemaphorePermit> {
+        match self {
+            Slot::Free(permit) => Some(permit),
+            Slot::HeldBy(store) => {
+                let slots = store.data().core.keep_slots();
+                drop(store);
+                Arc::try_unwrap(slots).ok()?.pop()
+            }
+        }
+    }
+}
+
 /// Drop `store`, letting its instance slots go only after its pool slot
 /// is back, whatever order wasmtime drops a store's parts in (today the
 /// call hook's and the epoch callback's clones of `Core` outlive the
@@ -109,30 +133,44 @@ impl Shared {
         // A store that grew big (its memory, or what the host holds for
         // it: a state read through the host's copy) gives it back before
         // the call answers, so what the budgets and the server hold stays
-        // bounded by what is under way; a small one's reset is left to the
-        // task.
-        let used = match used.data().limiter.charged() > READY_MAX_MEMORY_BYTES {
+        // bounded by what is under way. A small one is reset on the lane,
+        // holding the ready slot in place of its call's slots (those go
+        // now: a starved lane never holds up a call), and gives that slot
+        // to the instance made next.
+        let slot = match used.data().limiter.charged() > READY_MAX_MEMORY_BYTES {
             true => {
                 drop_store(used);
-                None
+                Slot::Free(permit)
             }
-            false => Some(used),
+            false => {
+                used.data()
+                    .core
+                    .hand_to_call(Instant::now(), Arc::new(vec![permit]));
+                Slot::HeldBy(used)
+            }
         };
         let shared = self.clone();
-        tokio::spawn(async move {
-            if let Some(used) = used {
-                drop_store(used);
-            }
-            // A guest's start functions run as it is instantiated and may
-            // wait in a host call no epoch reaches: cut off as a call is.
-            let made = std::panic::AssertUnwindSafe(tokio::time::timeout(
-                shared.limits.timeout + OUTER_GRACE,
-                shared.prepare(permit),
-            ))
+        // Made at the lowest priority, so it never takes a core from the
+        // answer on its way to the client (`super::ahead`).
+        super::ahead::spawn(async move {
+            // Whatever happens here (the used store's drop panicking too),
+            // `finish` is called: else the backend's ready one stays
+            // `Preparing`, and none is made for it again.
+            let made = std::panic::AssertUnwindSafe(async {
+                // `None`: something still holds the slot (nothing started
+                // since the call ended takes it, so this is not expected).
+                let permit = slot.free()?;
+                // A guest's start functions run as it is instantiated and
+                // may wait in a host call no epoch reaches: cut off as a
+                // call is.
+                tokio::time::timeout(shared.limits.timeout + OUTER_GRACE, shared.prepare(permit))
+                    .await
+                    .ok()
+                    .flatten()
+            })
             .catch_unwind()
             .await
             .ok()
-            .and_then(Result::ok)
             .flatten();
             if shared.ready.finish(made) {
                 shared.watch_ready();
@@ -175,6 +213,7 @@ impl Shared {
     async fn prepare(&self, permit: OwnedSemaphorePermit) -> Option<Prepared> {
         let deadline = Instant::now() + self.limits.timeout;
         let mut store = self.new_store(deadline, Arc::new(vec![permit])).ok()?;
+        store.data().core.make_ahead();
         // Held to the cap of a ready instance while it is made: a start
         // function cannot take more of the budgets than that while no
         // call is under way.

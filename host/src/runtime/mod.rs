@@ -9,6 +9,7 @@
 //! This module never parses HTTP; it implements [`crate::backend::Storage`]
 //! for the protocol layer to call.
 
+mod ahead;
 mod bindings;
 mod body;
 mod cache;
@@ -257,7 +258,10 @@ impl Runtime {
                 instances: self.instances.clone(),
                 own_instances: Arc::new(Semaphore::new(own_instances)),
                 instances_per_backend: own_instances,
-                turns: turns::Turns::new(cores),
+                turns: turns::Turns::new(cores).on_server(turns::ServerCalls::new(
+                    self.instances.clone(),
+                    self.max_instances as usize,
+                )),
                 host_work: crate::work::HostWork::new(cores, backend.limits.timeout),
                 limits: backend.limits,
                 memory: Budget::new(share.min(self.memory.bytes())),

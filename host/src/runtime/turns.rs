@@ -15,7 +15,7 @@
 //! turn held by a guest that is itself waiting on the network (which, with
 //! a remote serving one request at a time, would never finish).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -28,6 +28,28 @@ pub struct Turns {
     total: usize,
     /// The most turns ever held at once.
     peak: Arc<AtomicUsize>,
+    /// The server's guest calls, when known.
+    server: Option<ServerCalls>,
+}
+
+/// The server's slots for guest calls (`max_instances`), to tell a call
+/// that is the only one under way.
+#[derive(Debug, Clone)]
+pub struct ServerCalls {
+    slots: Arc<Semaphore>,
+    total: usize,
+}
+
+impl ServerCalls {
+    /// The server's `total` call slots, `slots`.
+    pub fn new(slots: Arc<Semaphore>, total: usize) -> Self {
+        ServerCalls { slots, total }
+    }
+
+    /// Whether at most one call (the asker's) holds a slot now.
+    pub fn alone(&self) -> bool {
+        self.slots.available_permits() + 1 >= self.total
+    }
 }
 
 /// The turn one instance holds while it runs wasm (empty while it is in
@@ -41,7 +63,14 @@ impl Turns {
             slots: Arc::new(Semaphore::new(cores.max(1))),
             total: cores.max(1),
             peak: Arc::new(AtomicUsize::new(0)),
+            server: None,
         }
+    }
+
+    /// These turns on a server whose calls are `server`.
+    pub fn on_server(mut self, server: ServerCalls) -> Self {
+        self.server = Some(server);
+        self
     }
 
     /// Give `turn` back, if it is held.
@@ -91,8 +120,8 @@ impl crate::metrics::Usage for Turns {
 }
 
 /// The instance slots one call holds: its backend's share and the
-/// server's (or, while an instance is made ready ahead of its call, a
-/// ready slot). Every piece of blocking host work the call starts keeps a
+/// server's (or, while an instance is made ready ahead of its call, or a
+/// used one waits to be dropped where the next is made, a ready slot). Every piece of blocking host work the call starts keeps a
 /// clone, so a call dropped early (its client hung up, its deadline
 /// passed) counts against them until that work has ended too: a backend
 /// never has more blocking work running than it has instances.
@@ -110,6 +139,10 @@ pub struct Core {
     /// into wasm, so an atomic rather than a lock.
     deadline: Arc<AtomicU64>,
     slots: Arc<Mutex<Slots>>,
+    /// Set while the instance is made ahead, on its thread of its own
+    /// ([`super::ahead`]): it takes none of the backend's turns until a
+    /// call takes it, so a lane the kernel has set aside never holds one.
+    made_ahead: Arc<AtomicBool>,
 }
 
 /// What deadlines are counted from.
@@ -128,7 +161,14 @@ impl Core {
             turn: Turn::default(),
             deadline: Arc::new(AtomicU64::new(nanos_after_epoch(deadline))),
             slots: Arc::new(Mutex::new(slots)),
+            made_ahead: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// This instance is being made ahead, off the guest threads: it takes
+    /// no turn until [`Core::hand_to_call`].
+    pub fn make_ahead(&self) {
+        self.made_ahead.store(true, Ordering::Relaxed);
     }
 
     /// A call takes this instance: from now on it runs until `deadline`
@@ -139,6 +179,7 @@ impl Core {
             .store(nanos_after_epoch(deadline), Ordering::Relaxed);
         let before = std::mem::replace(&mut *lock(&self.slots), slots);
         drop(before);
+        self.made_ahead.store(false, Ordering::Relaxed);
     }
 
     /// When this instance's time is up.
@@ -155,7 +196,16 @@ impl Core {
     /// Hold the turn (waiting for it, until the deadline): for running
     /// wasm, and for host work that occupies a core like wasm does.
     pub async fn hold(&self) -> Result<(), Trap> {
+        if self.made_ahead.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         self.turns.acquire(&self.turn, self.deadline()).await
+    }
+
+    /// Whether this is the only guest call under way on the server (not
+    /// known: no).
+    pub fn alone_on_server(&self) -> bool {
+        self.turns.server.as_ref().is_some_and(ServerCalls::alone)
     }
 
     /// Give the turn back (on a call into the host).
@@ -165,7 +215,15 @@ impl Core {
 
     /// At an epoch tick: pass the turn on and queue for it again.
     pub fn pass(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.turns.pass(&self.turn, self.deadline())
+        let made_ahead = self.made_ahead.load(Ordering::Relaxed);
+        let passed = self.turns.pass(&self.turn, self.deadline());
+        async move {
+            match made_ahead {
+                // Holding no turn: only let the lane's other work run.
+                true => tokio::task::yield_now().await,
+                false => passed.await,
+            }
+        }
     }
 }
 
@@ -248,6 +306,48 @@ mod tests {
             (own.available_permits(), server.available_permits()),
             (1, 1)
         );
+    }
+
+    #[tokio::test]
+    async fn a_call_is_alone_only_while_no_other_holds_a_server_slot() {
+        let server = Arc::new(Semaphore::new(3));
+        let turns = Turns::new(1).on_server(ServerCalls::new(server.clone(), 3));
+        let later = Instant::now() + Duration::from_secs(30);
+        let mine = Arc::new(vec![server.clone().acquire_owned().await.unwrap()]);
+        let core = Core::new(turns, later, mine);
+        assert!(core.alone_on_server());
+        let other = server.clone().acquire_owned().await.unwrap();
+        assert!(!core.alone_on_server(), "another call holds a slot");
+        drop(other);
+        assert!(core.alone_on_server());
+        let unknown = Core::new(Turns::new(1), later, Arc::new(Vec::new()));
+        assert!(!unknown.alone_on_server(), "no server known: never alone");
+    }
+
+    #[tokio::test]
+    async fn an_instance_made_ahead_takes_no_turn_until_a_call_takes_it() {
+        let turns = Turns::new(1);
+        let later = Instant::now() + Duration::from_secs(30);
+        let other = turn();
+        turns.acquire(&other, later).await.unwrap();
+        let core = Core::new(turns.clone(), later, Arc::new(Vec::new()));
+        core.make_ahead();
+        // Every turn is held elsewhere, yet it runs.
+        core.hold().await.unwrap();
+        core.pass().await;
+        assert!(lock(&core.turn).is_none(), "it holds none");
+        core.hand_to_call(later, Arc::new(Vec::new()));
+        let waiting = tokio::spawn({
+            let core = core.clone();
+            async move { core.hold().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(
+            !waiting.is_finished(),
+            "taken by a call, it waits for a turn"
+        );
+        Turns::release(&other);
+        waiting.await.unwrap().unwrap();
     }
 
     #[tokio::test]

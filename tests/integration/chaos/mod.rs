@@ -545,6 +545,41 @@ fn chaos_azure_on_azurite_behind_a_fault_proxy() {
     assert!(!injected.is_empty(), "the proxy injected no storage fault");
 }
 
+/// `gcs` on fake-gcs-server (a versioned bucket) behind the fault proxy
+/// (throttled, failed, and applied-then-dropped object requests), sealed,
+/// three hosts killed and reloaded under concurrent clients: generations
+/// (`ifGenerationMatch`) are the only thing keeping unlocked racers apart.
+///
+/// fake-gcs-server deletes an object whatever generation the delete names
+/// (a `DELETE` with a wrong `ifGenerationMatch` answers 200 and the object
+/// is gone; Cloud Storage answers 412), so a holder's UNLOCK that read its
+/// lock just before a force-unlock removed it deleted the next holder's
+/// lock: the first 60 s run found that twice ("the lock was granted to two
+/// holders at once", each beside a FORCE-UNLOCK overlapping an UNLOCK).
+/// The proxy keeps that precondition as Cloud Storage does
+/// ([`FaultProxy::random_gcs`]); the guest's delete was conditional all
+/// along.
+#[test]
+fn chaos_gcs_on_fake_gcs_server_behind_a_fault_proxy() {
+    let dir = tempdir();
+    let gcs = crate::gcs::start(true);
+    let key = key_file(dir.path());
+    let mut setup = Setup::new(String::new());
+    let proxy = FaultProxy::random_gcs(&gcs.url, setup.seed, 3);
+    let settings: Vec<(String, String)> = crate::gcs::settings(&gcs)
+        .into_iter()
+        .map(|(k, v)| match k.as_str() {
+            "storage_custom_endpoint" => (k, v.replace(&gcs.url, &proxy.url)),
+            _ => (k, v),
+        })
+        .collect();
+    setup.config = backend_table(BACKEND, "gcs", &sealed(&key), &settings);
+    run_clean(setup);
+    let injected = proxy.injected.lock().unwrap();
+    println!("{} storage faults injected", injected.len());
+    assert!(!injected.is_empty(), "the proxy injected no storage fault");
+}
+
 /// The checker finds what it is for: with the stale-write guard off
 /// (`allow_force_push`), unlocked writers from one serial overwrite each
 /// other, a second lineage replaces the first, and the history shows the

@@ -52,6 +52,8 @@ pub struct FaultProxy {
     /// Every fault injected, with the request it hit.
     pub injected: Arc<Mutex<Vec<String>>>,
     released: Arc<tokio::sync::Semaphore>,
+    /// Whether deletes keep `ifGenerationMatch` ([`FaultProxy::random_gcs`]).
+    gcs_deletes: Arc<std::sync::atomic::AtomicBool>,
     _server: LoopbackServer,
 }
 
@@ -72,9 +74,25 @@ impl FaultProxy {
         )
     }
 
+    /// [`FaultProxy::random`] in front of fake-gcs-server, adding the one
+    /// precondition the emulator ignores and Cloud Storage keeps: a
+    /// `DELETE` with `ifGenerationMatch` naming another generation (or
+    /// none there) answers 412 and deletes nothing (checked by hand
+    /// against fake-gcs-server: it answers 200 and deletes). The check and
+    /// the delete run under one lock every request that changes storage
+    /// takes, so nothing lands between them.
+    pub fn random_gcs(upstream: &str, seed: u64, percent: usize) -> FaultProxy {
+        let proxy = FaultProxy::random(upstream, seed, percent);
+        proxy
+            .gcs_deletes
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        proxy
+    }
+
     /// Forward to `upstream`, with the fault `rule` names for each request.
     pub fn with_rule(upstream: &str, rule: Rule) -> FaultProxy {
         let injected = Arc::new(Mutex::new(Vec::new()));
+        let gcs_deletes = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let released = Arc::new(tokio::sync::Semaphore::new(0));
         let shared = Arc::new(Shared {
             upstream: upstream
@@ -84,6 +102,8 @@ impl FaultProxy {
             rule,
             log: injected.clone(),
             released: released.clone(),
+            gcs_deletes: gcs_deletes.clone(),
+            changes: tokio::sync::Mutex::new(()),
         });
         let server = LoopbackServer::start("fault proxy", false, |_| {
             move |request| handle(request, shared.clone())
@@ -92,6 +112,7 @@ impl FaultProxy {
             url: server.url.clone(),
             injected,
             released,
+            gcs_deletes,
             _server: server,
         }
     }
@@ -126,6 +147,9 @@ struct Shared {
     rule: Rule,
     log: Arc<Mutex<Vec<String>>>,
     released: Arc<tokio::sync::Semaphore>,
+    gcs_deletes: Arc<std::sync::atomic::AtomicBool>,
+    /// Taken by every request that changes storage while `gcs_deletes`.
+    changes: tokio::sync::Mutex<()>,
 }
 
 /// One request: forwarded, or answered with the rule's fault.
@@ -167,6 +191,12 @@ async fn handle(
     // up, and storage applies a request whoever waits for it.
     let task = tokio::spawn(async move {
         if fault != Some(Fault::Held) {
+            if shared
+                .gcs_deletes
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                return forward_keeping_gcs_deletes(parts, body, &shared).await;
+            }
             return forward(
                 Request::from_parts(parts, Full::new(body)),
                 &shared.upstream,
@@ -202,6 +232,57 @@ async fn handle(
         ),
         (_, Err(e)) => refused(StatusCode::BAD_GATEWAY, format!("fault proxy: {e}")),
     }
+}
+
+/// Forward a request to fake-gcs-server as Cloud Storage would take it:
+/// a change waits for every other change, and a `DELETE` whose
+/// `ifGenerationMatch` does not name the live generation answers 412.
+async fn forward_keeping_gcs_deletes(
+    parts: hyper::http::request::Parts,
+    body: Bytes,
+    shared: &Shared,
+) -> Result<Response<Full<Bytes>>, Box<dyn std::error::Error + Send + Sync>> {
+    let reads = parts.method == hyper::Method::GET || parts.method == hyper::Method::HEAD;
+    let _change = match reads {
+        true => None,
+        false => Some(shared.changes.lock().await),
+    };
+    let expected = (parts.method == hyper::Method::DELETE)
+        .then(|| {
+            parts.uri.query().and_then(|q| {
+                q.split('&')
+                    .find_map(|pair| pair.strip_prefix("ifGenerationMatch="))
+                    .map(str::to_owned)
+            })
+        })
+        .flatten();
+    if let Some(expected) = expected {
+        let look = Request::get(parts.uri.path())
+            .header("host", &shared.upstream)
+            .body(Full::new(Bytes::new()))?;
+        let live = forward(look, &shared.upstream).await?;
+        let status = live.status();
+        let bytes = live.into_body().collect().await?.to_bytes();
+        let generation = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|o| o["generation"].as_str().map(str::to_owned));
+        let holds = match status {
+            StatusCode::NOT_FOUND => expected == "0",
+            StatusCode::OK => generation.as_deref() == Some(expected.as_str()),
+            other => return Err(format!("looking before a delete: {other}").into()),
+        };
+        if !holds {
+            let failed = Response::builder()
+                .status(StatusCode::PRECONDITION_FAILED)
+                .body(Full::new(Bytes::from_static(b"conditionNotMet")))?;
+            return Ok(failed);
+        }
+    }
+    forward(
+        Request::from_parts(parts, Full::new(body)),
+        &shared.upstream,
+    )
+    .await
 }
 
 /// `PUT /bucket/key?x-id=PutObject ` or `POST / DynamoDB_20120810.PutItem`.

@@ -5,7 +5,8 @@
 //!   read's latency, measured), so it occupies a core the way wasm does:
 //!   every filesystem call, and every blocking read or write through a
 //!   file stream, holds the instance's turn ([`super::turns`]), except
-//!   `sync`, which waits for the disk on the blocking pool. Only files and
+//!   `sync`, which waits for the disk on the blocking pool (inline when it
+//!   is the server's only guest call: [`sync`]). Only files and
 //!   directories open: a FIFO or device would block a worker for ever. A
 //!   backend whose guests spin in file I/O keeps at most its share of the
 //!   guest threads, as one spinning in wasm does. (A file call never waits on

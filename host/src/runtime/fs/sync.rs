@@ -1,5 +1,6 @@
-//! `sync` and `sync-data`: flushed on the blocking pool, holding no turn
-//! on the cores (an `fsync` waits for the disk, not a core).
+//! `sync` and `sync-data`: flushed on the blocking pool (inline for the
+//! server's only guest call), holding no turn on the cores (an `fsync`
+//! waits for the disk, not a core).
 
 use super::{GuestFs, io_error};
 use crate::runtime::turns::Core;
@@ -30,33 +31,54 @@ pub(super) enum Flush {
 /// call is awaited, so dropped with the request at its deadline; the
 /// flush itself finishes on its thread, holding the instance's slots
 /// until then.
+///
+/// The only guest call under way on the server flushes inline instead, as
+/// a native backend would: no other guest call to hold up, and the two
+/// thread hand-offs cost a lone POST 8–10 % (`cargo bench --bench
+/// guest_vs_native -- socket-POST`, alternated runs). What that costs:
+/// the worker is held until the disk answers, past the call's deadline if
+/// the disk is that slow (nothing can cut a running `fsync` short), and
+/// the requests that are not guest calls queued on that worker wait too.
+/// So only where the runtime has another worker to serve them: on a
+/// runtime of one worker (a one-CPU container; the thread making
+/// instances ahead, [`crate::runtime::ahead`]) an inline `fsync` would
+/// stop everything it runs for as long as the disk takes, for ever on a
+/// disk that hangs.
 pub(super) async fn sync_off_the_turn(target: SyncTarget, how: Flush, core: &Core) -> FsResult<()> {
+    if core.alone_on_server() && tokio::runtime::Handle::current().metrics().num_workers() > 1 {
+        return flush(target, how).map_err(io_error);
+    }
     let slots = core.keep_slots();
     let flushed = tokio::task::spawn_blocking(move || {
         let _slots = slots;
-        let file = match target {
-            SyncTarget::File(file) => file,
-            // A directory is flushed through a descriptor of its own, as
-            // wasmtime-wasi does (the granted one may not be readable).
-            SyncTarget::Dir(dir) => {
-                use rustix::fs::{Mode, OFlags, openat};
-                let own = openat(
-                    &*dir,
-                    ".",
-                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                    Mode::empty(),
-                )?;
-                Arc::new(std::fs::File::from(own))
-            }
-        };
-        match how {
-            Flush::All => file.sync_all(),
-            Flush::Data => file.sync_data(),
-        }
+        flush(target, how)
     })
     .await
     .map_err(|e| FsError::trap(wasmtime::Error::msg(format!("sync stopped: {e}"))))?;
     flushed.map_err(io_error)
+}
+
+/// Flush `target` to stable storage, here and now.
+fn flush(target: SyncTarget, how: Flush) -> std::io::Result<()> {
+    let file = match target {
+        SyncTarget::File(file) => file,
+        // A directory is flushed through a descriptor of its own, as
+        // wasmtime-wasi does (the granted one may not be readable).
+        SyncTarget::Dir(dir) => {
+            use rustix::fs::{Mode, OFlags, openat};
+            let own = openat(
+                &*dir,
+                ".",
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            Arc::new(std::fs::File::from(own))
+        }
+    };
+    match how {
+        Flush::All => file.sync_all(),
+        Flush::Data => file.sync_data(),
+    }
 }
 
 impl GuestFs<'_> {

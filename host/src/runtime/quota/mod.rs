@@ -203,11 +203,25 @@ fn usage_of(dir: &Path, seen: &mut std::collections::HashSet<(u64, u64)>) -> std
         Err(e) => return Err(e),
     };
     for entry in entries {
-        let entry = entry?;
-        let meta = entry.path().symlink_metadata()?;
+        // Another host sharing the directory may remove what the listing
+        // just named (a temp file renamed, a write marker, a workspace
+        // deleted): gone, it holds nothing. A host that failed its start
+        // on it instead (seen in the fault-injection run) left a replica
+        // down while another deleted a workspace.
+        let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+        let path = match entry {
+            Ok(entry) => entry.path(),
+            Err(e) if gone(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        let meta = match path.symlink_metadata() {
+            Ok(meta) => meta,
+            Err(e) if gone(&e) => continue,
+            Err(e) => return Err(e),
+        };
         total += ENTRY_BYTES;
         if meta.is_dir() {
-            total += usage_of(&entry.path(), seen)?;
+            total += usage_of(&path, seen)?;
         } else if meta.is_file() && seen.insert((meta.dev(), meta.ino())) {
             total += meta.len();
         }
@@ -226,6 +240,30 @@ mod tests {
         std::fs::write(dir.path().join("ws/terraform.tfstate"), vec![0u8; 10_000]).unwrap();
         assert_eq!(usage(dir.path()).unwrap(), 2 * ENTRY_BYTES + 10_000);
         assert_eq!(usage(&dir.path().join("missing")).unwrap(), 0);
+    }
+
+    #[test]
+    fn what_another_host_removes_during_the_walk_counts_as_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        for ws in 0..50 {
+            let ws = dir.path().join(format!("ws{ws}"));
+            std::fs::create_dir(&ws).unwrap();
+            std::fs::write(ws.join("terraform.tfstate"), b"{}").unwrap();
+        }
+        // Workspaces deleted while the walks run: every walk answers.
+        let deleting = {
+            let root = dir.path().to_path_buf();
+            std::thread::spawn(move || {
+                for ws in 0..50 {
+                    std::fs::remove_dir_all(root.join(format!("ws{ws}"))).unwrap();
+                }
+            })
+        };
+        while !deleting.is_finished() {
+            usage(dir.path()).expect("a walk beside deletes");
+        }
+        deleting.join().unwrap();
+        assert_eq!(usage(dir.path()).unwrap(), 0);
     }
 
     #[test]
