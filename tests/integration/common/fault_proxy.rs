@@ -52,8 +52,6 @@ pub struct FaultProxy {
     /// Every fault injected, with the request it hit.
     pub injected: Arc<Mutex<Vec<String>>>,
     released: Arc<tokio::sync::Semaphore>,
-    /// Whether deletes keep `ifGenerationMatch` ([`FaultProxy::random_gcs`]).
-    gcs_deletes: Arc<std::sync::atomic::AtomicBool>,
     _server: LoopbackServer,
 }
 
@@ -62,16 +60,7 @@ impl FaultProxy {
     /// about `percent` of every hundred requests by a generator seeded
     /// with `seed` (never [`Fault::Held`]).
     pub fn random(upstream: &str, seed: u64, percent: usize) -> FaultProxy {
-        let rng = Mutex::new(super::Rng::new(seed));
-        FaultProxy::with_rule(
-            upstream,
-            Box::new(move |_| {
-                let mut rng = rng.lock().unwrap();
-                (rng.below(100) < percent).then(|| {
-                    [Fault::Throttled, Fault::Failed, Fault::AppliedThenDropped][rng.below(3)]
-                })
-            }),
-        )
+        FaultProxy::start(upstream, random_rule(seed, percent), false)
     }
 
     /// [`FaultProxy::random`] in front of fake-gcs-server, adding the one
@@ -82,17 +71,18 @@ impl FaultProxy {
     /// the delete run under one lock every request that changes storage
     /// takes, so nothing lands between them.
     pub fn random_gcs(upstream: &str, seed: u64, percent: usize) -> FaultProxy {
-        let proxy = FaultProxy::random(upstream, seed, percent);
-        proxy
-            .gcs_deletes
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        proxy
+        FaultProxy::start(upstream, random_rule(seed, percent), true)
     }
 
     /// Forward to `upstream`, with the fault `rule` names for each request.
     pub fn with_rule(upstream: &str, rule: Rule) -> FaultProxy {
+        FaultProxy::start(upstream, rule, false)
+    }
+
+    /// Forward to `upstream` with `rule`; keeping Cloud Storage's delete
+    /// precondition when `gcs_deletes`.
+    fn start(upstream: &str, rule: Rule, gcs_deletes: bool) -> FaultProxy {
         let injected = Arc::new(Mutex::new(Vec::new()));
-        let gcs_deletes = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let released = Arc::new(tokio::sync::Semaphore::new(0));
         let shared = Arc::new(Shared {
             upstream: upstream
@@ -102,7 +92,7 @@ impl FaultProxy {
             rule,
             log: injected.clone(),
             released: released.clone(),
-            gcs_deletes: gcs_deletes.clone(),
+            gcs_deletes,
             changes: tokio::sync::Mutex::new(()),
         });
         let server = LoopbackServer::start("fault proxy", false, |_| {
@@ -112,7 +102,6 @@ impl FaultProxy {
             url: server.url.clone(),
             injected,
             released,
-            gcs_deletes,
             _server: server,
         }
     }
@@ -141,13 +130,25 @@ impl FaultProxy {
     }
 }
 
+/// A fault for about `percent` of every hundred requests, drawn by a
+/// generator seeded with `seed` (never [`Fault::Held`]).
+fn random_rule(seed: u64, percent: usize) -> Rule {
+    let rng = Mutex::new(super::Rng::new(seed));
+    Box::new(move |_| {
+        let mut rng = rng.lock().unwrap();
+        (rng.below(100) < percent)
+            .then(|| [Fault::Throttled, Fault::Failed, Fault::AppliedThenDropped][rng.below(3)])
+    })
+}
+
 /// What every connection's handler shares.
 struct Shared {
     upstream: String,
     rule: Rule,
     log: Arc<Mutex<Vec<String>>>,
     released: Arc<tokio::sync::Semaphore>,
-    gcs_deletes: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether deletes keep `ifGenerationMatch` ([`FaultProxy::random_gcs`]).
+    gcs_deletes: bool,
     /// Taken by every request that changes storage while `gcs_deletes`.
     changes: tokio::sync::Mutex<()>,
 }
@@ -191,10 +192,7 @@ async fn handle(
     // up, and storage applies a request whoever waits for it.
     let task = tokio::spawn(async move {
         if fault != Some(Fault::Held) {
-            if shared
-                .gcs_deletes
-                .load(std::sync::atomic::Ordering::Relaxed)
-            {
+            if shared.gcs_deletes {
                 return forward_keeping_gcs_deletes(parts, body, &shared).await;
             }
             return forward(
