@@ -46,6 +46,7 @@ pub mod names;
 pub mod policy;
 pub mod protocol;
 pub mod reload;
+pub mod request;
 pub mod resealing;
 pub mod runtime;
 pub mod server;

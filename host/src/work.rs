@@ -63,10 +63,18 @@ impl HostWork {
         if bytes < INLINE_BYTES {
             return Ok(work());
         }
-        let slot = tokio::time::timeout(self.wait, self.slots.clone().acquire_owned())
-            .await
-            .map_err(|_| WorkError::Busy(self.wait))?
-            .map_err(|_| WorkError::Busy(self.wait))?;
+        let slot = match self.slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                // Queued behind other requests' work: what this request
+                // kept for its next storage call is not held meanwhile.
+                crate::request::give_back();
+                tokio::time::timeout(self.wait, self.slots.clone().acquire_owned())
+                    .await
+                    .map_err(|_| WorkError::Busy(self.wait))?
+                    .map_err(|_| WorkError::Busy(self.wait))?
+            }
+        };
         let running = self.total - self.slots.available_permits();
         self.peak.fetch_max(running, Ordering::Relaxed);
         tokio::task::spawn_blocking(move || {

@@ -2,8 +2,10 @@
 //! [`register_backend!`], build with `cargo build --release --target wasm32-wasip2`.
 //!
 //! The host creates a fresh instance of the guest for every request, so
-//! [`Backend::new`] runs once per request with the operator's configuration,
-//! and nothing survives in memory between requests.
+//! nothing survives in memory between requests; [`Backend::new`] runs for
+//! every call with the operator's configuration. One request's calls may
+//! share an instance (a write's head and its conditional write): answer
+//! each call from storage, not from memory.
 //!
 //! ```no_run
 //! use wasmstate_guest::{Backend, Config, Error, LockInfo};

@@ -1,5 +1,6 @@
-//! Instances made ahead for a backend's next call: each call still gets an
-//! instance no call ran in, and the server keeps only so many.
+//! Instances made ahead for a backend's next call: each request still gets
+//! an instance no other request ran in (a POST's head and write share
+//! one), and the server keeps only so many.
 
 use crate::common::*;
 use crate::metrics::{scrape, value};
@@ -32,17 +33,24 @@ fn use_it(url: &str) {
     }
 }
 
-#[test]
-fn a_call_on_an_instance_made_ahead_still_has_it_to_itself() {
-    let dir = tempdir();
+/// A server whose backend `remember` counts the calls each instance
+/// served, in use; and its workspace's URL.
+fn remembering(dir: &std::path::Path) -> (Server, String) {
     let server = Server::with_config(
-        dir.path(),
+        dir,
         &format!(
             "[backends.remember]\nguest = \"{MISBEHAVE_WASM}\"\nconfig = {{ mode = \"remember\" }}\n"
         ),
     );
     let url = server.state_url("remember", "default");
     use_it(&url);
+    (server, url)
+}
+
+#[test]
+fn a_call_on_an_instance_made_ahead_still_has_it_to_itself() {
+    let dir = tempdir();
+    let (server, url) = remembering(dir.path());
     let before = on_ready(&server, "remember");
     for call in 0..4 {
         wait_for_one_ready(&server);
@@ -51,10 +59,29 @@ fn a_call_on_an_instance_made_ahead_still_has_it_to_itself() {
         // The guest counts the reads its instance served: an instance
         // that served an earlier call would say 2.
         assert_eq!(answer.json()["reads_seen"], 1, "call {call}");
+        assert_eq!(answer.json()["calls_seen"], 1, "call {call}");
     }
     // At least: the server's own probe of the backend at start, if it
     // came late, found one ready too.
     assert!(on_ready(&server, "remember") - before >= 4.0);
+}
+
+/// A POST's head and conditional write run in one instance (the guest's
+/// write succeeds only as its instance's second call), and the requests
+/// after it never find that instance: a GET's served that read alone, and
+/// the next POST's head is its instance's first call again.
+#[test]
+fn a_posts_calls_share_one_instance_that_no_other_request_gets() {
+    let dir = tempdir();
+    let (_server, url) = remembering(dir.path());
+    let state = br#"{"version":4,"serial":2,"lineage":"remember","resources":[]}"#;
+    for round in 0..3 {
+        let posted = send("POST", &url, Some(state));
+        assert_eq!(posted.status, 200, "round {round}: {}", posted.text());
+        let read = send("GET", &url, None);
+        assert_eq!(read.status, 200, "{}", read.text());
+        assert_eq!(read.json()["calls_seen"], 1, "round {round}");
+    }
 }
 
 #[test]

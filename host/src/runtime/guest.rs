@@ -1,15 +1,15 @@
-//! One backend served by a guest component: every call in a fresh instance
-//! on the guest threads, within the backend's limits, with every way it can
-//! end turned into a [`StorageResult`].
+//! One backend served by a guest component: every request in a fresh
+//! instance on the guest threads, within the backend's limits, with every
+//! way it can end turned into a [`StorageResult`].
 
 use super::OUTER_GRACE;
 use super::chunks::StateSink;
-use super::instance::Next;
+use super::instance::{KeptInstance, Next, Source, hand_to_call};
 use super::limits::{Budget, Refusal};
 use super::quota::DirQuota;
 use super::sandbox::Sandbox;
 use super::shared::Shared;
-use super::turns::{Slots, Turns};
+use super::turns::Turns;
 use super::versions::{Answer, Guest};
 use crate::backend::{Diagnostic, LockInfo, Storage, StorageError, StorageResult};
 use crate::metrics::Fault;
@@ -31,8 +31,8 @@ const MAX_LIST_BYTES: usize = 16 << 20;
 /// A future returned by one guest call, borrowing the instance and store.
 pub type GuestCall<'a, T> = Pin<Box<dyn Future<Output = Answer<T>> + Send + 'a>>;
 
-/// One backend served by a guest component. Cheap to share; every call runs
-/// in a fresh instance.
+/// One backend served by a guest component. Cheap to share; every request
+/// runs in a fresh instance (its calls of the backend in the same one).
 #[derive(Clone)]
 pub struct GuestBackend {
     pub(super) shared: Arc<Shared>,
@@ -88,7 +88,8 @@ impl GuestBackend {
         self.shared.quota.as_ref()
     }
 
-    /// Run one call in a fresh instance, lifting at most `max_lift` bytes
+    /// Run one call in a fresh instance (or the one its request's last
+    /// call used, [`KeptInstance`]), lifting at most `max_lift` bytes
     /// out of it; the answer comes by the deadline (plus a grace for a
     /// guest stuck in a host call) whatever the guest does.
     ///
@@ -120,23 +121,31 @@ impl GuestBackend {
         call: impl for<'a> FnOnce(&'a Guest, &'a mut Store<Sandbox>) -> GuestCall<'a, T> + Send,
     ) -> StorageResult<T> {
         let shared = &self.shared;
-        // Waiting for a free instance slot is not the guest's time.
-        let shutting_down = |_| StorageError::Unavailable("server is shutting down".into());
-        let own = shared
-            .own_instances
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(shutting_down)?;
-        let slot = shared
-            .instances
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(shutting_down)?;
-        let slots = Arc::new(vec![own, slot]);
+        let _under_way = crate::request::call_under_way();
+        // The instance this request's last call used holds its slots;
+        // else (one kept for another backend given back first) wait for
+        // slots, which is not the guest's time.
+        let source = match KeptInstance::take_for(shared) {
+            Some(kept) => Source::Kept(Box::new(kept)),
+            None => {
+                let shutting_down = |_| StorageError::Unavailable("server is shutting down".into());
+                let own = shared
+                    .own_instances
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(shutting_down)?;
+                let slot = shared
+                    .instances
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(shutting_down)?;
+                Source::Fresh(Arc::new(vec![own, slot]))
+            }
+        };
         // Tracked, so a server that stops waits for the calls under way.
-        let called = std::panic::AssertUnwindSafe(shared.call(max_lift, call, slots, next));
+        let called = std::panic::AssertUnwindSafe(shared.call(max_lift, call, source, next));
         let called = shared.tasks.track_future(called.catch_unwind());
         match tokio::time::timeout(shared.limits.timeout + OUTER_GRACE, called).await {
             Ok(Ok(result)) => result,
@@ -184,43 +193,57 @@ impl GuestBackend {
 }
 
 impl Shared {
-    /// Take the ready instance (or make one), take a turn on the cores,
-    /// call, classify the outcome; then make the next call's instance.
+    /// Take the request's kept instance, the ready one, or make one; take
+    /// a turn on the cores, call, classify the outcome; then keep the
+    /// instance for the request's next call, or make the next call's.
     async fn call<T>(
         self: &Arc<Self>,
         max_lift: usize,
         call: impl for<'a> FnOnce(&'a Guest, &'a mut Store<Sandbox>) -> GuestCall<'a, T>,
-        slots: Slots,
+        source: Source,
         next: Next,
     ) -> StorageResult<T> {
         let deadline = Instant::now() + self.limits.timeout;
-        let (mut store, instantiated) = match self.ready.take() {
-            Some(ready) => {
-                self.metrics.called_on_ready(&self.name);
-                let (store, guest) =
-                    super::instance::hand_to_call(ready, deadline, slots, self.limits.memory_bytes);
+        let memory = self.limits.memory_bytes;
+        let (mut store, instantiated) = match source {
+            Source::Kept(kept) => {
+                let slots = kept.0.data().core.keep_slots();
+                let (store, guest) = hand_to_call(*kept, deadline, slots, memory);
                 (store, Ok(guest))
             }
-            None => {
-                let mut store = self.new_store(deadline, slots)?;
-                let started = Instant::now();
-                let guest = self.pre.instantiate(&mut store).await;
-                self.metrics.instantiated(&self.name, started.elapsed());
-                (store, guest)
-            }
+            Source::Fresh(slots) => match self.ready.take() {
+                Some(ready) => {
+                    self.metrics.called_on_ready(&self.name);
+                    let (store, guest) = hand_to_call(ready, deadline, slots, memory);
+                    (store, Ok(guest))
+                }
+                None => {
+                    let mut store = self.new_store(deadline, slots)?;
+                    let started = Instant::now();
+                    let guest = self.pre.instantiate(&mut store).await;
+                    self.metrics.instantiated(&self.name, started.elapsed());
+                    (store, guest)
+                }
+            },
         };
         store.set_hostcall_fuel(max_lift);
-        let outcome = match instantiated {
+        let (outcome, guest) = match instantiated {
             Ok(guest) => {
                 let called = Instant::now();
                 let result = call(&guest, &mut store).await;
                 self.metrics.called(&self.name, called.elapsed());
-                result
+                (result, Some(guest))
             }
-            Err(error) => Err(error),
+            Err(error) => (Err(error), None),
         };
+        let answered = matches!(outcome, Ok(Ok(_)));
         let answer = self.classify(outcome, &store, deadline, max_lift);
-        self.after_call(store, next);
+        match guest {
+            Some(guest) if answered => {
+                KeptInstance::keep_or_give_back(self, (store, guest), deadline, next)
+            }
+            _ => self.after_call(store, next),
+        }
         answer
     }
 

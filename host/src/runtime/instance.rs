@@ -10,10 +10,11 @@
 //! nothing), the instance for its next call is made as a call ends, on a
 //! thread of the lowest priority ([`super::ahead`]), where the used store
 //! is dropped first (unless it grew big: that one gives its memory back
-//! before its call answers); a call
-//! that finds one ready only hands it its deadline and slots. Each
-//! instance still serves one call: a ready instance has run no call, and
-//! the one a call used is dropped, never reused.
+//! before its call answers); a call that finds one ready only hands it
+//! its deadline and slots. Each instance serves one request: a ready
+//! instance has run no call, and the one a call used is dropped when its
+//! request ends (the request's later calls of the backend run in it,
+//! [`KeptInstance`]), never used by another request.
 //!
 //! The bounds: a backend keeps at most one instance ready; the server at
 //! most [`super::ready::ready_instances`] at once (its pool has that many slots more than
@@ -36,7 +37,7 @@ use super::{GUEST_DATA_DIR, OUTER_GRACE, outbound};
 use crate::backend::{StorageError, StorageResult};
 use futures_util::FutureExt;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::OwnedSemaphorePermit;
 use wasmtime::{Store, UpdateDeadline};
@@ -59,6 +60,92 @@ pub(super) enum Next {
     MakeReady,
     /// Nothing (loading a backend is not using it).
     Nothing,
+}
+
+/// Where a call's instance comes from.
+pub(super) enum Source {
+    /// The instance the request's last call of this backend used, with
+    /// the slots it held ([`KeptInstance`]); boxed, as the bindings are
+    /// large beside the slots.
+    Kept(Box<Prepared>),
+    /// The backend's ready one, or one made now, holding these slots.
+    Fresh(Slots),
+}
+
+/// The instance a call used, kept for the next call of the same request
+/// ([`crate::request`]): one instance per request, so a write's
+/// head and its conditional write cost one instance, not two. It keeps
+/// its call's slots (a request holds at most one kept thing, and gives it
+/// back before it waits for other slots, so no request holds one slot
+/// while waiting for another). Only a call that ended cleanly and alone is
+/// kept: it answered, within its deadline, refused nothing, wrote no log
+/// or stderr (a later fault's report shows only its own call's), stayed
+/// small ([`READY_MAX_MEMORY_BYTES`]), and left no blocking work running
+/// and no outgoing request holding its turn (what they set or hold must
+/// not reach the next call; a request the guest sent and never awaited
+/// may not have taken its turn yet, and goes on, within the same request
+/// and grant, until the instance is dropped). Given back as the request ends (or before it
+/// waits on something slow, [`crate::request::give_back`]), as any used
+/// instance is: dropped on the lane, the next one made there.
+pub(super) struct KeptInstance {
+    shared: Arc<Shared>,
+    prepared: Option<Prepared>,
+}
+
+impl KeptInstance {
+    /// Keep `prepared`, which `shared`'s call just used, if it may serve
+    /// the request's next call; else give it back.
+    pub(super) fn keep_or_give_back(
+        shared: &Arc<Shared>,
+        prepared: Prepared,
+        deadline: Instant,
+        next: Next,
+    ) {
+        let sandbox = prepared.0.data();
+        let clean = Instant::now() < deadline
+            && sandbox.limiter.refused().is_none()
+            && sandbox.limiter.charged() <= READY_MAX_MEMORY_BYTES
+            && !sandbox.quota_refused.load(Ordering::Relaxed)
+            && sandbox.log_lines == 0
+            && sandbox.stderr.contents().is_empty()
+            && !sandbox.core.blocking_work_under_way()
+            && sandbox.outbound.in_flight.available_permits() == outbound::MAX_REQUESTS_IN_FLIGHT
+            && !shared.tasks.is_closed();
+        let prepared = match clean {
+            true => {
+                let kept = KeptInstance {
+                    shared: shared.clone(),
+                    prepared: Some(prepared),
+                };
+                match crate::request::keep(kept) {
+                    Ok(()) => return,
+                    Err(mut kept) => kept.prepared.take(),
+                }
+            }
+            false => Some(prepared),
+        };
+        if let Some((store, _)) = prepared {
+            shared.after_call(store, next);
+        }
+    }
+
+    /// What this request kept for `shared`'s next call. One kept for
+    /// another backend is given back.
+    pub(super) fn take_for(shared: &Arc<Shared>) -> Option<Prepared> {
+        let mut kept = crate::request::take::<KeptInstance>()?;
+        match Arc::ptr_eq(&kept.shared, shared) {
+            true => kept.prepared.take(),
+            false => None,
+        }
+    }
+}
+
+impl Drop for KeptInstance {
+    fn drop(&mut self) {
+        if let Some((store, _)) = self.prepared.take() {
+            self.shared.after_call(store, Next::MakeReady);
+        }
+    }
 }
 
 /// Hand `prepared` to a call that runs until `deadline` holding `slots`,

@@ -15,7 +15,8 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use wasmtime::{Engine, Store};
 
-/// An instance made ahead of its call: no call has run in it yet.
+/// An instance and its store: made ahead of a call (no call has run in
+/// it yet), or kept from its request's last call.
 pub(super) type Prepared = (Store<Sandbox>, Guest);
 
 /// Everything one backend's guest calls share.

@@ -182,6 +182,13 @@ impl Core {
         self.made_ahead.store(false, Ordering::Relaxed);
     }
 
+    /// Whether blocking work the call started (a flush, a stream's
+    /// write) still runs: it keeps a clone of the slots
+    /// ([`Core::keep_slots`]).
+    pub fn blocking_work_under_way(&self) -> bool {
+        Arc::strong_count(&lock(&self.slots)) > 1
+    }
+
     /// When this instance's time is up.
     pub fn deadline(&self) -> Instant {
         *EPOCH + std::time::Duration::from_nanos(self.deadline.load(Ordering::Relaxed))

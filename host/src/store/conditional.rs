@@ -45,12 +45,15 @@ impl<S: Storage> Store<S> {
             let lineage = header.lineage.as_deref();
             self.marks.wrote(workspace, lineage, header.started, serial);
         }
-        if let (Some(history), Some(kept)) = (&self.history, kept)
-            && let Err(e) = history.record(workspace, kept, header.serial).await
-        {
-            // The state itself is saved; failing the write now would only
-            // make Terraform retry a write that already happened.
-            tracing::error!(workspace, error = %e, "state saved, but keeping its version in the history failed");
+        if let (Some(history), Some(kept)) = (&self.history, kept) {
+            // The write was the request's last storage call: what it kept
+            // goes back before the history's flush.
+            crate::request::give_back();
+            if let Err(e) = history.record(workspace, kept, header.serial).await {
+                // The state itself is saved; failing the write now would
+                // only make Terraform retry a write that already happened.
+                tracing::error!(workspace, error = %e, "state saved, but keeping its version in the history failed");
+            }
         }
     }
 

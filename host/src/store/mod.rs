@@ -308,6 +308,9 @@ impl<S: Storage> Store<S> {
         let Some(history) = &self.history else {
             return Seed::Fresh;
         };
+        // Read from this replica's disk: what the request kept for its
+        // next storage call goes back first.
+        crate::request::give_back();
         match history.newest_version(workspace).await {
             Some((lineage, started, serial)) => Seed::At(lineage, started, serial),
             None => Seed::Fresh,

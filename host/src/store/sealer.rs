@@ -178,6 +178,9 @@ impl Sealer {
                     serial: header.serial,
                 };
                 self.calls.generate.inc();
+                // A key service answers in its own time: the request holds
+                // nothing kept for its next storage call meanwhile.
+                crate::request::give_back();
                 let data_key = provider
                     .generate(&context)
                     .await
@@ -260,6 +263,7 @@ impl Sealer {
                     }
                     None => {
                         self.calls.unwrap.inc();
+                        crate::request::give_back();
                         let unwrapped = provider.unwrap(wrapped, &context).await;
                         match unwrapped {
                             Ok(key) => {

@@ -1,6 +1,7 @@
 //! Contract 0.3.0's calls of a guest backend: `storage.head`, the
-//! conditional `storage.write` and the workspace metadata, each in a fresh
-//! instance within the backend's limits, as every other call. What a guest
+//! conditional `storage.write` and the workspace metadata, each within the
+//! backend's limits, as every other call (a write's head and write in one
+//! instance, [`crate::request`]). What a guest
 //! returns is bounded here: a version or digest longer than
 //! [`MAX_GUEST_TEXT`] or metadata past [`MAX_METADATA_BYTES`] is the
 //! guest's fault, a clear 500, never carried into an answer or the log.
