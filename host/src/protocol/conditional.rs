@@ -11,7 +11,6 @@ use super::Target;
 use super::error::ApiError;
 use crate::audit::Facts;
 use crate::backend::{Expect, Head, Storage, StorageError};
-use crate::request::as_one_request;
 use crate::statefile;
 use axum::body::Bytes;
 use axum::http::StatusCode;
@@ -29,25 +28,12 @@ const ATTEMPTS: usize = 8;
 /// one no lock is taken. `force` (`allow_force_push`): the guard is off
 /// and the write expects nothing.
 ///
-/// Its storage calls are one request's ([`as_one_request`]): with a guest,
-/// the head and the write run in one instance. Between them the host
-/// judges; what waits on more than that (a queue for the host's work, a
-/// key service) gives the instance back first ([`crate::request`]).
+/// Its storage calls may run as one request's
+/// ([`crate::request::as_one_request`], as the guard runs it): with a
+/// guest, the head and the write then run in one instance. Between them
+/// the host judges; what waits on more than that (a queue for the host's
+/// work, a key service, the history on disk) gives the instance back first.
 pub(super) async fn write_if_unchanged<S: Storage>(
-    target: &Target<'_, S>,
-    lock_id: Option<&str>,
-    incoming: &statefile::Header,
-    body: Bytes,
-    force: bool,
-    facts: &mut Facts,
-) -> Result<(), ApiError> {
-    as_one_request(judge_and_write(
-        target, lock_id, incoming, body, force, facts,
-    ))
-    .await
-}
-
-async fn judge_and_write<S: Storage>(
     target: &Target<'_, S>,
     lock_id: Option<&str>,
     incoming: &statefile::Header,

@@ -45,9 +45,10 @@ pub(crate) async fn write_unless_stale<S: Storage>(
     });
     let force = app.switches.allows_force_push(target.backend);
     if target.storage.conditional_writes() {
-        return super::conditional::write_if_unchanged(
+        // One request's calls: the head's instance serves the write.
+        return crate::request::as_one_request(super::conditional::write_if_unchanged(
             target, lock_id, &incoming, body, force, facts,
-        )
+        ))
         .await;
     }
     if force {

@@ -37,7 +37,7 @@ use super::{GUEST_DATA_DIR, OUTER_GRACE, outbound};
 use crate::backend::{StorageError, StorageResult};
 use futures_util::FutureExt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use tokio::sync::OwnedSemaphorePermit;
 use wasmtime::{Store, UpdateDeadline};
@@ -78,15 +78,17 @@ pub(super) enum Source {
 /// its call's slots (a request holds at most one kept thing, and gives it
 /// back before it waits for other slots, so no request holds one slot
 /// while waiting for another). Only a call that ended cleanly and alone is
-/// kept: it answered, within its deadline, refused nothing, wrote no log
-/// or stderr (a later fault's report shows only its own call's), stayed
+/// kept: it answered, within its deadline, refused nothing, left no trace
+/// ([`Sandbox::left_a_trace`]: a later fault's report shows only its own
+/// call's), stayed
 /// small ([`READY_MAX_MEMORY_BYTES`]), and left no blocking work running
 /// and no outgoing request holding its turn (what they set or hold must
 /// not reach the next call; a request the guest sent and never awaited
 /// may not have taken its turn yet, and goes on, within the same request
-/// and grant, until the instance is dropped). Given back as the request ends (or before it
-/// waits on something slow, [`crate::request::give_back`]), as any used
-/// instance is: dropped on the lane, the next one made there.
+/// and grant, until the instance is dropped). Given back as the request
+/// ends (or before it waits on something slow,
+/// [`crate::request::give_back`]), as any used instance is: dropped on
+/// the lane, the next one made there.
 pub(super) struct KeptInstance {
     shared: Arc<Shared>,
     prepared: Option<Prepared>,
@@ -105,9 +107,7 @@ impl KeptInstance {
         let clean = Instant::now() < deadline
             && sandbox.limiter.refused().is_none()
             && sandbox.limiter.charged() <= READY_MAX_MEMORY_BYTES
-            && !sandbox.quota_refused.load(Ordering::Relaxed)
-            && sandbox.log_lines == 0
-            && sandbox.stderr.contents().is_empty()
+            && !sandbox.left_a_trace()
             && !sandbox.core.blocking_work_under_way()
             && sandbox.outbound.in_flight.available_permits() == outbound::MAX_REQUESTS_IN_FLIGHT
             && !shared.tasks.is_closed();
@@ -327,13 +327,7 @@ impl Shared {
         // (wrote to stderr, logged, met the disk quota): this guest's
         // instances are made on each call's path, where that is the
         // call's own doing.
-        let sandbox = store.data();
-        if sandbox.log_lines > 0
-            || !sandbox.stderr.contents().is_empty()
-            || sandbox
-                .quota_refused
-                .load(std::sync::atomic::Ordering::Relaxed)
-        {
+        if store.data().left_a_trace() {
             self.ready.never_again();
             return None;
         }

@@ -112,6 +112,20 @@ pub struct Sandbox {
     pub secrets: Arc<[(String, String)]>,
 }
 
+impl Sandbox {
+    /// Whether what ran in this instance left something a call is blamed
+    /// for: a log line, stderr output, the disk quota met. Such an
+    /// instance is handed to no other call (made ahead, or kept from its
+    /// request's last call): the next call's report would show it.
+    pub fn left_a_trace(&self) -> bool {
+        self.log_lines > 0
+            || !self.stderr.contents().is_empty()
+            || self
+                .quota_refused
+                .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 impl WasiView for Sandbox {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView {

@@ -5,6 +5,39 @@
 
 use super::*;
 
+/// [`run_clean`], behind `proxy`, which must have injected faults.
+fn run_clean_behind(setup: Setup, proxy: &FaultProxy) {
+    run_clean(setup);
+    let injected = proxy.injected.lock().unwrap();
+    println!(
+        "{} storage faults injected, the first: {:?}",
+        injected.len(),
+        injected.iter().take(5).collect::<Vec<_>>()
+    );
+    assert!(!injected.is_empty(), "the proxy injected no storage fault");
+}
+
+/// A backend's `settings` with the endpoint under `key` reached through
+/// `proxy` in place of `upstream`.
+fn through(
+    settings: Vec<(String, String)>,
+    key: &str,
+    upstream: &str,
+    proxy: &FaultProxy,
+) -> Vec<(String, String)> {
+    settings
+        .into_iter()
+        .map(|(k, v)| {
+            let v = if k == key {
+                v.replace(upstream, &proxy.url)
+            } else {
+                v
+            };
+            (k, v)
+        })
+        .collect()
+}
+
 /// Both AWS guests on moto, behind a proxy that throttles, fails, and
 /// applies-then-drops a share of their storage requests, with the hosts
 /// killed and reloaded as for every guest; `s3-lockfile` sealed, on a
@@ -41,14 +74,7 @@ fn chaos_s3_lockfile_and_dynamodb_on_moto() {
             &encryption,
             &crate::aws::settings(&proxy.url, locking),
         );
-        run_clean(setup);
-        let injected = proxy.injected.lock().unwrap();
-        println!(
-            "{} storage faults injected, the first: {:?}",
-            injected.len(),
-            injected.iter().take(5).collect::<Vec<_>>()
-        );
-        assert!(!injected.is_empty(), "the proxy injected no storage fault");
+        run_clean_behind(setup, &proxy);
     }
 }
 
@@ -87,10 +113,7 @@ fn chaos_git_over_http_behind_a_fault_proxy() {
          [backends.{BACKEND}.config]\nrepository = {repository:?}\n"
     );
     setup.env = vec![("GIT_USER", "ci"), ("GIT_TOKEN", "s3cret")];
-    run_clean(setup);
-    let injected = proxy.injected.lock().unwrap();
-    println!("{} storage faults injected", injected.len());
-    assert!(!injected.is_empty(), "the proxy injected no storage fault");
+    run_clean_behind(setup, &proxy);
 }
 
 /// `postgres` on a real PostgreSQL: three hosts holding Terraform's
@@ -136,18 +159,14 @@ fn chaos_azure_on_azurite_behind_a_fault_proxy() {
     let upstream = azurite.endpoint();
     let origin = upstream.trim_end_matches(&format!("/{}", crate::common::azurite::ACCOUNT));
     let proxy = FaultProxy::random(origin, setup.seed, 3);
-    let settings: Vec<(String, String)> = crate::azure::settings(&azurite, true)
-        .into_iter()
-        .map(|(k, v)| match k.as_str() {
-            "blob_endpoint" => (k, upstream.replace(origin, &proxy.url)),
-            _ => (k, v),
-        })
-        .collect();
+    let settings = through(
+        crate::azure::settings(&azurite, true),
+        "blob_endpoint",
+        origin,
+        &proxy,
+    );
     setup.config = backend_table(BACKEND, "azure", &sealed(&key), &settings);
-    run_clean(setup);
-    let injected = proxy.injected.lock().unwrap();
-    println!("{} storage faults injected", injected.len());
-    assert!(!injected.is_empty(), "the proxy injected no storage fault");
+    run_clean_behind(setup, &proxy);
 }
 
 /// `gcs` on fake-gcs-server (a versioned bucket) behind the fault proxy
@@ -171,16 +190,12 @@ fn chaos_gcs_on_fake_gcs_server_behind_a_fault_proxy() {
     let key = key_file(dir.path());
     let mut setup = Setup::new(String::new());
     let proxy = FaultProxy::random_gcs(&gcs.url, setup.seed, 3);
-    let settings: Vec<(String, String)> = crate::gcs::settings(&gcs)
-        .into_iter()
-        .map(|(k, v)| match k.as_str() {
-            "storage_custom_endpoint" => (k, v.replace(&gcs.url, &proxy.url)),
-            _ => (k, v),
-        })
-        .collect();
+    let settings = through(
+        crate::gcs::settings(&gcs),
+        "storage_custom_endpoint",
+        &gcs.url,
+        &proxy,
+    );
     setup.config = backend_table(BACKEND, "gcs", &sealed(&key), &settings);
-    run_clean(setup);
-    let injected = proxy.injected.lock().unwrap();
-    println!("{} storage faults injected", injected.len());
-    assert!(!injected.is_empty(), "the proxy injected no storage fault");
+    run_clean_behind(setup, &proxy);
 }
