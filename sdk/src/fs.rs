@@ -53,6 +53,26 @@ fn io_error(code: ErrorCode, what: &str, path: &str) -> IoError {
     IoError::new(kind, format!("{what} {path:?}: {code:?}"))
 }
 
+/// An error once a create-new open succeeded, which a caller must not
+/// take for the open's own "it exists" or "no such directory": retried
+/// with another name or once the directory is made, the write would start
+/// from a source already partly read.
+fn after_open(e: IoError) -> IoError {
+    match e.kind() {
+        ErrorKind::AlreadyExists | ErrorKind::NotFound => IoError::other(e.to_string()),
+        _ => e,
+    }
+}
+
+/// With `sync`, flush the new file at `path` to stable storage.
+fn sync_new(file: &Descriptor, path: &str, sync: bool) -> Result<()> {
+    if sync {
+        file.sync()
+            .map_err(|e| after_open(io_error(e, "syncing", path)))?;
+    }
+    Ok(())
+}
+
 impl Dir {
     /// The directory the operator granted this backend. Fails with a message
     /// for the operator when none was granted.
@@ -167,6 +187,32 @@ impl Dir {
         self.create_new_from(path, &mut &bytes[..], sync)
     }
 
+    /// Create `path`, which must not exist, holding the rest of `state`;
+    /// with `sync`, flushed to stable storage before returning. The host
+    /// copies the state into the file's stream ([`StateReader::copy_to`]):
+    /// the bytes never pass through this guest's memory, which the host
+    /// must otherwise clean after the request, and a 100 KiB state is one
+    /// host call instead of a read and a write per chunk. A copy that fails
+    /// part way leaves a partial file behind: the caller removes it.
+    ///
+    /// [`StateReader::copy_to`]: crate::StateReader::copy_to
+    pub fn create_new_from_state(
+        &self,
+        path: &str,
+        state: &mut crate::StateReader<'_>,
+        sync: bool,
+    ) -> Result<()> {
+        let file = self.create_new_file(path)?;
+        let stream = file
+            .write_via_stream(0)
+            .map_err(|e| after_open(io_error(e, "writing", path)))?;
+        let copied = state.copy_to(&stream);
+        // The stream is a child of the file: let it go before the file.
+        drop(stream);
+        copied.map_err(|e| IoError::other(format!("writing {path:?}: {e}")))?;
+        sync_new(&file, path, sync)
+    }
+
     /// Create `path`, which must not exist, holding what `source` yields to
     /// its end, copied in chunks; with `sync`, flushed to stable storage
     /// before returning.
@@ -176,11 +222,7 @@ impl Dir {
         source: &mut dyn std::io::Read,
         sync: bool,
     ) -> Result<()> {
-        let file = self.open(
-            path,
-            OpenFlags::CREATE | OpenFlags::EXCLUSIVE,
-            DescriptorFlags::WRITE,
-        )?;
+        let file = self.create_new_file(path)?;
         // Small first, growing while the source fills it: every page of
         // it is memory the host must clean after the request, and most
         // files written are a lock or a small state.
@@ -191,13 +233,13 @@ impl Dir {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
+                Err(e) => return Err(after_open(e)),
             };
             let mut written = 0usize;
             while written < filled {
                 let n = file
                     .write(&buffer[written..filled], offset)
-                    .map_err(|e| io_error(e, "writing", path))?;
+                    .map_err(|e| after_open(io_error(e, "writing", path)))?;
                 if n == 0 {
                     return Err(IoError::new(
                         ErrorKind::WriteZero,
@@ -211,10 +253,16 @@ impl Dir {
                 buffer.resize(buffer.len() * 4, 0);
             }
         }
-        if sync {
-            file.sync().map_err(|e| io_error(e, "syncing", path))?;
-        }
-        Ok(())
+        sync_new(&file, path, sync)
+    }
+
+    /// A new file at `path`, which must not exist, open for writing.
+    fn create_new_file(&self, path: &str) -> Result<Descriptor> {
+        self.open(
+            path,
+            OpenFlags::CREATE | OpenFlags::EXCLUSIVE,
+            DescriptorFlags::WRITE,
+        )
     }
 
     /// Flush directory `path` (`"."` for this one) to stable storage: its

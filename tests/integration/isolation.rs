@@ -244,7 +244,7 @@ fn a_guest_cannot_write_past_its_disk_quota_within_one_request() {
         &format!(
             "[backends.fill]\nguest = {HOSTILE_WASM:?}\ndir = {fill:?}\ndisk_quota_mib = 64\ntimeout_ms = 30000\n\
              [backends.fill.config]\nattack = \"disk-fill\"\n\
-             [backends.small]\nguest = \"local\"\ndir = {local:?}\ndisk_quota_mib = 1\n"
+             [backends.small]\nguest = \"local\"\ndir = {local:?}\ndisk_quota_mib = 2\n"
         ),
     );
     let answer = send("GET", &server.state_url("fill", "attack"), None);
@@ -293,6 +293,13 @@ fn a_guest_cannot_write_past_its_disk_quota_within_one_request() {
         small,
         "the stored state changed"
     );
+    // The host's copy of the body (1 MiB a step) landed its first MiB and
+    // was refused the next: the partial file it left is gone.
+    let left: Vec<_> = std::fs::read_dir(local.join("ws"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(left, ["terraform.tfstate"], "files left in the workspace");
 }
 
 /// A state with `serial`, padded to about `size` bytes.

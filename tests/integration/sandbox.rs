@@ -206,18 +206,26 @@ fn a_flood_to_one_backend_leaves_instance_slots_for_the_others() {
 fn a_fifo_in_a_backends_directory_is_refused_not_waited_on() {
     let root = tempdir();
     let dir = root.path().join("granted");
+    // `q` has a disk quota: its opens look at the path under the quota's
+    // lock instead, and refuse the same.
+    let quoted = root.path().join("quoted");
     let server = Server::with_config(
         &root.path().join("data"),
-        &format!("[backends.b]\nguest = \"local\"\ndir = {dir:?}\ntimeout_ms = 120000\n"),
+        &format!(
+            "[backends.b]\nguest = \"local\"\ndir = {dir:?}\ntimeout_ms = 120000\n\
+             [backends.q]\nguest = \"local\"\ndir = {quoted:?}\ndisk_quota_mib = 8\ntimeout_ms = 120000\n"
+        ),
     );
-    std::fs::create_dir_all(dir.join("ws")).unwrap();
-    let fifo = dir.join("ws").join("terraform.tfstate");
-    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
-    assert!(made.unwrap().success(), "mkfifo {}", fifo.display());
+    for granted in [&dir, &quoted] {
+        std::fs::create_dir_all(granted.join("ws")).unwrap();
+        let fifo = granted.join("ws").join("terraform.tfstate");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success(), "mkfifo {}", fifo.display());
+    }
     // More readers than the server has workers: each would block one.
     let readers: Vec<_> = (0..6)
-        .map(|_| {
-            let url = server.state_url("b", "ws");
+        .map(|i| {
+            let url = server.state_url(["b", "q"][i % 2], "ws");
             std::thread::spawn(move || send("GET", &url, None))
         })
         .collect();
@@ -229,4 +237,41 @@ fn a_fifo_in_a_backends_directory_is_refused_not_waited_on() {
     let other = server.state_url("b", "other");
     assert_eq!(send("POST", &other, Some(&state(1))).status, 200);
     assert_eq!(send("GET", &other, None).body, state(1));
+
+    // A FIFO where a write's marker goes, older than a marker left by a
+    // killed writer: the create-new open the host lets through without a
+    // check cannot open it (it exists), and the writer breaks it as stale
+    // and writes instead of waiting on it.
+    std::fs::create_dir_all(dir.join("marked")).unwrap();
+    let marker = dir.join("marked").join(".terraform.tfstate.writing");
+    let made = std::process::Command::new("mkfifo").arg(&marker).status();
+    assert!(made.unwrap().success(), "mkfifo {}", marker.display());
+    let hour_ago = rustix::fs::Timespec {
+        tv_sec: (std::time::SystemTime::now() - std::time::Duration::from_secs(3600))
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64,
+        tv_nsec: 0,
+    };
+    let times = rustix::fs::Timestamps {
+        last_access: hour_ago,
+        last_modification: hour_ago,
+    };
+    rustix::fs::utimensat(
+        rustix::fs::CWD,
+        &marker,
+        &times,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .unwrap();
+    let marked = server.state_url("b", "marked");
+    assert_eq!(send("POST", &marked, Some(&state(1))).status, 200);
+    assert_eq!(send("GET", &marked, None).body, state(1));
+    assert!(!marker.exists(), "the stale FIFO marker was broken");
+    assert!(
+        !dir.join("marked")
+            .join(".terraform.tfstate.writing.break")
+            .exists(),
+        "the breaker's own marker is gone"
+    );
 }

@@ -29,7 +29,7 @@ mod stamp;
 
 use cas::{Opened, Slot};
 use std::hash::{BuildHasher, Hasher};
-use std::io::{ErrorKind, Read};
+use std::io::ErrorKind;
 use wasmstate_guest::fs::Dir;
 use wasmstate_guest::{
     Backend, Config, Error, Expect, Head, LockInfo, Metadata, StateReader, StateWriter,
@@ -48,6 +48,14 @@ const TEMP_PREFIX: &str = ".tmp-";
 /// Age past which a temporary file is debris: longer than any request may
 /// run (the host caps a backend's `timeout_ms` at one hour).
 const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(2 * 3600);
+
+/// What a temporary file is written from.
+enum Body<'s, 'a> {
+    /// A state: the host copies it into the file.
+    State(&'s mut StateReader<'a>),
+    /// A lock or a metadata document, made here.
+    Bytes(&'s [u8]),
+}
 
 struct Local {
     root: Dir,
@@ -133,23 +141,27 @@ impl Local {
         }
     }
 
-    /// Write what `source` yields to a fresh, uniquely named file in `dir`
-    /// (made by `make_dir` when missing: asked only then, to spare a call
-    /// per write) and return its path; the caller renames or links it into
-    /// place.
+    /// Write `body` to a fresh, uniquely named file in `dir` (made by
+    /// `make_dir` when missing: asked only then, to spare a call per write)
+    /// and return its path; the caller renames or links it into place.
     fn write_temp(
         &self,
         dir: &str,
-        source: &mut dyn Read,
+        mut body: Body<'_, '_>,
         make_dir: impl Fn() -> Result<(), Error>,
     ) -> Result<String, Error> {
         let mut made = false;
         loop {
             let path = format!("{dir}/{TEMP_PREFIX}{:016x}", random_u64());
-            match self.root.create_new_from(&path, source, self.fsync) {
+            let created = match &mut body {
+                Body::State(state) => self.root.create_new_from_state(&path, state, self.fsync),
+                Body::Bytes(bytes) => self.root.create_new(&path, bytes, self.fsync),
+            };
+            match created {
                 Ok(()) => return Ok(path),
+                // Both fail so only as the file is opened, before anything
+                // is taken from the body.
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
-                // Nothing was read from `source` yet: the open failed.
                 Err(e) if e.kind() == ErrorKind::NotFound && !made => {
                     make_dir()?;
                     made = true;
@@ -273,7 +285,9 @@ impl Backend for Local {
         // Checked first so a refused write costs nothing (no temp file, no
         // workspace made, no quota taken)...
         self.check_lock(workspace, lock_id)?;
-        let temp = self.write_temp(workspace, state, || self.ensure_workspace(workspace))?;
+        let temp = self.write_temp(workspace, Body::State(state), || {
+            self.ensure_workspace(workspace)
+        })?;
         // ...and again under the write marker, once the body is written
         // and synced, just before the version check and the rename: a
         // force-unlock that landed while a slow body was written then
@@ -310,7 +324,7 @@ impl Backend for Local {
     }
 
     fn lock(&self, workspace: &str, info: &LockInfo) -> Result<(), Error> {
-        let temp = self.write_temp(workspace, &mut &info.to_json()[..], || {
+        let temp = self.write_temp(workspace, Body::Bytes(&info.to_json()), || {
             self.ensure_workspace(workspace)
         })?;
         let result = self.link_lock(workspace, &temp, info);
@@ -454,7 +468,7 @@ impl Backend for Local {
                 content.len()
             )));
         }
-        let temp = self.write_temp(METADATA_DIR, &mut content.as_bytes(), || {
+        let temp = self.write_temp(METADATA_DIR, Body::Bytes(content.as_bytes()), || {
             self.ensure_metadata_dir()
         })?;
         let switched = cas::switch(&self.root, &slot, Some(&temp), expect, || Ok(()));

@@ -4,7 +4,7 @@
 //! another instance of the backend cannot change what was measured in
 //! between.
 
-use super::{GuestFs, borrow, io_error};
+use super::{GuestFs, borrow, creates_new, io_error, refuse_special_type};
 use crate::runtime::quota::{DirQuota, ENTRY_BYTES, Identity};
 use std::pin::pin;
 use std::sync::Arc;
@@ -149,9 +149,9 @@ impl GuestFs<'_> {
         done
     }
 
-    /// An `open-at`: a new file charged its entry, a truncated one
-    /// credited its bytes, and the file entered in the register of open
-    /// files.
+    /// An `open-at`: a FIFO or device refused, a new file charged its
+    /// entry, a truncated one credited its bytes, and the file entered in
+    /// the register of open files.
     pub(super) fn open_charged(
         &mut self,
         quota: &DirQuota,
@@ -162,13 +162,21 @@ impl GuestFs<'_> {
         flags: types::DescriptorFlags,
     ) -> FsResult<Resource<types::Descriptor>> {
         let _changes = quota.changes();
-        let existing = inline(HostDescriptor::stat_at(
-            &mut self.fs,
-            borrow(&fd),
-            path_flags,
-            path.clone(),
-        ))
-        .ok();
+        // A create-new open finds nothing there or fails (crediting the
+        // entry back): no look needed.
+        let existing = match creates_new(oflags) {
+            true => None,
+            false => inline(HostDescriptor::stat_at(
+                &mut self.fs,
+                borrow(&fd),
+                path_flags,
+                path.clone(),
+            ))
+            .ok(),
+        };
+        if let Some(found) = &existing {
+            refuse_special_type(found.type_)?;
+        }
         let creates = oflags.contains(types::OpenFlags::CREATE) && existing.is_none();
         if creates {
             self.charge(ENTRY_BYTES)?;

@@ -88,6 +88,23 @@ fn borrow(fd: &Resource<types::Descriptor>) -> Resource<types::Descriptor> {
     Resource::new_borrow(fd.rep())
 }
 
+/// What [`GuestFs::refuse_special`] lets open: files, directories and
+/// symbolic links (followed or refused by the open itself).
+fn refuse_special_type(found: types::DescriptorType) -> FsResult<()> {
+    use types::DescriptorType as Type;
+    match found {
+        Type::RegularFile | Type::Directory | Type::SymbolicLink => Ok(()),
+        _ => Err(ErrorCode::Unsupported.into()),
+    }
+}
+
+/// Whether an open creates a new file or fails: it opens nothing that
+/// exists (not even through a symbolic link, which `O_EXCL` refuses), so
+/// never a FIFO or a device, and needs no look before it.
+fn creates_new(oflags: types::OpenFlags) -> bool {
+    oflags.contains(types::OpenFlags::CREATE | types::OpenFlags::EXCLUSIVE)
+}
+
 impl GuestFs<'_> {
     /// Refuse to open anything but a file or a directory. Opening or
     /// reading a FIFO or a device can block for ever, and file calls run
@@ -100,12 +117,8 @@ impl GuestFs<'_> {
         path_flags: types::PathFlags,
         path: &str,
     ) -> FsResult<()> {
-        use types::DescriptorType as Type;
         match HostDescriptor::stat_at(&mut self.fs, borrow(fd), path_flags, path.to_owned()).await {
-            Ok(stat) => match stat.type_ {
-                Type::RegularFile | Type::Directory | Type::SymbolicLink => Ok(()),
-                _ => Err(ErrorCode::Unsupported.into()),
-            },
+            Ok(stat) => refuse_special_type(stat.type_),
             // Absent (about to be created) or unreachable: the open says.
             Err(_) => Ok(()),
         }
@@ -276,10 +289,15 @@ impl HostDescriptor for GuestFs<'_> {
         flags: types::DescriptorFlags,
     ) -> FsResult<Resource<types::Descriptor>> {
         self.core.hold().await.map_err(FsError::trap)?;
-        self.refuse_special(&fd, path_flags, &path).await?;
         match self.quota {
+            // One look at the path, under the quota's lock, for the charge
+            // and the refusal alike.
             Some(quota) => self.open_charged(quota, fd, path_flags, path, oflags, flags),
             None => {
+                // A look spared on every temporary file and write marker.
+                if !creates_new(oflags) {
+                    self.refuse_special(&fd, path_flags, &path).await?;
+                }
                 HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, oflags, flags).await
             }
         }
