@@ -45,27 +45,34 @@ impl Target {
     /// file grows by first: measured, charged and written under the
     /// quota's lock.
     fn write(&self, bytes: &[u8], at: Option<u64>) -> std::io::Result<()> {
-        let _changes = self.quota.as_ref().map(|q| q.changes());
+        let Some(quota) = &self.quota else {
+            // Nothing to charge: no size to measure (a `statx` a write).
+            return self.put(bytes, at);
+        };
+        let _changes = quota.changes();
         let len = bytes.len() as u64;
         let size = self.file.metadata()?.len();
         let growth = match at {
             Some(at) => at.saturating_add(len).saturating_sub(size),
             None => len,
         };
-        if let Some(quota) = &self.quota {
-            quota
-                .charge(growth, &self.refused)
-                .map_err(|_| std::io::Error::from_raw_os_error(ENOSPC))?;
-        }
-        let written = match at {
-            Some(at) => self.file.write_all_at(bytes, at),
-            None => append(&self.file, bytes),
-        };
-        if let (Err(_), Some(quota)) = (&written, &self.quota) {
+        quota
+            .charge(growth, &self.refused)
+            .map_err(|_| std::io::Error::from_raw_os_error(ENOSPC))?;
+        let written = self.put(bytes, at);
+        if written.is_err() {
             // It failed part way: credit what it did not grow.
             quota.credit_unmade(&self.file, size, growth);
         }
         written
+    }
+
+    /// Write `bytes` at `at`, or at the end.
+    fn put(&self, bytes: &[u8], at: Option<u64>) -> std::io::Result<()> {
+        match at {
+            Some(at) => self.file.write_all_at(bytes, at),
+            None => append(&self.file, bytes),
+        }
     }
 }
 
