@@ -206,8 +206,9 @@ fn a_flood_to_one_backend_leaves_instance_slots_for_the_others() {
 fn a_fifo_in_a_backends_directory_is_refused_not_waited_on() {
     let root = tempdir();
     let dir = root.path().join("granted");
-    // `q` has a disk quota: its opens look at the path under the quota's
-    // lock instead, and refuse the same.
+    // `q` has a disk quota: its opens are made under the quota's lock
+    // (with a look at the path where a size may change), and refuse the
+    // same.
     let quoted = root.path().join("quoted");
     let server = Server::with_config(
         &root.path().join("data"),
@@ -239,9 +240,8 @@ fn a_fifo_in_a_backends_directory_is_refused_not_waited_on() {
     assert_eq!(send("GET", &other, None).body, state(1));
 
     // A FIFO where a write's marker goes, older than a marker left by a
-    // killed writer: the create-new open the host lets through without a
-    // check cannot open it (it exists), and the writer breaks it as stale
-    // and writes instead of waiting on it.
+    // killed writer: the create-new open cannot open it (it exists), and
+    // the writer breaks it as stale and writes instead of waiting on it.
     std::fs::create_dir_all(dir.join("marked")).unwrap();
     let marker = dir.join("marked").join(".terraform.tfstate.writing");
     let made = std::process::Command::new("mkfifo").arg(&marker).status();

@@ -84,10 +84,12 @@ pub(super) enum Source {
 /// ([`Sandbox::left_a_trace`]: a later fault's report shows only its own
 /// call's), stayed
 /// small ([`READY_MAX_MEMORY_BYTES`]), and left no blocking work running
-/// and no outgoing request holding its turn (what they set or hold must
-/// not reach the next call; a request the guest sent and never awaited
-/// may not have taken its turn yet, and goes on, within the same request
-/// and grant, until the instance is dropped). Given back as the request
+/// and no outgoing request waiting for its answer, even one the guest
+/// sent and never awaited (what they set or hold must not reach the next
+/// call; [`outbound::Requests`] counts a request from the moment it is
+/// handed over; an answer's body still streaming goes on, within the same
+/// request and grant, until the instance is dropped). Given back as the
+/// request
 /// ends (or before it waits on something slow,
 /// [`crate::request::give_back`]), as any used instance is: dropped on
 /// the lane, the next one made there.
@@ -111,7 +113,7 @@ impl KeptInstance {
             && sandbox.limiter.charged() <= READY_MAX_MEMORY_BYTES
             && !sandbox.left_a_trace()
             && !sandbox.core.blocking_work_under_way()
-            && sandbox.outbound.in_flight.available_permits() == outbound::MAX_REQUESTS_IN_FLIGHT
+            && sandbox.outbound.requests.none_under_way()
             && !shared.tasks.is_closed();
         let prepared = match clean {
             true => {
@@ -350,7 +352,7 @@ impl Shared {
         // File operations on a local disk are short; running them inline
         // (on the guest threads, never the HTTP ones) instead of on a
         // blocking pool halves a small read's latency.
-        wasi.allow_blocking_current_thread(true)
+        wasi.allow_blocking_current_thread(super::fs::FILE_IO_INLINE)
             .stderr(stderr.clone());
         if let Some(dir) = &self.dir {
             wasi.preopened_dir(dir, GUEST_DATA_DIR, FsPerms::ReadWrite)
@@ -372,9 +374,7 @@ impl Shared {
                 azure: self.azure.clone(),
                 gcp: self.gcp.clone(),
                 max_body_bytes: self.max_lift_bytes,
-                in_flight: Arc::new(tokio::sync::Semaphore::new(
-                    outbound::MAX_REQUESTS_IN_FLIGHT,
-                )),
+                requests: outbound::Requests::new(),
                 budgets: [self.memory.clone(), self.server_memory.clone()],
                 work: self.host_work.clone(),
             },

@@ -10,6 +10,7 @@ use crate::capabilities::gcp::{self, GcpAuth};
 use crate::policy::OutboundPolicy;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 /// The hooks object of one sandbox: checks each request's URI against the
@@ -28,10 +29,8 @@ pub struct Outbound {
     pub gcp: Option<Arc<GcpAuth>>,
     /// Largest body the host reads whole to sign.
     pub max_body_bytes: usize,
-    /// Requests of this instance under way (at most
-    /// [`MAX_REQUESTS_IN_FLIGHT`]): each may hold a body the host reads
-    /// whole to sign.
-    pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// Requests of this instance under way.
+    pub requests: Requests,
     /// The backend's and the server's memory budgets: a body the host
     /// reads whole to sign is charged to both while it is held.
     pub budgets: [super::limits::Budget; 2],
@@ -41,6 +40,61 @@ pub struct Outbound {
 
 /// Outgoing requests one instance may have under way at once; more wait.
 pub const MAX_REQUESTS_IN_FLIGHT: usize = 4;
+
+/// The outgoing requests of one instance: at most
+/// [`MAX_REQUESTS_IN_FLIGHT`] sending at once (each may hold a body the
+/// host reads whole to sign), and a count of every request handed to the
+/// host whose answer's head has not come (or that was dropped).
+///
+/// The count is taken in `send_request` itself, not when the request's
+/// task first runs: wasmtime-wasi-http spawns that task, so a request the
+/// guest sent and never awaited may not have started when its call
+/// returns, and an instance kept for the request's next call must not
+/// carry it over unseen. Once the head is in, the connection's own task
+/// (wasmtime-wasi-http's) carries the rest of both bodies, uncounted: it
+/// lives as long as the guest holds the answer, within the same request
+/// and grant.
+#[derive(Clone)]
+pub struct Requests {
+    turns: Arc<tokio::sync::Semaphore>,
+    open: Arc<AtomicUsize>,
+}
+
+/// One request counted in [`Requests`] until it is dropped.
+struct Open(Arc<AtomicUsize>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Requests {
+    /// No request under way yet.
+    pub fn new() -> Self {
+        Requests {
+            turns: Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS_IN_FLIGHT)),
+            open: Arc::default(),
+        }
+    }
+
+    /// Whether every request handed to the host has its answer's head
+    /// or was dropped.
+    pub fn none_under_way(&self) -> bool {
+        self.open.load(Ordering::Acquire) == 0
+    }
+
+    fn open(&self) -> Open {
+        self.open.fetch_add(1, Ordering::AcqRel);
+        Open(self.open.clone())
+    }
+}
+
+impl Default for Requests {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 type ResponseFuture = Box<
     dyn Future<
@@ -61,6 +115,7 @@ impl WasiHttpHooks for Outbound {
         options: Option<RequestOptions>,
         fut: Box<dyn Future<Output = Result<(), Error>> + Send>,
     ) -> ResponseFuture {
+        let open = self.requests.open();
         if let Err(reason) = self.policy.check(request.uri()) {
             // Scheme, authority and path only: queries may carry signatures.
             let uri = request.uri();
@@ -72,6 +127,7 @@ impl WasiHttpHooks for Outbound {
             );
             tracing::warn!(backend = %self.backend, "refused outbound request to {shown}: {reason}");
             return Box::new(async move {
+                let _open = open;
                 // Take the body the guest is still writing before refusing:
                 // clients (wstd among them) send the body and await the
                 // answer together, and a body cut off would reach them as a
@@ -91,11 +147,12 @@ impl WasiHttpHooks for Outbound {
         let azure = self.azure.clone().filter(|a| a.signs(request.uri()));
         let gcp = self.gcp.clone().filter(|g| g.covers(request.uri()));
         let limit = self.max_body_bytes;
-        let (in_flight, budgets) = (self.in_flight.clone(), self.budgets.clone());
+        let (turns, budgets) = (self.requests.turns.clone(), self.budgets.clone());
         let work = self.work.clone();
         Box::new(async move {
+            let _open = open;
             // The instance's semaphore is never closed.
-            let _turn = in_flight.acquire_owned().await.ok();
+            let _turn = turns.acquire_owned().await.ok();
             let mut charged = Vec::new();
             let held = (&budgets, &mut charged);
             let mut starts = gcp::Authorized::Plain;
@@ -272,4 +329,23 @@ async fn read_whole(
         whole.extend_from_slice(&data);
     }
     Ok(whole.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_counts_from_its_hand_over_until_dropped() {
+        let requests = Requests::new();
+        assert!(requests.none_under_way());
+        // Handed over, its task not yet started (it never takes a turn).
+        let first = requests.open();
+        let second = requests.clone().open();
+        assert!(!requests.none_under_way());
+        drop(first);
+        assert!(!requests.none_under_way());
+        drop(second);
+        assert!(requests.none_under_way());
+    }
 }

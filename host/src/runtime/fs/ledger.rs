@@ -4,7 +4,7 @@
 //! another instance of the backend cannot change what was measured in
 //! between.
 
-use super::{GuestFs, borrow, creates_new, io_error, refuse_special_type};
+use super::{GuestFs, borrow, creates_new, io_error, open};
 use crate::runtime::quota::{DirQuota, ENTRY_BYTES, Identity};
 use std::pin::pin;
 use std::sync::Arc;
@@ -149,9 +149,11 @@ impl GuestFs<'_> {
         done
     }
 
-    /// An `open-at`: a FIFO or device refused, a new file charged its
-    /// entry, a truncated one credited its bytes, and the file entered in
-    /// the register of open files.
+    /// An `open-at`: a FIFO or device refused ([`open`]), a new file
+    /// charged its entry, a truncated one credited its bytes, and the file
+    /// entered in the register of open files (all under the quota's lock,
+    /// so a removal by another instance cannot come between the open and
+    /// the register).
     pub(super) fn open_charged(
         &mut self,
         quota: &DirQuota,
@@ -162,9 +164,12 @@ impl GuestFs<'_> {
         flags: types::DescriptorFlags,
     ) -> FsResult<Resource<types::Descriptor>> {
         let _changes = quota.changes();
-        // A create-new open finds nothing there or fails (crediting the
-        // entry back): no look needed.
-        let existing = match creates_new(oflags) {
+        // The look serves the charge of a new entry and the credit of a
+        // truncated file, nothing else (the open refuses FIFOs and devices
+        // itself): none for a plain open, nor for a create-new one, which
+        // finds nothing there or fails (crediting the entry back).
+        let changes_size = oflags.intersects(types::OpenFlags::CREATE | types::OpenFlags::TRUNCATE);
+        let existing = match creates_new(oflags) || !changes_size {
             true => None,
             false => inline(HostDescriptor::stat_at(
                 &mut self.fs,
@@ -174,21 +179,11 @@ impl GuestFs<'_> {
             ))
             .ok(),
         };
-        if let Some(found) = &existing {
-            refuse_special_type(found.type_)?;
-        }
         let creates = oflags.contains(types::OpenFlags::CREATE) && existing.is_none();
         if creates {
             self.charge(ENTRY_BYTES)?;
         }
-        let opened = inline(HostDescriptor::open_at(
-            &mut self.fs,
-            fd,
-            path_flags,
-            path,
-            oflags,
-            flags,
-        ));
+        let opened = open::open_at(&mut self.fs, &fd, path_flags, &path, oflags, flags);
         let opened = match opened {
             Ok(opened) => opened,
             Err(e) => {

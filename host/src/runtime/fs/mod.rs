@@ -21,6 +21,7 @@
 //! wrapped the same way ([`streams`]).
 
 mod ledger;
+mod open;
 mod streams;
 mod sync;
 
@@ -40,6 +41,10 @@ use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, FsError, FsResult};
 
 /// Linux's ENOSPC: what a guest sees as `insufficient-space`.
 pub(super) const ENOSPC: i32 = 28;
+
+/// Whether file calls run on the guest's own thread (wasmtime-wasi's
+/// `allow_blocking_current_thread`): always, see the module's comment.
+pub(super) const FILE_IO_INLINE: bool = true;
 
 /// The filesystem interface of one sandbox.
 pub struct GuestFs<'a> {
@@ -88,8 +93,8 @@ fn borrow(fd: &Resource<types::Descriptor>) -> Resource<types::Descriptor> {
     Resource::new_borrow(fd.rep())
 }
 
-/// What [`GuestFs::refuse_special`] lets open: files, directories and
-/// symbolic links (followed or refused by the open itself).
+/// What a path may be for wasmtime-wasi to open it: a file, a
+/// directory, or a symbolic link (followed or refused by the open itself).
 fn refuse_special_type(found: types::DescriptorType) -> FsResult<()> {
     use types::DescriptorType as Type;
     match found {
@@ -98,32 +103,14 @@ fn refuse_special_type(found: types::DescriptorType) -> FsResult<()> {
     }
 }
 
-/// Whether an open creates a new file or fails: it opens nothing that
-/// exists (not even through a symbolic link, which `O_EXCL` refuses), so
-/// never a FIFO or a device, and needs no look before it.
+/// Whether an open creates a new file or fails: it finds nothing there
+/// (not even a symbolic link, which `O_EXCL` refuses), so a quota's look
+/// before it is spared.
 fn creates_new(oflags: types::OpenFlags) -> bool {
     oflags.contains(types::OpenFlags::CREATE | types::OpenFlags::EXCLUSIVE)
 }
 
 impl GuestFs<'_> {
-    /// Refuse to open anything but a file or a directory. Opening or
-    /// reading a FIFO or a device can block for ever, and file calls run
-    /// inline on a worker, where no deadline reaches them. A guest cannot
-    /// make such files (WASI has no `mknod`); this stops one an operator
-    /// or another program left in the directory from stalling the server.
-    async fn refuse_special(
-        &mut self,
-        fd: &Resource<types::Descriptor>,
-        path_flags: types::PathFlags,
-        path: &str,
-    ) -> FsResult<()> {
-        match HostDescriptor::stat_at(&mut self.fs, borrow(fd), path_flags, path.to_owned()).await {
-            Ok(stat) => refuse_special_type(stat.type_),
-            // Absent (about to be created) or unreachable: the open says.
-            Err(_) => Ok(()),
-        }
-    }
-
     fn file_of(&self, fd: &Resource<types::Descriptor>) -> FsResult<Option<Arc<std::fs::File>>> {
         Ok(match self.fs.table.get(fd)? {
             Descriptor::File(f) => Some(f.file.clone()),
@@ -289,17 +276,10 @@ impl HostDescriptor for GuestFs<'_> {
         flags: types::DescriptorFlags,
     ) -> FsResult<Resource<types::Descriptor>> {
         self.core.hold().await.map_err(FsError::trap)?;
+        // Never a FIFO or a device, and never a wait for one ([`open`]).
         match self.quota {
-            // One look at the path, under the quota's lock, for the charge
-            // and the refusal alike.
             Some(quota) => self.open_charged(quota, fd, path_flags, path, oflags, flags),
-            None => {
-                // A look spared on every temporary file and write marker.
-                if !creates_new(oflags) {
-                    self.refuse_special(&fd, path_flags, &path).await?;
-                }
-                HostDescriptor::open_at(&mut self.fs, fd, path_flags, path, oflags, flags).await
-            }
+            None => open::open_at(&mut self.fs, &fd, path_flags, &path, oflags, flags),
         }
     }
 
@@ -482,7 +462,38 @@ impl HostDescriptor for GuestFs<'_> {
         mtim: types::NewTimestamp,
     ) -> FsResult<()> {
         self.core.hold().await.map_err(FsError::trap)?;
-        HostDescriptor::set_times_at(&mut self.fs, fd, path_flags, path, atim, mtim).await
+        if !path_flags.contains(types::PathFlags::SYMLINK_FOLLOW) {
+            // wasmtime-wasi sets them by path without opening anything.
+            return HostDescriptor::set_times_at(&mut self.fs, fd, path_flags, path, atim, mtim)
+                .await;
+        }
+        if let Descriptor::Dir(d) = self.fs.table.get(&fd)?
+            && d.perms.write_not_permitted()
+        {
+            return Err(ErrorCode::NotPermitted.into());
+        }
+        // Following a link, wasmtime-wasi would open the target (blocking,
+        // on a FIFO): open it as every open is, then set the times on it.
+        let flags = (types::OpenFlags::empty(), types::DescriptorFlags::empty());
+        match open::open_at(&mut self.fs, &fd, path_flags, &path, flags.0, flags.1) {
+            Ok(target) => {
+                let set = HostDescriptor::set_times(&mut self.fs, borrow(&target), atim, mtim);
+                let set = set.await;
+                HostDescriptor::drop(&mut self.fs, target).map_err(FsError::trap)?;
+                set
+            }
+            // A file we own but may not read (an operator's mode 000):
+            // wasmtime-wasi's way reaches it without reading; only a file
+            // or a directory is let through to it.
+            Err(e) if matches!(e.downcast_ref(), Some(ErrorCode::Access)) => {
+                let found =
+                    HostDescriptor::stat_at(&mut self.fs, borrow(&fd), path_flags, path.clone())
+                        .await?;
+                refuse_special_type(found.type_)?;
+                HostDescriptor::set_times_at(&mut self.fs, fd, path_flags, path, atim, mtim).await
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn drop(&mut self, fd: Resource<types::Descriptor>) -> wasmtime::Result<()> {
