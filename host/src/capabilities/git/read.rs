@@ -106,20 +106,8 @@ impl RepoHandle<'_> {
         check_path(path)?;
         let mut slot = self.lock_slot()?;
         let (repo, _, damaged) = self.open_tracked(&mut slot)?;
-        // The commit is here; its tree or blob missing is a damaged clone
-        // (objects a cut-off transfer never delivered): discarded on the
-        // next call, instead of this read failing the same way forever.
-        let broken = |what: &str, e: git2::Error| {
-            if is_damage(&e) {
-                tracing::warn!(url = %redact(&self.url), "git clone is missing objects of a commit it holds: discarding it; the next call fetches afresh");
-                damaged.set(true);
-                return GitError::Unavailable(format!(
-                    "the local clone of {} lost objects and is fetched afresh; retry",
-                    redact(&self.url)
-                ));
-            }
-            self.internal(what, e)
-        };
+        // The commit is here; its tree or blob missing is a damaged clone.
+        let broken = |what: &str, e: git2::Error| self.broken(damaged, what, e);
         let tree = self
             .find_commit(repo, commit)?
             .tree()

@@ -50,7 +50,7 @@ impl RepoHandle<'_> {
     /// `e` while reading objects of a commit the clone holds: objects
     /// missing mean a damaged clone (a cut-off transfer), discarded on the
     /// next call instead of this one failing the same way forever.
-    fn broken(&self, damaged: &Cell<bool>, what: &str, e: git2::Error) -> GitError {
+    pub(super) fn broken(&self, damaged: &Cell<bool>, what: &str, e: git2::Error) -> GitError {
         if is_damage(&e) {
             tracing::warn!(url = %redact(&self.url), "git clone is missing objects of a commit it holds: discarding it; the next call fetches afresh");
             damaged.set(true);
