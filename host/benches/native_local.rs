@@ -331,8 +331,10 @@ impl Storage for NativeLocal {
         Ok(Some(prefix))
     }
 
-    /// Open once, stat the open file, read its first bytes (the guest reads
-    /// one 64 KiB chunk, which is the host's whole prefix).
+    /// Open once, stat the open file, read its first bytes as the guest
+    /// and the host's head sink do: a state of up to 64 KiB whole, a
+    /// larger one's first 4 KiB, and more (to 64 KiB) only if lineage and
+    /// serial are not in them.
     async fn head(&self, ws: &str) -> StorageResult<Option<Head>> {
         let Some((file, stamp)) = open(&self.root.join(ws).join(STATE_FILE))? else {
             return Ok(None);
@@ -341,10 +343,16 @@ impl Storage for NativeLocal {
             return Ok(None);
         };
         let max = stamp.size.min(wasmstate::statefile::PREFIX_BYTES as u64);
-        let mut prefix = Vec::with_capacity(max as usize);
-        file.take(max)
+        let first = if stamp.size <= max { max } else { 4 << 10 };
+        let mut prefix = Vec::with_capacity(first as usize);
+        let mut file = file.take(max);
+        (&mut file)
+            .take(first)
             .read_to_end(&mut prefix)
             .map_err(|e| io("read", e))?;
+        if wasmstate::statefile::version_in_prefix(&prefix).is_none() {
+            file.read_to_end(&mut prefix).map_err(|e| io("read", e))?;
+        }
         Ok(Some(Head {
             version: stamp.version(),
             size: stamp.size,

@@ -170,7 +170,12 @@ pub trait Backend {
     /// The stored state's [`Head`], with its first bytes written into
     /// `prefix` (a write to it fails once the host has enough: stop then);
     /// `None` when the workspace has no state. Ask storage for the
-    /// beginning only (one ranged request), never the whole state.
+    /// beginning only (one ranged request), never the whole state. The
+    /// host keeps at most 64 KiB, and stops a head as soon as what it
+    /// kept holds the state's lineage and serial: write a state of up to
+    /// 64 KiB in one write, so it is kept whole and a write's judgement
+    /// (is the stored state empty, is it the very body a retry sends)
+    /// needs no second call.
     fn head(&self, workspace: &str, prefix: &mut StateWriter<'_>) -> Result<Option<Head>, Error> {
         let _ = (workspace, prefix);
         Err(Error::Internal(

@@ -109,17 +109,25 @@ fn head_agrees_with_read_and_with_the_file_terraform_layout_keeps() {
     let dir = tempdir();
     let host = Host::on(dir.path(), &[]);
     assert!(host.head("ws").is_none(), "no state yet");
-    // Past the 64 KiB the host keeps of a head, so the prefix stops early.
+    // Past the 64 KiB the host keeps of a head: the guest reads 4 KiB
+    // first, and the host, finding lineage and serial there, stops it.
     let state = padded(1, 'a', 100 << 10);
     assert!(host.write_if("ws", &state, Expect::Absent));
     let head = host.head("ws").unwrap();
     assert_eq!(head.size, state.len() as u64);
-    assert!(
-        !head.prefix.is_empty() && head.prefix.len() < state.len(),
-        "{}",
-        head.prefix.len()
-    );
+    assert_eq!(head.prefix.len(), 4 << 10);
     assert_eq!(head.prefix[..], state[..head.prefix.len()]);
+    // A state of up to 64 KiB is kept whole: a write's judgement tells a
+    // retry or an empty state from the head's own bytes.
+    let small = padded(1, 'b', 10 << 10);
+    assert!(host.write_if("small", &small, Expect::Absent));
+    assert_eq!(host.head("small").unwrap().prefix, small);
+    // Lineage and serial not at the start (a sealed envelope keeps them
+    // after its ciphertext): the whole 64 KiB, as the guard may need.
+    let mut late = format!(r#"{{"pad":"{}","#, "c".repeat(100 << 10)).into_bytes();
+    late.extend_from_slice(br#""serial":1,"lineage":"cas"}"#);
+    assert!(host.write_if("late", &late, Expect::Absent));
+    assert_eq!(host.head("late").unwrap().prefix, late[..64 << 10]);
     assert_eq!(host.read("ws").unwrap(), state);
     // Byte for byte the file of the layout, and nothing left beside it
     // (no temporary file, no write marker).

@@ -40,6 +40,11 @@ use wasmstate_guest::{Error, Expect, StateWriter};
 
 /// Most bytes asked of the host per read: what it serves in one call.
 const READ_CHUNK: u64 = 64 << 10;
+/// A head's first read of a state larger than one read: its lineage and
+/// serial are in its first few hundred bytes, and the host stops the copy
+/// once it has them, so the rest of a 64 KiB read would only be copied
+/// (into this guest's memory, out again) for nothing.
+const HEAD_FIRST_READ: u64 = 4 << 10;
 
 /// A WASI filesystem failure as the SDK's error (passing ones, such as a
 /// busy file, become "unavailable").
@@ -123,12 +128,13 @@ impl Opened {
         }))
     }
 
-    /// Hand the file's bytes to `each`, in order, until its size is read or
-    /// `each` answers `false`.
-    fn each_chunk(&self, mut each: impl FnMut(Vec<u8>) -> bool) -> Result<(), Error> {
+    /// Hand the file's bytes to `each`, in order, `first` bytes at most in
+    /// the first read, until its size is read or `each` answers `false`.
+    fn each_chunk(&self, first: u64, mut each: impl FnMut(Vec<u8>) -> bool) -> Result<(), Error> {
         let mut offset = 0u64;
         while offset < self.stamp.size {
-            let want = (self.stamp.size - offset).min(READ_CHUNK);
+            let most = if offset == 0 { first } else { READ_CHUNK };
+            let want = (self.stamp.size - offset).min(most);
             let (chunk, end) = self
                 .file
                 .read(want, offset)
@@ -142,17 +148,26 @@ impl Opened {
     }
 
     /// Write the file's first bytes into `out` until the host has what it
-    /// needs (one read and one host call for a state of up to 64 KiB).
+    /// needs: one read and one host call for a Terraform state. A state
+    /// of up to 64 KiB goes whole, so the host can tell from it alone
+    /// whether it is empty or the very body a retry sends again (judged
+    /// on bytes read later, a retry racing another writer could be
+    /// answered as a conflict); a larger one, which no prefix holds
+    /// whole, starts with [`HEAD_FIRST_READ`].
     pub fn copy_prefix(&self, out: &mut StateWriter<'_>) -> Result<(), Error> {
         use std::io::Write;
+        let first = match self.stamp.size <= READ_CHUNK {
+            true => READ_CHUNK,
+            false => HEAD_FIRST_READ,
+        };
         // A write fails only once the host has enough: that is the end.
-        self.each_chunk(|chunk| out.write_all(&chunk).is_ok())
+        self.each_chunk(first, |chunk| out.write_all(&chunk).is_ok())
     }
 
     /// The whole file, read to its size as stamped.
     pub fn read_all(&self) -> Result<Vec<u8>, Error> {
         let mut bytes = Vec::with_capacity(usize::try_from(self.stamp.size).unwrap_or(0));
-        self.each_chunk(|chunk| {
+        self.each_chunk(READ_CHUNK, |chunk| {
             bytes.extend_from_slice(&chunk);
             true
         })?;

@@ -250,7 +250,7 @@ impl Backend for Local {
     fn head(&self, workspace: &str, prefix: &mut StateWriter<'_>) -> Result<Option<Head>, Error> {
         // Stamp and bytes from one open file: they agree even if a writer
         // replaces the state meanwhile. Open, stat, hash, one read and one
-        // host call for the first 64 KiB.
+        // host call ([`Opened::copy_prefix`]).
         let Some(file) = Opened::open(&self.root, &state_path(workspace))? else {
             return Ok(None);
         };

@@ -71,6 +71,23 @@ impl StateSource {
     }
 }
 
+/// How far into a head's prefix the host looks for lineage and serial.
+const VERSION_SEEK_BYTES: usize = 16 << 10;
+
+/// Whether the first bytes of a state, `bytes`, hold its lineage and
+/// serial: looked for only near the start, where Terraform and OpenTofu
+/// write them (a sealed envelope keeps them after its ciphertext), and
+/// again only once the bytes kept have doubled since the last look, so a
+/// guest writing a byte at a time costs the host a few parses, not one
+/// per byte.
+fn holds_version(bytes: &[u8], next_look: &mut usize) -> bool {
+    if bytes.len() > VERSION_SEEK_BYTES || bytes.len() < *next_look {
+        return false;
+    }
+    *next_look = bytes.len() * 2;
+    crate::statefile::version_in_prefix(bytes).is_some()
+}
+
 /// Where a guest writes a state it reads: what the host keeps of the
 /// bytes, and whether a host-side copy into it failed.
 pub struct StateSink {
@@ -95,6 +112,13 @@ enum Keep {
         bytes: Vec<u8>,
         /// How many are wanted.
         limit: usize,
+        /// Stop as soon as they hold a state's lineage and serial
+        /// ([`StateSink::head`]).
+        until_version: bool,
+        /// How many bytes must be kept before they are looked at again.
+        next_look: usize,
+        /// No more is wanted.
+        enough: bool,
     },
     /// Whether they equal `expected`, compared as they come: the guest is
     /// told to stop at the first difference.
@@ -130,6 +154,26 @@ impl StateSink {
         StateSink::new(Keep::Prefix {
             bytes: Vec::with_capacity(limit),
             limit,
+            until_version: false,
+            next_look: 0,
+            enough: false,
+        })
+    }
+
+    /// A head's prefix: the first `limit` bytes, or fewer, the guest told to
+    /// stop as soon as they hold the state's lineage and serial (all the
+    /// stale-write guard needs; Terraform and OpenTofu write them in the
+    /// first few hundred bytes). What else a write's judgement may want of
+    /// the stored state (is it empty, is it this very body) is read then,
+    /// and only then. A guest that hands over its first 4 KiB is spared
+    /// copying the rest of a 64 KiB read.
+    pub fn head(limit: usize) -> Self {
+        StateSink::new(Keep::Prefix {
+            bytes: Vec::new(),
+            limit,
+            until_version: true,
+            next_look: 0,
+            enough: false,
         })
     }
 
@@ -158,7 +202,7 @@ impl StateSink {
         match &self.keep {
             Keep::Collect { bytes, limit, .. } if bytes.len() + len <= *limit => len,
             Keep::Collect { .. } | Keep::Compare { .. } => 0,
-            Keep::Prefix { bytes, limit } => len.min(limit - bytes.len()),
+            Keep::Prefix { bytes, limit, .. } => len.min(limit - bytes.len()),
         }
     }
 
@@ -177,10 +221,22 @@ impl StateSink {
                 bytes.extend_from_slice(chunk);
                 true
             }
-            Keep::Prefix { bytes, limit } => {
+            Keep::Prefix {
+                bytes,
+                limit,
+                until_version,
+                next_look,
+                enough,
+            } => {
+                // Nothing more is taken once the guest was told to stop.
+                if *enough || chunk.is_empty() {
+                    return !*enough;
+                }
                 let room = *limit - bytes.len();
                 bytes.extend_from_slice(&chunk[..chunk.len().min(room)]);
-                bytes.len() < *limit
+                *enough =
+                    bytes.len() >= *limit || (*until_version && holds_version(bytes, next_look));
+                !*enough
             }
             Keep::Compare {
                 expected,
@@ -200,7 +256,7 @@ impl StateSink {
     pub fn wants_more(&self) -> bool {
         match &self.keep {
             Keep::Collect { overflowed, .. } => !overflowed,
-            Keep::Prefix { bytes, limit } => bytes.len() < *limit,
+            Keep::Prefix { enough, .. } => !enough,
             Keep::Compare { equal, .. } => *equal,
         }
     }
@@ -242,6 +298,51 @@ mod tests {
         assert!(sink.write(b"ab"));
         assert!(!sink.write(b"cdef"));
         assert_eq!(sink.into_bytes().0, b"abcd");
+    }
+
+    #[test]
+    fn a_head_stops_once_it_holds_lineage_and_serial() {
+        let state = br#"{"version":4,"serial":7,"lineage":"abc","resources":[]}"#;
+        let mut head = StateSink::head(64 << 10);
+        // A serial that touches the end of what is kept may be cut off
+        // (`7` of `71`): not enough yet.
+        assert!(head.write(&state[..23]));
+        assert!(head.wants_more());
+        // Looked at again once what is kept has doubled.
+        assert!(!head.write(&state[23..]), "lineage and serial are there");
+        assert!(!head.wants_more());
+        // Told to stop, it takes nothing more.
+        assert!(!head.write(b"more"));
+        assert_eq!(head.into_bytes().0, state);
+        // Without them (a sealed envelope), up to the limit.
+        let mut sealed = StateSink::head(8);
+        assert!(sealed.write(br#"{"wasms"#));
+        assert!(!sealed.write(b"tate_encrypted"));
+        assert_eq!(sealed.into_bytes().0, br#"{"wasmst"#);
+        // Lineage and serial past the first 16 KiB are not looked for.
+        let mut late = format!(r#"{{"pad":"{}","#, "x".repeat(16 << 10)).into_bytes();
+        late.extend_from_slice(br#""serial":7,"lineage":"abc"}"#);
+        let mut far = StateSink::head(64 << 10);
+        assert!(far.write(&late) && far.wants_more());
+        assert_eq!(far.into_bytes().0.len(), late.len());
+        // An empty write neither stops nor adds anything.
+        let mut empty = StateSink::head(64 << 10);
+        assert!(empty.write(b"") && empty.wants_more());
+        // A plain prefix never stops early.
+        let mut prefix = StateSink::prefix(64 << 10);
+        assert!(prefix.write(state) && prefix.wants_more());
+    }
+
+    #[test]
+    fn a_head_written_a_byte_at_a_time_is_looked_at_only_as_it_doubles() {
+        let mut state = br#"{"version":4,"serial":7,"lineage":"abc","pad":""#.to_vec();
+        state.resize(1000, b'x');
+        let mut head = StateSink::head(64 << 10);
+        let written = state.chunks(1).take_while(|byte| head.write(byte)).count();
+        // Complete at byte 40, found at the next look: byte 64 (looks at
+        // 1, 2, 4, ... bytes, not at every one).
+        assert_eq!(written, 63, "the 64th write is the one told to stop");
+        assert_eq!(head.into_bytes().0.len(), 64);
     }
 
     #[test]

@@ -83,14 +83,45 @@ impl Turns {
         if lock(turn).is_some() {
             return Ok(());
         }
+        // A take spends the task's cooperative budget, as a wait on the
+        // semaphore does: a guest making file calls back to back still
+        // lets the other tasks of its worker run every so often (tokio's
+        // budget), not only at its epoch ticks.
+        tokio::task::coop::consume_budget().await;
+        if self.try_acquire(turn) {
+            return Ok(());
+        }
         let permit = tokio::time::timeout_at(deadline.into(), self.slots.clone().acquire_owned())
             .await
             .map_err(|_| Trap::Interrupt)?
             .map_err(|_| Trap::Interrupt)?;
         *lock(turn) = Some(permit);
+        self.note_peak();
+        Ok(())
+    }
+
+    /// Take a turn for `turn` now if one is free (or it holds one already);
+    /// `false` if it would have to wait. Never ahead of a waiter: a turn
+    /// given back goes to the first in the queue, not to the semaphore.
+    pub fn try_acquire(&self, turn: &Turn) -> bool {
+        let mut held = lock(turn);
+        if held.is_some() {
+            return true;
+        }
+        match self.slots.clone().try_acquire_owned() {
+            Ok(permit) => {
+                *held = Some(permit);
+                drop(held);
+                self.note_peak();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn note_peak(&self) {
         let held = self.total - self.slots.available_permits();
         self.peak.fetch_max(held, Ordering::Relaxed);
-        Ok(())
     }
 
     /// At an epoch tick: give `turn` back, let the executor run others, and
@@ -235,6 +266,14 @@ impl Core {
 }
 
 /// The call hook of one instance: its turn follows it in and out of wasm.
+///
+/// Async, so a guest that finds every turn taken waits on its way back
+/// into wasm rather than running on to its next epoch check: a
+/// synchronous hook cannot wait, and a function caches its epoch
+/// deadline, so a guest let through without a turn could run a whole
+/// tick (10 ms) in a loop, and a backend's instances could all do so at
+/// once. The common case (a turn free) takes it without a timer
+/// ([`Turns::try_acquire`]).
 pub struct TurnHook(pub Core);
 
 #[wasmtime_wasi::async_trait]

@@ -21,14 +21,14 @@ impl GuestBackend {
     }
 
     /// `storage.head`, keeping at most [`crate::statefile::PREFIX_BYTES`]
-    /// of the state's first bytes (the guest is told to stop there, as
-    /// `read_prefix` does).
+    /// of the state's first bytes, the guest told to stop there or as
+    /// soon as they hold lineage and serial ([`StateSink::head`]).
     pub(super) async fn head_in_guest(&self, workspace: &str) -> StorageResult<Option<Head>> {
         let ws = workspace.to_owned();
         let found = self
             .run(self.shared.max_lift_bytes, move |g, s| {
                 Box::pin(async move {
-                    let sink = StateSink::prefix(crate::statefile::PREFIX_BYTES);
+                    let sink = StateSink::head(crate::statefile::PREFIX_BYTES);
                     let lent = s.data_mut().table.push(sink)?;
                     let found = g.head(s, &ws, &lent).await?;
                     let sink = s.data_mut().table.delete(lent)?;
