@@ -156,7 +156,7 @@ impl StateSink {
             limit,
             until_version: false,
             next_look: 0,
-            enough: false,
+            enough: limit == 0,
         })
     }
 
@@ -173,7 +173,7 @@ impl StateSink {
             limit,
             until_version: true,
             next_look: 0,
-            enough: false,
+            enough: limit == 0,
         })
     }
 
@@ -331,6 +331,8 @@ mod tests {
         // A plain prefix never stops early.
         let mut prefix = StateSink::prefix(64 << 10);
         assert!(prefix.write(state) && prefix.wants_more());
+        // Nothing wanted at all: it says so before the first write.
+        assert!(!StateSink::prefix(0).wants_more() && !StateSink::head(0).wants_more());
     }
 
     #[test]
