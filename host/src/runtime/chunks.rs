@@ -112,11 +112,10 @@ enum Keep {
         bytes: Vec<u8>,
         /// How many are wanted.
         limit: usize,
-        /// Stop as soon as they hold a state's lineage and serial
-        /// ([`StateSink::head`]).
-        until_version: bool,
-        /// How many bytes must be kept before they are looked at again.
-        next_look: usize,
+        /// For a head ([`StateSink::head`]), which stops as soon as they
+        /// hold a state's lineage and serial: how many bytes must be kept
+        /// before they are looked at again. `None`: never looked at.
+        next_look: Option<usize>,
         /// No more is wanted.
         enough: bool,
     },
@@ -154,8 +153,7 @@ impl StateSink {
         StateSink::new(Keep::Prefix {
             bytes: Vec::with_capacity(limit),
             limit,
-            until_version: false,
-            next_look: 0,
+            next_look: None,
             enough: limit == 0,
         })
     }
@@ -171,8 +169,7 @@ impl StateSink {
         StateSink::new(Keep::Prefix {
             bytes: Vec::new(),
             limit,
-            until_version: true,
-            next_look: 0,
+            next_look: Some(0),
             enough: limit == 0,
         })
     }
@@ -224,7 +221,6 @@ impl StateSink {
             Keep::Prefix {
                 bytes,
                 limit,
-                until_version,
                 next_look,
                 enough,
             } => {
@@ -234,8 +230,10 @@ impl StateSink {
                 }
                 let room = *limit - bytes.len();
                 bytes.extend_from_slice(&chunk[..chunk.len().min(room)]);
-                *enough =
-                    bytes.len() >= *limit || (*until_version && holds_version(bytes, next_look));
+                *enough = bytes.len() >= *limit
+                    || next_look
+                        .as_mut()
+                        .is_some_and(|next| holds_version(bytes, next));
                 !*enough
             }
             Keep::Compare {

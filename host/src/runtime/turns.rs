@@ -103,7 +103,7 @@ impl Turns {
     /// Take a turn for `turn` now if one is free (or it holds one already);
     /// `false` if it would have to wait. Never ahead of a waiter: a turn
     /// given back goes to the first in the queue, not to the semaphore.
-    pub fn try_acquire(&self, turn: &Turn) -> bool {
+    fn try_acquire(&self, turn: &Turn) -> bool {
         let mut held = lock(turn);
         if held.is_some() {
             return true;
@@ -273,7 +273,7 @@ impl Core {
 /// deadline, so a guest let through without a turn could run a whole
 /// tick (10 ms) in a loop, and a backend's instances could all do so at
 /// once. The common case (a turn free) takes it without a timer
-/// ([`Turns::try_acquire`]).
+/// (`Turns::try_acquire`).
 pub struct TurnHook(pub Core);
 
 #[wasmtime_wasi::async_trait]
