@@ -11,6 +11,8 @@
 
 #[path = "native_local.rs"]
 mod native_local;
+#[path = "guest_vs_native/paired.rs"]
+mod paired;
 
 use axum::body::Body;
 use axum::http::Request;
@@ -196,34 +198,56 @@ fn http_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storage:
         });
 }
 
-/// What a client sees: a real HTTP/1.1 server on a loopback socket, a
-/// keep-alive client, 100 KiB states.
-fn socket_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storage: S) {
+/// `storage` served as backend `default` on a loopback socket: the
+/// server's task and the URL of its workspace `workspace`.
+fn serve_on_socket<S: Storage>(
+    f: &Fixture,
+    storage: S,
+    workspace: &str,
+) -> (tokio::task::JoinHandle<()>, String) {
     let app = single_backend_app(storage);
     let listener =
         f.rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
     let url = format!(
-        "http://{}/states/default/socket",
+        "http://{}/states/default/{workspace}",
         listener.local_addr().unwrap()
     );
-    let server = f.rt.spawn(async move { axum::serve(listener, app).await });
+    let server = f.rt.spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (server, url)
+}
+
+/// One request from `client`, answered with a success.
+fn socket_call(
+    f: &Fixture,
+    client: &reqwest::Client,
+    url: &str,
+    method: &str,
+    body: Vec<u8>,
+) -> bytes::Bytes {
+    f.rt.block_on(async {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let response = client
+            .request(method, url)
+            // As Terraform sends every body (others are refused, 415).
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert!(response.status().is_success(), "{}", response.status());
+        response.bytes().await.unwrap()
+    })
+}
+
+/// What a client sees: a real HTTP/1.1 server on a loopback socket, a
+/// keep-alive client, 100 KiB states.
+fn socket_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storage: S) {
+    let (server, url) = serve_on_socket(f, storage, "socket");
     let client = reqwest::Client::new();
-    let call = |method: &str, body: Vec<u8>| {
-        f.rt.block_on(async {
-            let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-            let response = client
-                .request(method, &url)
-                // As Terraform sends every body (others are refused, 415).
-                .header("content-type", "application/json")
-                .body(body)
-                .send()
-                .await
-                .unwrap();
-            assert!(response.status().is_success(), "{}", response.status());
-            response.bytes().await.unwrap()
-        })
-    };
+    let call = |method: &str, body: Vec<u8>| socket_call(f, &client, &url, method, body);
     let (mut body, mut serial) = (state_of(100 << 10), 0);
     next_serial(&mut body, &mut serial);
     call("POST", body.clone());
@@ -247,6 +271,16 @@ fn socket_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storag
     server.abort();
 }
 
+/// Whether to run the alternating rounds: on a whole run, or when the
+/// command line's filter names `paired`.
+fn criterion_filter_allows_paired() -> bool {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    filters.is_empty() || filters.iter().any(|a| a.contains("paired"))
+}
+
 /// Median of one benchmark, from criterion's saved estimates.
 fn median(group: &str, name: &str) -> Option<f64> {
     let path = criterion_dir()
@@ -265,7 +299,7 @@ fn pretty(ns: f64) -> String {
     }
 }
 
-fn print_table() {
+fn print_table(paired: &[paired::Paired]) {
     println!("\n| operation | native | guest | guest / native |\n|---|---|---|---|");
     let mut groups = vec![];
     for level in ["storage", "http"] {
@@ -303,6 +337,21 @@ fn print_table() {
         println!(
             "| one empty call on the instance made ahead (the request's path) | — | {} | — |",
             pretty(i)
+        );
+    }
+    println!(
+        "\nThe socket rows in alternating rounds (median of the rounds' ratios, and their range):\n\n\
+         | operation | native | guest | guest / native | range |\n|---|---|---|---|---|"
+    );
+    for p in paired {
+        println!(
+            "| {} | {} | {} | {:.2}× | {:.2}–{:.2}× |",
+            p.row,
+            pretty(p.native.as_nanos() as f64),
+            pretty(p.guest.as_nanos() as f64),
+            p.ratio,
+            p.lowest,
+            p.highest
         );
     }
 }
@@ -349,5 +398,9 @@ fn main() {
             })
         });
     c.final_summary();
-    print_table();
+    let paired = match criterion_filter_allows_paired() {
+        true => paired::socket_rounds(&f),
+        false => Vec::new(),
+    };
+    print_table(&paired);
 }

@@ -116,14 +116,15 @@ impl Dir {
         }
     }
 
-    /// Hand every chunk of `file` to `each`, in order, to its end.
+    /// Hand every chunk of `file` from `offset` to `each`, in order, to
+    /// its end.
     fn read_chunks(
         file: &Descriptor,
         path: &str,
         size: u64,
+        mut offset: u64,
         mut each: impl FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
-        let mut offset = 0u64;
         loop {
             // Ask for what the file holds, not a whole chunk: the host
             // sets aside what is asked for, and a lock file is a few
@@ -140,13 +141,31 @@ impl Dir {
         }
     }
 
-    /// The whole file, or `None` when it does not exist.
+    /// The whole file, or `None` when it does not exist. Made for small
+    /// files (a lock is a few hundred bytes): the first read asks for
+    /// 4 KiB, and only a file that fills it is asked its size, to read the
+    /// rest in as few calls as it takes (a host call less per small file
+    /// than asking first).
     pub fn read(&self, path: &str) -> Result<Option<Vec<u8>>> {
-        let Some((file, size)) = self.open_read(path)? else {
-            return Ok(None);
+        let file = match self.open(path, OpenFlags::empty(), DescriptorFlags::READ) {
+            Ok(file) => file,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
         };
-        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-        Self::read_chunks(&file, path, size, |chunk| {
+        let (mut bytes, eof) = file
+            .read(SMALL_READ, 0)
+            .map_err(|e| io_error(e, "reading", path))?;
+        if eof || bytes.is_empty() {
+            return Ok(Some(bytes));
+        }
+        let size = match bytes.len() as u64 == SMALL_READ {
+            true => file.stat().map(|s| s.size).unwrap_or(0),
+            // Short: most likely the end, which the next read confirms
+            // (a short read alone proves nothing on every filesystem).
+            false => 0,
+        };
+        let offset = bytes.len() as u64;
+        Self::read_chunks(&file, path, size, offset, |chunk| {
             bytes.extend_from_slice(chunk);
             Ok(())
         })?;
@@ -159,7 +178,7 @@ impl Dir {
         let Some((file, size)) = self.open_read(path)? else {
             return Ok(false);
         };
-        Self::read_chunks(&file, path, size, |chunk| out.write_all(chunk))?;
+        Self::read_chunks(&file, path, size, 0, |chunk| out.write_all(chunk))?;
         Ok(true)
     }
 
@@ -315,6 +334,28 @@ impl Dir {
         self.fd
             .create_directory_at(path)
             .map_err(|e| io_error(e, "creating directory", path))
+    }
+
+    /// Directory `path` inside this one, as a [`Dir`] of its own
+    /// (`NotFound` when it does not exist). Worth it for several calls in
+    /// one directory: the host resolves a path of one name with one system
+    /// call, and a path of two with an open of its parent and a close more
+    /// for every look, link, rename or removal. Its [`sync_dir`]`(".")` is
+    /// a flush of the descriptor itself. A symbolic link to a directory
+    /// beneath this one is followed, as it is where it stands in a longer
+    /// path.
+    ///
+    /// [`sync_dir`]: Dir::sync_dir
+    pub fn open_dir(&self, path: &str) -> Result<Dir> {
+        self.fd
+            .open_at(
+                PathFlags::SYMLINK_FOLLOW,
+                path,
+                OpenFlags::DIRECTORY,
+                DescriptorFlags::READ,
+            )
+            .map(|fd| Dir { fd })
+            .map_err(|e| io_error(e, "opening", path))
     }
 
     /// Whether `path` is a directory.

@@ -48,6 +48,12 @@ const TEMP_PREFIX: &str = ".tmp-";
 /// Age past which a temporary file is debris: longer than any request may
 /// run (the host caps a backend's `timeout_ms` at one hour).
 const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(2 * 3600);
+/// One lock in this many, at random, sweeps its workspace for debris. A
+/// listing is more host calls than the rest of a lock's work, and debris
+/// is rare (only a request stopped mid-way leaves any, and only once it is
+/// two hours old may it go); it waits about this many locks of its
+/// workspace longer to go.
+const SWEEP_EVERY: u64 = 8;
 
 /// What a temporary file is written from.
 enum Body<'s, 'a> {
@@ -81,6 +87,21 @@ fn random_u64() -> u64 {
     hasher.finish()
 }
 
+/// The lock holder of the lock file at `path` in `dir` (of `workspace`),
+/// `None` when unlocked.
+fn holder_at(dir: &Dir, path: &str, workspace: &str) -> Result<Option<LockInfo>, Error> {
+    match dir.read(path) {
+        Ok(Some(bytes)) => LockInfo::from_json(&bytes).map(Some).map_err(|e| {
+            Error::Internal(format!(
+                "lock file of workspace {workspace:?} is not LockInfo JSON ({e}); \
+                 force-unlock it to recover"
+            ))
+        }),
+        Ok(None) => Ok(None),
+        Err(e) => Err(Error::io("reading lock file", e)),
+    }
+}
+
 fn ignore_missing(result: std::io::Result<()>, context: &str) -> Result<(), Error> {
     match result {
         Err(e) if e.kind() != ErrorKind::NotFound => Err(Error::io(context, e)),
@@ -110,33 +131,49 @@ impl Local {
 
     /// Make the entries of `dir` durable (with `fsync` on).
     fn sync_dir(&self, dir: &str) -> Result<(), Error> {
+        self.sync_in(&self.root, dir)
+    }
+
+    /// Make the entries of directory `path` of `dir` durable (with `fsync`
+    /// on); `"."` is `dir` itself.
+    fn sync_in(&self, dir: &Dir, path: &str) -> Result<(), Error> {
         if !self.fsync {
             return Ok(());
         }
-        self.root
-            .sync_dir(dir)
+        dir.sync_dir(path)
             .map_err(|e| Error::io("syncing directory", e))
     }
 
-    /// Remove temporary files in directory `workspace` older than
-    /// [`STALE_AFTER`]: what requests stopped mid-way left. Best effort: a
-    /// sweep that fails leaves them for the next.
-    fn sweep_debris(&self, workspace: &str) {
-        let Ok(entries) = self.root.list(workspace) else {
+    /// Remove temporary files in directory `path` of `dir` (`"."`: `dir`
+    /// itself) older than [`STALE_AFTER`]: what requests stopped mid-way
+    /// left. Best effort: a sweep that fails leaves them for the next.
+    fn sweep_debris(dir: &Dir, path: &str) {
+        let Ok(entries) = dir.list(path) else {
             return;
         };
-        let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) else {
-            return;
-        };
+        // The clock is asked only once a temporary file is found: most
+        // sweeps find none.
+        let mut now = None;
         for (name, is_dir) in entries {
             if is_dir || !name.starts_with(TEMP_PREFIX) {
                 continue;
             }
-            let path = format!("{workspace}/{name}");
-            if let Ok(Some(modified)) = self.root.modified_secs(&path)
+            let now = *now.get_or_insert_with(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .ok()
+            });
+            let Some(now) = now else {
+                return;
+            };
+            let child = match path {
+                "." => name,
+                _ => format!("{path}/{name}"),
+            };
+            if let Ok(Some(modified)) = dir.modified_secs(&child)
                 && now.as_secs().saturating_sub(modified) > STALE_AFTER.as_secs()
             {
-                let _ = self.root.remove_file(&path);
+                let _ = dir.remove_file(&child);
             }
         }
     }
@@ -190,16 +227,7 @@ impl Local {
 
     /// The lock holder, `None` when unlocked.
     fn holder(&self, workspace: &str) -> Result<Option<LockInfo>, Error> {
-        match self.root.read(&lock_path(workspace)) {
-            Ok(Some(bytes)) => LockInfo::from_json(&bytes).map(Some).map_err(|e| {
-                Error::Internal(format!(
-                    "lock file of workspace {workspace:?} is not LockInfo JSON ({e}); \
-                     force-unlock it to recover"
-                ))
-            }),
-            Ok(None) => Ok(None),
-            Err(e) => Err(Error::io("reading lock file", e)),
-        }
+        holder_at(&self.root, &lock_path(workspace), workspace)
     }
 
     /// Refuse a change unless `lock_id` matches the lock (or nothing is
@@ -208,20 +236,29 @@ impl Local {
         wasmstate_guest::check_lock(self.holder(workspace)?, lock_id)
     }
 
-    /// Link the prepared lock file `temp` into place: succeeds only if no
-    /// lock exists. When one exists but is gone by the time we read it (its
-    /// holder just unlocked), try again rather than fail the caller.
-    fn link_lock(&self, workspace: &str, temp: &str, info: &LockInfo) -> Result<(), Error> {
+    /// Link the prepared lock file `temp` of the workspace's directory
+    /// `dir` into place: succeeds only if no lock exists. When one exists
+    /// but is gone by the time we read it (its holder just unlocked), try
+    /// again rather than fail the caller.
+    fn link_lock(
+        &self,
+        dir: &Dir,
+        workspace: &str,
+        temp: &str,
+        info: &LockInfo,
+    ) -> Result<(), Error> {
         const ATTEMPTS: usize = 100;
         for _ in 0..ATTEMPTS {
-            match self.root.hard_link(temp, &lock_path(workspace)) {
-                Ok(()) => return self.sync_dir(workspace),
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => match self.holder(workspace)? {
-                    // A retry of a lock we already hold.
-                    Some(holder) if holder.id == info.id => return Ok(()),
-                    Some(holder) => return Err(Error::locked(holder)),
-                    None => continue,
-                },
+            match dir.hard_link(temp, LOCK_FILE) {
+                Ok(()) => return self.sync_in(dir, "."),
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                    match holder_at(dir, LOCK_FILE, workspace)? {
+                        // A retry of a lock we already hold.
+                        Some(holder) if holder.id == info.id => return Ok(()),
+                        Some(holder) => return Err(Error::locked(holder)),
+                        None => continue,
+                    }
+                }
                 Err(e) => return Err(Error::io("creating lock file", e)),
             }
         }
@@ -327,10 +364,23 @@ impl Backend for Local {
         let temp = self.write_temp(workspace, Body::Bytes(&info.to_json()), || {
             self.ensure_workspace(workspace)
         })?;
-        let result = self.link_lock(workspace, &temp, info);
-        let _ = self.root.remove_file(&temp);
-        // Once per apply is often enough to keep debris bounded.
-        self.sweep_debris(workspace);
+        // The workspace holds the temporary file now: the calls that
+        // follow are made in its directory, each on a single name.
+        let dir = match self.root.open_dir(workspace) {
+            Ok(dir) => dir,
+            Err(e) => {
+                let _ = self.root.remove_file(&temp);
+                return Err(Error::io("opening the workspace", e));
+            }
+        };
+        let temp = temp
+            .rsplit_once('/')
+            .map_or(temp.as_str(), |(_, name)| name);
+        let result = self.link_lock(&dir, workspace, temp, info);
+        let _ = dir.remove_file(temp);
+        if random_u64().is_multiple_of(SWEEP_EVERY) {
+            Self::sweep_debris(&dir, ".");
+        }
         result
     }
 
@@ -339,11 +389,21 @@ impl Backend for Local {
     /// the lock file is read again right before it is removed, and removed
     /// only if it is still the very lock read (its whole content, with the
     /// holder's id and creation time): a lock force-unlocked and taken by
-    /// someone else since the first read is left alone. What remains is
-    /// the moment between that second read and the removal.
+    /// someone else since the first read is left alone. Read again by
+    /// name, not checked by identity through the first descriptor: on a
+    /// network filesystem a name's look-up may be served from a cache, and
+    /// NFSv3 may give a new file the number of one still held open
+    /// elsewhere; an open by name asks the server. What remains is the
+    /// moment between that second read and the removal.
     fn unlock(&self, workspace: &str, id: &str) -> Result<(), Error> {
-        let path = lock_path(workspace);
-        let read = |what: &str| self.root.read(&path).map_err(|e| Error::io(what, e));
+        // Every call below is in the workspace's directory, on one name.
+        let dir = match self.root.open_dir(workspace) {
+            Ok(dir) => dir,
+            // No workspace, no lock.
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io("opening the workspace", e)),
+        };
+        let read = |what: &str| dir.read(LOCK_FILE).map_err(|e| Error::io(what, e));
         let Some(first) = read("reading lock file")? else {
             return Ok(());
         };
@@ -357,8 +417,8 @@ impl Backend for Local {
             Some(other) => return Err(Error::lock_mismatch(LockInfo::from_json(&other).ok())),
             None => return Ok(()),
         }
-        ignore_missing(self.root.remove_file(&path), "removing lock")?;
-        self.sync_dir(workspace)
+        ignore_missing(dir.remove_file(LOCK_FILE), "removing lock")?;
+        self.sync_in(&dir, ".")
     }
 
     fn current_lock(&self, workspace: &str) -> Result<Option<LockInfo>, Error> {
@@ -473,7 +533,7 @@ impl Backend for Local {
         })?;
         let switched = cas::switch(&self.root, &slot, Some(&temp), expect, || Ok(()));
         // Rare enough to afford a look for what a stopped request left.
-        self.sweep_debris(METADATA_DIR);
+        Self::sweep_debris(&self.root, METADATA_DIR);
         self.settle(&temp, switched, METADATA_DIR)
     }
 }

@@ -62,9 +62,22 @@ pub(super) async fn sync_off_the_turn(target: SyncTarget, how: Flush, core: &Cor
 fn flush(target: SyncTarget, how: Flush) -> std::io::Result<()> {
     let file = match target {
         SyncTarget::File(file) => file,
-        // A directory is flushed through a descriptor of its own, as
-        // wasmtime-wasi does (the granted one may not be readable).
         SyncTarget::Dir(dir) => {
+            // A directory the guest opened is readable, and flushed
+            // through its own descriptor (the open and close that
+            // wasmtime-wasi adds cost every lock and write two system
+            // calls). The granted one may be a path-only descriptor,
+            // which `fsync` refuses (EBADF): flushed through a descriptor
+            // of its own then.
+            // (std's calls, which retry an interrupted flush.)
+            let flushed = match how {
+                Flush::All => dir.sync_all(),
+                Flush::Data => dir.sync_data(),
+            };
+            match flushed {
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::BADF.raw_os_error()) => {}
+                other => return other,
+            }
             use rustix::fs::{Mode, OFlags, openat};
             let own = openat(
                 &*dir,
