@@ -271,14 +271,23 @@ fn socket_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storag
     server.abort();
 }
 
-/// Whether to run the alternating rounds: on a whole run, or when the
-/// command line's filter names `paired`.
+/// Whether to run the alternating rounds: on a whole `cargo bench` run
+/// (no arguments but cargo's `--bench`), or when an argument names
+/// `paired`; never when criterion only lists, tests or profiles.
 fn criterion_filter_allows_paired() -> bool {
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    filters.is_empty() || filters.iter().any(|a| a.contains("paired"))
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let has = |flag: &str| {
+        args.iter()
+            .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+    };
+    if !has("--bench")
+        || ["--list", "--test", "--ignored", "--profile-time"]
+            .iter()
+            .any(|f| has(f))
+    {
+        return false;
+    }
+    args.iter().any(|a| a.contains("paired")) || args.iter().all(|a| a == "--bench")
 }
 
 /// Median of one benchmark, from criterion's saved estimates.
@@ -338,6 +347,9 @@ fn print_table(paired: &[paired::Paired]) {
             "| one empty call on the instance made ahead (the request's path) | — | {} | — |",
             pretty(i)
         );
+    }
+    if paired.is_empty() {
+        return;
     }
     println!(
         "\nThe socket rows in alternating rounds (median of the rounds' ratios, and their range):\n\n\

@@ -24,12 +24,13 @@ pub struct Paired {
     pub highest: f64,
 }
 
-/// Rounds per row (`WASMSTATE_PAIRED_ROUNDS`, 21 by default).
+/// Rounds per row (`WASMSTATE_PAIRED_ROUNDS`, 21 by default, at least 1).
 fn rounds() -> usize {
     std::env::var("WASMSTATE_PAIRED_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(21)
+        .max(1)
 }
 
 /// The socket rows, guest and twin alternated round by round.
@@ -89,6 +90,12 @@ pub fn socket_rounds(f: &Fixture) -> Vec<Paired> {
                 (time_batch(&native_url), guest)
             };
             ratios.push(guest.as_secs_f64() / native.as_secs_f64());
+            // `WASMSTATE_PAIRED_VERBOSE=1`: each round on stderr, to see
+            // what follows what.
+            if std::env::var_os("WASMSTATE_PAIRED_VERBOSE").is_some() {
+                let first = if round % 2 == 0 { "twin" } else { "guest" };
+                eprintln!("{row} round {round} ({first} first): twin {native:?}, guest {guest:?}");
+            }
             natives.push(native);
             guests.push(guest);
         }
