@@ -274,7 +274,7 @@ fn socket_benches<S: Storage>(c: &mut Criterion, f: &Fixture, name: &str, storag
 /// Whether to run the alternating rounds: on a whole `cargo bench` run
 /// (no arguments but cargo's `--bench`), or when an argument names
 /// `paired`; never when criterion only lists, tests or profiles.
-fn criterion_filter_allows_paired() -> bool {
+fn runs_alternating_rounds() -> bool {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let has = |flag: &str| {
         args.iter()
@@ -410,7 +410,7 @@ fn main() {
             })
         });
     c.final_summary();
-    let paired = match criterion_filter_allows_paired() {
+    let paired = match runs_alternating_rounds() {
         true => paired::socket_rounds(&f),
         false => Vec::new(),
     };

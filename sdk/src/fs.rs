@@ -104,13 +104,10 @@ impl Dir {
             .map_err(|e| io_error(e, "opening", path))
     }
 
-    /// Open `path` for reading with its size; `None` when it does not exist.
-    fn open_read(&self, path: &str) -> Result<Option<(Descriptor, u64)>> {
+    /// Open `path` for reading; `None` when it does not exist.
+    fn open_existing(&self, path: &str) -> Result<Option<Descriptor>> {
         match self.open(path, OpenFlags::empty(), DescriptorFlags::READ) {
-            Ok(file) => {
-                let size = file.stat().map(|s| s.size).unwrap_or(0);
-                Ok(Some((file, size)))
-            }
+            Ok(file) => Ok(Some(file)),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }
@@ -147,10 +144,8 @@ impl Dir {
     /// rest in as few calls as it takes (a host call less per small file
     /// than asking first).
     pub fn read(&self, path: &str) -> Result<Option<Vec<u8>>> {
-        let file = match self.open(path, OpenFlags::empty(), DescriptorFlags::READ) {
-            Ok(file) => file,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
+        let Some(file) = self.open_existing(path)? else {
+            return Ok(None);
         };
         let (mut bytes, eof) = file
             .read(SMALL_READ, 0)
@@ -175,9 +170,10 @@ impl Dir {
     /// Copy the file into `out` chunk by chunk, never holding it whole;
     /// `false` when it does not exist.
     pub fn read_to(&self, path: &str, out: &mut dyn std::io::Write) -> Result<bool> {
-        let Some((file, size)) = self.open_read(path)? else {
+        let Some(file) = self.open_existing(path)? else {
             return Ok(false);
         };
+        let size = file.stat().map(|s| s.size).unwrap_or(0);
         Self::read_chunks(&file, path, size, 0, |chunk| out.write_all(chunk))?;
         Ok(true)
     }
@@ -187,10 +183,8 @@ impl Dir {
     /// that stops early, wanting only a prefix, stops the copy too).
     /// `false` when it does not exist.
     pub fn read_to_state(&self, path: &str, out: &mut crate::StateWriter<'_>) -> Result<bool> {
-        let file = match self.open(path, OpenFlags::empty(), DescriptorFlags::READ) {
-            Ok(file) => file,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(e),
+        let Some(file) = self.open_existing(path)? else {
+            return Ok(false);
         };
         let stream = file
             .read_via_stream(0)

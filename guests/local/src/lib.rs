@@ -151,21 +151,19 @@ impl Local {
         let Ok(entries) = dir.list(path) else {
             return;
         };
+        let mut temps = entries
+            .into_iter()
+            .filter(|(name, is_dir)| !is_dir && name.starts_with(TEMP_PREFIX))
+            .peekable();
         // The clock is asked only once a temporary file is found: most
         // sweeps find none.
-        let mut now = None;
-        for (name, is_dir) in entries {
-            if is_dir || !name.starts_with(TEMP_PREFIX) {
-                continue;
-            }
-            let now = *now.get_or_insert_with(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .ok()
-            });
-            let Some(now) = now else {
-                return;
-            };
+        if temps.peek().is_none() {
+            return;
+        }
+        let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) else {
+            return;
+        };
+        for (name, _) in temps {
             let child = match path {
                 "." => name,
                 _ => format!("{path}/{name}"),

@@ -4,10 +4,10 @@
 //! VM whose `fsync` latency drifts by a third within a minute, the ratio
 //! of the two medians carries that drift (the same binary has given
 //! LOCK+UNLOCK 1.08× and 1.37× in one hour). Here both servers run at
-//! once, and each round times a batch on one and then on the other (about 0.1 s
-//! each), the order swapped every round, so a drift slower than a round
-//! falls on both alike. The ratio reported is the median
-//! of the rounds' ratios, with their range.
+//! once, and each round times a batch on one and then on the other (about
+//! 0.1 s each), the order swapped every round, so a drift slower than a
+//! round falls on both alike. The ratio reported is the median of the
+//! rounds' ratios, with their range.
 
 use super::{Fixture, lock_info, next_serial, serve_on_socket, socket_call, state_of};
 use std::time::{Duration, Instant};
@@ -22,6 +22,14 @@ pub struct Paired {
     pub ratio: f64,
     pub lowest: f64,
     pub highest: f64,
+}
+
+/// What one timed operation of a row is.
+#[derive(Clone, Copy)]
+enum Op {
+    Get,
+    Post,
+    LockUnlock,
 }
 
 /// Rounds per row (`WASMSTATE_PAIRED_ROUNDS`, 21 by default, at least 1).
@@ -45,32 +53,32 @@ pub fn socket_rounds(f: &Fixture) -> Vec<Paired> {
         call(url, "POST", body.clone());
     }
     let lock = serde_json::to_vec(&lock_info()).unwrap();
-    // One operation of `row` on `url`. Both servers take every serial in
-    // turn, each newer than the last it saw.
-    let mut op = |row: &str, url: &str| match row {
-        "socket-GET-100KiB" => {
+    // One operation on `url`. Both servers take every serial in turn,
+    // each newer than the last it saw.
+    let mut run = |op: Op, url: &str| match op {
+        Op::Get => {
             call(url, "GET", Vec::new());
         }
-        "socket-POST-100KiB" => {
+        Op::Post => {
             next_serial(&mut body, &mut serial);
             call(url, "POST", body.clone());
         }
-        _ => {
+        Op::LockUnlock => {
             call(url, "LOCK", lock.clone());
             call(url, "UNLOCK", lock.clone());
         }
     };
     let rows = [
-        ("socket-GET-100KiB", 500),
-        ("socket-POST-100KiB", 80),
-        ("socket-LOCK+UNLOCK", 60),
+        ("socket-GET-100KiB", Op::Get, 500),
+        ("socket-POST-100KiB", Op::Post, 80),
+        ("socket-LOCK+UNLOCK", Op::LockUnlock, 60),
     ];
     let mut results = Vec::new();
-    for (row, batch) in rows {
+    for (row, op, batch) in rows {
         let mut time_batch = |url: &str| {
             let started = Instant::now();
             for _ in 0..batch {
-                op(row, url);
+                run(op, url);
             }
             started.elapsed() / batch
         };

@@ -64,12 +64,11 @@ fn flush(target: SyncTarget, how: Flush) -> std::io::Result<()> {
         SyncTarget::File(file) => file,
         SyncTarget::Dir(dir) => {
             // A directory the guest opened is readable, and flushed
-            // through its own descriptor (the open and close that
-            // wasmtime-wasi adds cost every lock and write two system
-            // calls). The granted one may be a path-only descriptor,
-            // which `fsync` refuses (EBADF): flushed through a descriptor
-            // of its own then.
-            // (std's calls, which retry an interrupted flush.)
+            // through its own descriptor (with std's calls, which retry
+            // an interrupted flush): the open and close wasmtime-wasi
+            // adds would cost every lock and write two system calls. The
+            // granted one may be a path-only descriptor, which `fsync`
+            // refuses (EBADF): flushed through a descriptor of its own.
             let flushed = match how {
                 Flush::All => dir.sync_all(),
                 Flush::Data => dir.sync_data(),
