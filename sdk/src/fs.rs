@@ -391,6 +391,12 @@ impl Dir {
                 self.remove_file(&child)?;
             }
         }
+        self.remove_dir(path)
+    }
+
+    /// Remove the empty directory `path` (`DirectoryNotEmpty` while
+    /// anything is in it).
+    pub fn remove_dir(&self, path: &str) -> Result<()> {
         self.fd
             .remove_directory_at(path)
             .map_err(|e| io_error(e, "removing directory", path))

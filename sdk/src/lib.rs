@@ -53,6 +53,7 @@
 #![deny(missing_docs)]
 
 pub mod body;
+pub mod clock;
 mod config;
 mod error;
 mod export;

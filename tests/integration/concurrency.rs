@@ -138,3 +138,45 @@ fn readers_never_see_a_torn_state() {
         });
     });
 }
+
+/// A listing of workspaces never fails while other workspaces come and
+/// go: the WASI layer asks each entry's type as it lists, and an entry
+/// removed between the listing and that question used to fail the whole
+/// listing (500). Directories are made and removed beside the server as
+/// fast as the filesystem allows, while a client lists.
+#[test]
+fn listing_workspaces_while_others_come_and_go_never_fails() {
+    let dir = tempdir();
+    let store = dir.path().join("store");
+    std::fs::create_dir_all(&store).unwrap();
+    let config = format!("[backends.default]\nguest = \"local\"\ndir = {store:?}\n");
+    let server = Server::with_config(&dir.path().join("server"), &config);
+    let list = format!("{}/workspaces/default", server.url);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let churned = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                for n in 0..32 {
+                    let _ = std::fs::create_dir(store.join(format!("churn-{n}")));
+                }
+                for n in 0..32 {
+                    let _ = std::fs::remove_dir(store.join(format!("churn-{n}")));
+                }
+                churned.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        for round in 0..200 {
+            let answer = send("GET", &list, None);
+            if answer.status != 200 {
+                stop.store(true, Ordering::Relaxed);
+                panic!("listing {round}: {} {}", answer.status, answer.text());
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(
+        churned.load(Ordering::Relaxed) > 0,
+        "no directory came or went"
+    );
+}

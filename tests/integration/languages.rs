@@ -108,6 +108,16 @@ fn javascript_unlocked_racers_on_two_replicas_get_one_200_and_one_409() {
 }
 
 #[test]
+fn python_a_lock_granted_during_a_workspace_delete_is_kept() {
+    races::a_lock_granted_during_a_workspace_delete_is_kept(built("python"));
+}
+
+#[test]
+fn javascript_a_lock_granted_during_a_workspace_delete_is_kept() {
+    races::a_lock_granted_during_a_workspace_delete_is_kept(built("js"));
+}
+
+#[test]
 fn python_a_stopped_writes_lock_is_taken_over_only_when_stale() {
     stale::a_stopped_writes_lock_is_taken_over_only_when_stale(built("python"));
 }

@@ -508,3 +508,104 @@ fn two_servers_on_one_directory_racing_one_serial_answer_200_and_409() {
         assert_eq!(stored.body, bodies[winner], "serial {serial}");
     }
 }
+
+/// A lock granted while its workspace is being deleted is a lock held:
+/// the delete takes the workspace's lock first (as Terraform's CLI does),
+/// so a racing lock is either refused naming the delete (423), taken
+/// first (the delete refused), or taken after it (the workspace made
+/// afresh). The delete never removes a lock it did not take: that let a
+/// second client lock the workspace while the first still believed it
+/// held it. And a lock is never failed by the directory going away under
+/// it. Two hosts on one directory race the two calls from one barrier.
+#[test]
+fn a_lock_granted_during_a_workspace_delete_is_never_removed_by_it() {
+    use wasmstate::backend::{LockInfo, StorageError};
+    let dir = tempdir();
+    let hosts = [Host::on(dir.path(), &[]), Host::on(dir.path(), &[])];
+    let (deleter, locker) = (&hosts[0], &hosts[1]);
+    let ws = "doomed";
+    let mut outcomes = std::collections::BTreeMap::<&str, u32>::new();
+    for round in 0..300u64 {
+        assert!(deleter.write_if(ws, &state(round), Expect::Any));
+        let holder = LockInfo {
+            id: format!("racer-{round}"),
+            operation: "OperationTypeApply".into(),
+            who: "racer@test".into(),
+            ..LockInfo::default()
+        };
+        let start = Barrier::new(2);
+        let (deleted, locked) = std::thread::scope(|scope| {
+            let delete = scope.spawn(|| {
+                start.wait();
+                let delete = deleter.loaded.storage.delete_workspace(ws);
+                deleter.rt.block_on(delete)
+            });
+            let lock = scope.spawn(|| {
+                start.wait();
+                let lock = locker.loaded.storage.lock(ws, holder.clone());
+                locker.rt.block_on(lock)
+            });
+            (delete.join().unwrap(), lock.join().unwrap())
+        });
+        let storage = &deleter.loaded.storage;
+        let held = deleter.rt.block_on(storage.current_lock(ws)).unwrap();
+        let outcome = match (&deleted, &locked) {
+            (Ok(()), Ok(())) => "the lock after the delete",
+            (Err(StorageError::Locked(h)), Ok(())) if h.id == holder.id => "the lock first",
+            (Err(StorageError::Unavailable(_)), Ok(())) => "the lock as the delete ended",
+            (Ok(()), Err(StorageError::Locked(h))) if h.id.starts_with("wasmstate-delete-") => {
+                "the lock refused during the delete"
+            }
+            // The refused lock's temporary file kept the directory as the
+            // delete ended (rare: the delete removes such files and tries
+            // again); the state is gone all the same.
+            (Err(StorageError::Unavailable(_)), Err(StorageError::Locked(h)))
+                if h.id.starts_with("wasmstate-delete-") =>
+            {
+                "the lock refused as the delete ended"
+            }
+            // The lock's directory went three times under it (the delete
+            // removes stray temporary files and tries again): a 503.
+            (Ok(()) | Err(StorageError::Unavailable(_)), Err(StorageError::Unavailable(_))) => {
+                "the lock gave up as the delete ran"
+            }
+            other => panic!("round {round}: unexpected answers {other:?}"),
+        };
+        if locked.is_ok() {
+            assert_eq!(
+                held.map(|h| h.id),
+                Some(holder.id.clone()),
+                "round {round}: the lock was granted, yet it is gone ({outcome})"
+            );
+            if deleted.is_ok() {
+                assert!(
+                    deleter.read(ws).is_none(),
+                    "round {round}: deleted, yet a state"
+                );
+            }
+            let unlock = locker.loaded.storage.unlock(ws, &holder.id);
+            locker.rt.block_on(unlock).unwrap();
+        } else {
+            assert!(
+                held.is_none(),
+                "round {round}: the delete left its lock: {held:?}"
+            );
+            assert!(deleter.read(ws).is_none(), "round {round}: not deleted");
+            if deleted.is_ok() {
+                assert!(
+                    !dir.path().join(ws).exists(),
+                    "round {round}: its directory stayed"
+                );
+            }
+        }
+        *outcomes.entry(outcome).or_default() += 1;
+    }
+    // Neither the delete nor the lock leaves a temporary file behind.
+    let workspace = dir.path().join(ws);
+    let left = match workspace.exists() {
+        true => names(&workspace),
+        false => Vec::new(),
+    };
+    assert!(left.iter().all(|n| !n.starts_with(".tmp-")), "{left:?}");
+    eprintln!("outcomes over 300 rounds: {outcomes:?}");
+}

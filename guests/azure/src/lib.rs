@@ -39,7 +39,6 @@
 //! and refuses contradictory ones ([`check_sign_in`]).
 
 mod blobs;
-mod clock;
 mod history;
 mod lease;
 mod listing;

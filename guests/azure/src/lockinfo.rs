@@ -63,7 +63,7 @@ impl Stored {
         info.id = lease;
         info.path = path;
         if !is_rfc3339(&info.created) {
-            info.created = crate::clock::now_rfc3339();
+            info.created = wasmstate_guest::clock::now_rfc3339();
         }
         Stored { info, wasmstate_id }
     }

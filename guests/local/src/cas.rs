@@ -207,7 +207,12 @@ pub fn switch(
     guard: impl FnOnce() -> Result<(), Error>,
 ) -> Result<bool, Error> {
     let Some(marker) = Marker::take(dir, &slot.marker())? else {
-        // No directory (only when removing): nothing is stored there.
+        // No directory. A write made its temporary file in it, so a
+        // workspace delete removed it since: nothing is stored.
+        if temp.is_some() {
+            return Err(deleted_meanwhile(slot.dir));
+        }
+        // A removal: nothing is stored there.
         guard()?;
         return Ok(stamp::matches(expect, None));
     };
@@ -216,33 +221,29 @@ pub fn switch(
     outcome
 }
 
-/// Remove `slot`'s directory and everything in it while holding the
-/// slot's write marker, so no write's check and rename straddle the delete
-/// (removing a live marker with the rest would let two writers in at once,
-/// and a writer that checked before the delete rename over a state written
-/// after it). `guard` runs under the marker first. A write that lands once
-/// the marker is released leaves the directory not empty: answered
-/// `unavailable` (Terraform retries), its state kept.
-pub fn remove_dir(
+/// Remove everything in `slot`'s directory but `keep` (the lock of the
+/// delete that empties it) while holding the slot's write marker, so no
+/// write's check and rename straddle the removal (removing a live marker
+/// with the rest would let two writers in at once, and a writer that
+/// checked before the delete rename over a state written after it).
+/// `guard` runs under the marker first. The directory itself stays: the
+/// caller removes it once empty, and what landed in it meanwhile is kept.
+pub fn empty_dir(
     dir: &Dir,
     slot: &Slot,
+    keep: &str,
     guard: impl FnOnce() -> Result<(), Error>,
 ) -> Result<(), Error> {
     let Some(marker) = Marker::take(dir, &slot.marker())? else {
         return Err(Error::NotFound);
     };
-    let removed = guard().and_then(|()| {
+    let emptied = guard().and_then(|()| {
         let entries = dir
             .list(slot.dir)
             .map_err(|e| Error::io("listing the workspace", e))?;
-        let own = marker
-            .path
-            .rsplit('/')
-            .next()
-            .unwrap_or_default()
-            .to_string();
+        let own = marker.path.rsplit('/').next().unwrap_or_default();
         for (name, is_dir) in entries {
-            if name == own {
+            if name == own || name == keep {
                 continue;
             }
             let path = format!("{}/{name}", slot.dir);
@@ -261,16 +262,7 @@ pub fn remove_dir(
         Ok(())
     });
     marker.release(dir);
-    removed?;
-    match dir.remove_dir_all(slot.dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::Unavailable(format!(
-            "a write landed in workspace {:?} while it was being deleted ({e}); its state is \
-             kept: delete it again",
-            slot.dir
-        ))),
-    }
+    emptied
 }
 
 /// The check and the switch, while holding the marker.
@@ -290,10 +282,15 @@ fn swap_under(
     }
     match temp {
         Some(temp) => {
-            set_time_past(dir, temp, found.map(|f| f.modified))?;
+            set_time_past(dir, temp, found.map(|f| f.modified)).map_err(|e| match e {
+                Vanished::Temp => deleted_meanwhile(slot.dir),
+                Vanished::Not(e) => e,
+            })?;
             marker.still_in_time(&path)?;
-            dir.rename(temp, &path)
-                .map_err(|e| Error::io("replacing", e))?;
+            dir.rename(temp, &path).map_err(|e| match e.kind() {
+                ErrorKind::NotFound => deleted_meanwhile(slot.dir),
+                _ => Error::io("replacing", e),
+            })?;
         }
         None => {
             marker.still_in_time(&path)?;
@@ -313,7 +310,27 @@ fn swap_under(
 /// some NFS servers) or two (FAT) drops a finer step: the stored time is
 /// read back and stepped further ([`stamp::COARSER_STEPS`]) until it is
 /// later.
-fn set_time_past(dir: &Dir, temp: &str, previous: Option<Nanos>) -> Result<(), Error> {
+/// A write answered once a workspace delete removed its temporary file or
+/// directory (not stored; a retry writes it afresh).
+fn deleted_meanwhile(dir: &str) -> Error {
+    Error::Unavailable(format!(
+        "{dir:?} was deleted while this write was under way; nothing was stored: send it again"
+    ))
+}
+
+/// Why [`set_time_past`] failed: its file is gone, or anything else.
+enum Vanished {
+    Temp,
+    Not(Error),
+}
+
+impl From<Error> for Vanished {
+    fn from(e: Error) -> Self {
+        Vanished::Not(e)
+    }
+}
+
+fn set_time_past(dir: &Dir, temp: &str, previous: Option<Nanos>) -> Result<(), Vanished> {
     let fd = dir.descriptor();
     let set = |when: Nanos| {
         let when = wall_clock::Datetime {
@@ -326,7 +343,10 @@ fn set_time_past(dir: &Dir, temp: &str, previous: Option<Nanos>) -> Result<(), E
             NewTimestamp::NoChange,
             NewTimestamp::Timestamp(when),
         )
-        .map_err(|e| fs_error(e, "setting the time of", temp))
+        .map_err(|e| match e {
+            ErrorCode::NoEntry => Vanished::Temp,
+            e => Vanished::Not(fs_error(e, "setting the time of", temp)),
+        })
     };
     set(stamp::next_modified(now(), previous))?;
     let Some(previous) = previous else {
@@ -335,17 +355,20 @@ fn set_time_past(dir: &Dir, temp: &str, previous: Option<Nanos>) -> Result<(), E
     for step in stamp::COARSER_STEPS {
         let stored = fd
             .stat_at(PathFlags::empty(), temp)
-            .map_err(|e| fs_error(e, "inspecting", temp))?
+            .map_err(|e| match e {
+                ErrorCode::NoEntry => Vanished::Temp,
+                e => Vanished::Not(fs_error(e, "inspecting", temp)),
+            })?
             .data_modification_timestamp;
         if nanos(stored) > previous {
             return Ok(());
         }
         set(previous + step)?;
     }
-    Err(Error::Internal(format!(
+    Err(Vanished::Not(Error::Internal(format!(
         "the filesystem holding {temp} does not keep a modification time later than the \
          file it replaces, which the version of a state relies on; use another filesystem"
-    )))
+    ))))
 }
 
 /// A write marker this writer holds.

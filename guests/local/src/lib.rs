@@ -25,9 +25,11 @@
 //! so they do not count against the disk quota forever.
 
 mod cas;
+mod locks;
 mod stamp;
 
 use cas::{Opened, Slot};
+use locks::Missing;
 use std::hash::{BuildHasher, Hasher};
 use std::io::ErrorKind;
 use wasmstate_guest::fs::Dir;
@@ -43,6 +45,8 @@ const METADATA_DIR: &str = ".wasmstate/metadata";
 /// Largest metadata document kept (the contract's bound).
 const MAX_METADATA_BYTES: u64 = 64 << 10;
 const LOCK_FILE: &str = "terraform.tfstate.lock";
+/// The start of the id of the lock a workspace delete takes.
+const DELETE_LOCK_PREFIX: &str = "wasmstate-delete-";
 /// Prefix of files being written, renamed or linked into place.
 const TEMP_PREFIX: &str = ".tmp-";
 /// Age past which a temporary file is debris: longer than any request may
@@ -85,21 +89,6 @@ fn random_u64() -> u64 {
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u64(0);
     hasher.finish()
-}
-
-/// The lock holder of the lock file at `path` in `dir` (of `workspace`),
-/// `None` when unlocked.
-fn holder_at(dir: &Dir, path: &str, workspace: &str) -> Result<Option<LockInfo>, Error> {
-    match dir.read(path) {
-        Ok(Some(bytes)) => LockInfo::from_json(&bytes).map(Some).map_err(|e| {
-            Error::Internal(format!(
-                "lock file of workspace {workspace:?} is not LockInfo JSON ({e}); \
-                 force-unlock it to recover"
-            ))
-        }),
-        Ok(None) => Ok(None),
-        Err(e) => Err(Error::io("reading lock file", e)),
-    }
 }
 
 fn ignore_missing(result: std::io::Result<()>, context: &str) -> Result<(), Error> {
@@ -223,46 +212,68 @@ impl Local {
         Ok(switched)
     }
 
-    /// The lock holder, `None` when unlocked.
-    fn holder(&self, workspace: &str) -> Result<Option<LockInfo>, Error> {
-        holder_at(&self.root, &lock_path(workspace), workspace)
-    }
-
     /// Refuse a change unless `lock_id` matches the lock (or nothing is
     /// locked and no id was presented).
     fn check_lock(&self, workspace: &str, lock_id: Option<&str>) -> Result<(), Error> {
         wasmstate_guest::check_lock(self.holder(workspace)?, lock_id)
     }
 
-    /// Link the prepared lock file `temp` of the workspace's directory
-    /// `dir` into place: succeeds only if no lock exists. When one exists
-    /// but is gone by the time we read it (its holder just unlocked), try
-    /// again rather than fail the caller.
-    fn link_lock(
-        &self,
-        dir: &Dir,
-        workspace: &str,
-        temp: &str,
-        info: &LockInfo,
-    ) -> Result<(), Error> {
-        const ATTEMPTS: usize = 100;
-        for _ in 0..ATTEMPTS {
-            match dir.hard_link(temp, LOCK_FILE) {
-                Ok(()) => return self.sync_in(dir, "."),
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                    match holder_at(dir, LOCK_FILE, workspace)? {
-                        // A retry of a lock we already hold.
-                        Some(holder) if holder.id == info.id => return Ok(()),
-                        Some(holder) => return Err(Error::locked(holder)),
-                        None => continue,
-                    }
-                }
-                Err(e) => return Err(Error::io("creating lock file", e)),
+    /// Remove the emptied directory of workspace `name`. A request racing
+    /// the delete may have left a temporary file in it (a lock refused, a
+    /// write whose directory went): removed, since none of theirs was
+    /// acknowledged, and the directory tried again. Anything else (a lock,
+    /// a state) landed once the delete let go of its lock and is kept.
+    fn remove_emptied(&self, name: &str) -> Result<(), Error> {
+        for tries_left in (0..4).rev() {
+            match self.root.remove_dir(name) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::DirectoryNotEmpty && tries_left > 0 => {}
+                Err(e) if e.kind() == ErrorKind::DirectoryNotEmpty => break,
+                Err(e) => return Err(Error::io("removing the workspace", e)),
+            }
+            let entries = match self.root.list(name) {
+                Ok(entries) => entries,
+                Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(Error::io("listing the workspace", e)),
+            };
+            if entries
+                .iter()
+                .any(|(entry, is_dir)| *is_dir || !entry.starts_with(TEMP_PREFIX))
+            {
+                break;
+            }
+            for (entry, _) in entries {
+                let _ = self.root.remove_file(&format!("{name}/{entry}"));
             }
         }
         Err(Error::Unavailable(format!(
-            "the lock of workspace {workspace:?} changed hands {ATTEMPTS} times while being taken"
+            "a lock or a write reached workspace {name:?} as it was being deleted; it is kept: \
+             delete the workspace again"
         )))
+    }
+
+    /// Everything in workspace `name` removed but its lock, which the
+    /// delete removing it holds (`id`). The metadata first: a delete that
+    /// fails midway leaves a workspace without metadata (a retry finishes
+    /// it), never metadata that a new workspace of the same name would
+    /// inherit. The state under its write marker: see [`cas::empty_dir`].
+    fn empty_workspace(&self, name: &str, id: &str) -> Result<(), Error> {
+        self.write_metadata(name, None, &Expect::Any)?;
+        let slot = Slot {
+            dir: name,
+            name: STATE_FILE,
+        };
+        cas::empty_dir(&self.root, &slot, LOCK_FILE, || {
+            match self.holder(name)? {
+                Some(holder) if holder.id == id => Ok(()),
+                Some(holder) => Err(Error::locked(holder)),
+                None => Err(Error::Unavailable(format!(
+                    "the delete's lock of workspace {name:?} was force-unlocked while it ran; \
+                 delete the workspace again"
+                ))),
+            }
+        })
     }
 }
 
@@ -359,64 +370,11 @@ impl Backend for Local {
     }
 
     fn lock(&self, workspace: &str, info: &LockInfo) -> Result<(), Error> {
-        let temp = self.write_temp(workspace, Body::Bytes(&info.to_json()), || {
-            self.ensure_workspace(workspace)
-        })?;
-        // The workspace holds the temporary file now: the calls that
-        // follow are made in its directory, each on a single name.
-        let dir = match self.root.open_dir(workspace) {
-            Ok(dir) => dir,
-            Err(e) => {
-                let _ = self.root.remove_file(&temp);
-                return Err(Error::io("opening the workspace", e));
-            }
-        };
-        let temp = temp
-            .rsplit_once('/')
-            .map_or(temp.as_str(), |(_, name)| name);
-        let result = self.link_lock(&dir, workspace, temp, info);
-        let _ = dir.remove_file(temp);
-        if random_u64().is_multiple_of(SWEEP_EVERY) {
-            Self::sweep_debris(&dir, ".");
-        }
-        result
+        self.take_lock(workspace, info, Missing::Make)
     }
 
-    /// Remove the lock only if it is `id`'s; another holder's is refused
-    /// untouched. A filesystem has no "remove if it is still this file", so
-    /// the lock file is read again right before it is removed, and removed
-    /// only if it is still the very lock read (its whole content, with the
-    /// holder's id and creation time): a lock force-unlocked and taken by
-    /// someone else since the first read is left alone. Read again by
-    /// name, not checked by identity through the first descriptor: on a
-    /// network filesystem a name's look-up may be served from a cache, and
-    /// NFSv3 may give a new file the number of one still held open
-    /// elsewhere; an open by name asks the server. What remains is the
-    /// moment between that second read and the removal.
     fn unlock(&self, workspace: &str, id: &str) -> Result<(), Error> {
-        // Every call below is in the workspace's directory, on one name.
-        let dir = match self.root.open_dir(workspace) {
-            Ok(dir) => dir,
-            // No workspace, no lock.
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(Error::io("opening the workspace", e)),
-        };
-        let read = |what: &str| dir.read(LOCK_FILE).map_err(|e| Error::io(what, e));
-        let Some(first) = read("reading lock file")? else {
-            return Ok(());
-        };
-        match LockInfo::from_json(&first) {
-            Ok(holder) if holder.id == id => {}
-            Ok(holder) => return Err(Error::lock_mismatch(Some(holder))),
-            Err(_) => return Err(Error::lock_mismatch(None)),
-        }
-        match read("reading lock file again")? {
-            Some(again) if again == first => {}
-            Some(other) => return Err(Error::lock_mismatch(LockInfo::from_json(&other).ok())),
-            None => return Ok(()),
-        }
-        ignore_missing(dir.remove_file(LOCK_FILE), "removing lock")?;
-        self.sync_in(&dir, ".")
+        self.release_lock(workspace, id)
     }
 
     fn current_lock(&self, workspace: &str) -> Result<Option<LockInfo>, Error> {
@@ -454,26 +412,46 @@ impl Backend for Local {
         }
     }
 
+    /// Delete the workspace under its own lock, as Terraform's CLI does:
+    /// a client's lock is refused while the delete runs or comes after it
+    /// (the workspace made afresh), and the delete never removes a lock it
+    /// did not take. A lock or a write that reaches the directory once the
+    /// delete let go of its lock is kept: the delete then answers
+    /// `unavailable`, to be run again.
     fn delete_workspace(&self, name: &str) -> Result<(), Error> {
         if !self.root.is_dir(name) {
             return Err(Error::NotFound);
         }
-        if let Some(holder) = self.holder(name)? {
-            return Err(Error::locked(holder));
-        }
-        // The metadata first: a delete that fails midway leaves a
-        // workspace without metadata (a retry finishes it), never metadata
-        // that a new workspace of the same name would inherit.
-        self.write_metadata(name, None, &Expect::Any)?;
-        // Under the state's write marker: see `cas::remove_dir`.
-        let slot = Slot {
-            dir: name,
-            name: STATE_FILE,
+        let deleting = LockInfo {
+            id: format!("{DELETE_LOCK_PREFIX}{:016x}", random_u64()),
+            operation: "OperationTypeDeleteWorkspace".into(),
+            who: "wasmstate".into(),
+            info: "a workspace delete holds this lock while it runs; if none is running \
+                   (one stopped midway), force-unlock the workspace and delete it again"
+                .into(),
+            created: wasmstate_guest::clock::now_rfc3339(),
+            ..LockInfo::default()
         };
-        cas::remove_dir(&self.root, &slot, || match self.holder(name)? {
-            Some(holder) => Err(Error::locked(holder)),
-            None => Ok(()),
-        })?;
+        match self.take_lock(name, &deleting, Missing::NotFound) {
+            Err(Error::Locked(holder)) if holder.id.starts_with(DELETE_LOCK_PREFIX) => {
+                return Err(Error::Unavailable(format!(
+                    "another delete of workspace {name:?} is under way (since {}); if none \
+                     is, force-unlock the workspace and delete it again",
+                    holder.created
+                )));
+            }
+            taken => taken?,
+        }
+        let emptied = self.empty_workspace(name, &deleting.id);
+        let released = self.release_lock(name, &deleting.id);
+        emptied?;
+        if released.is_err() {
+            return Err(Error::Unavailable(format!(
+                "workspace {name:?} was emptied, but the delete's lock was force-unlocked and \
+                 taken meanwhile: the workspace is kept; delete it again"
+            )));
+        }
+        self.remove_emptied(name)?;
         self.sync_dir(".")
     }
 

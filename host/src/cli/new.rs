@@ -99,12 +99,16 @@ const RUST: &[File] = &[
 /// manifest.
 const LOCAL_GUEST: &str = include_str!("../../../guests/local/src/lib.rs");
 
-/// The `local` guest's other modules (its compare-and-swap), copied as
-/// they are beside its `lib.rs`.
+/// The `local` guest's other modules (its compare-and-swap, its lock),
+/// copied as they are beside its `lib.rs`.
 const LOCAL_GUEST_MODULES: &[(&str, &str)] = &[
     (
         "src/cas.rs",
         include_str!("../../../guests/local/src/cas.rs"),
+    ),
+    (
+        "src/locks.rs",
+        include_str!("../../../guests/local/src/locks.rs"),
     ),
     (
         "src/stamp.rs",

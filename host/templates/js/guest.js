@@ -50,6 +50,10 @@ const META = 'metadata';
 // The operation named in the lock this guest takes for a write sent
 // without one (a client sees it only if it asks while such a write runs).
 const WRITE_LOCK = 'wasmstate-guest-write';
+// The operation named in the lock a workspace delete takes while it runs.
+const DELETE_LOCK = 'wasmstate-guest-delete';
+// A write whose workspace a delete removed while it was under way.
+const DELETED_MEANWHILE = 'the workspace was deleted while this write was under way; nothing was stored';
 // Older than any request may run (the host stops each within its timeout,
 // at most an hour): superseded metadata versions are removed after it.
 const STALE_AFTER_S = 2n * 3600n;
@@ -229,14 +233,27 @@ function remove(dir, path) {
   }
 }
 
+/** The entries of directory `path` (`[]` once it is gone). */
+function entriesOf(dir, path) {
+  const found = [];
+  try {
+    const entries = dir.openAt(NOFOLLOW, path, { directory: true }, { read: true }).readDirectory();
+    for (let entry = entries.readDirectoryEntry(); entry; entry = entries.readDirectoryEntry()) found.push(entry);
+  } catch (e) {
+    if (code(e) !== 'no-entry') throw e;
+  }
+  return found;
+}
+
 function randomName() {
   return Array.from(getRandomBytes(8n), (b) => b.toString(16).padStart(2, '0')).join('');
 }
 
 /** Create a new, uniquely named file beside the target, written by
- * `fill(file)`; the caller renames or links it into place. */
-function writeTemp(dir, workspace, fill) {
-  ensureDir(dir, workspace);
+ * `fill(file)`; the caller renames or links it into place. `make`: create
+ * the workspace's directory if missing. */
+function writeTemp(dir, workspace, fill, make = true) {
+  if (make) ensureDir(dir, workspace);
   for (;;) {
     const temp = `${workspace}/.tmp-${randomName()}`;
     try {
@@ -287,27 +304,36 @@ function checkLock(dir, workspace, lockId) {
 }
 
 /** Link a lock file holding `info` into place; `locked` when someone else
- * holds the lock. */
-function takeLock(dir, workspace, info) {
-  const temp = writeTemp(dir, workspace, writeBytes(lockToJson(info)));
-  try {
-    for (let attempt = 0; attempt < 100; attempt++) {
-      try {
-        dir.linkAt(NOFOLLOW, temp, dir, `${workspace}/${LOCK}`);
-        return;
-      } catch (e) {
-        if (code(e) !== 'exist') throw e;
-        const current = holder(dir, workspace);
-        if (current === undefined) continue; // its holder just unlocked: try again
-        if (current.id === info.id) return; // a retry of a lock we hold
-        if (staleWriteLock(current) && takeOver(dir, workspace, current)) continue;
-        throw new Failure('locked', current);
+ * holds the lock. A workspace delete running beside it may remove the
+ * workspace, temporary file and all: then the lock is taken again, after
+ * the delete (`make` false: the workspace must exist). */
+function takeLock(dir, workspace, info, make = true) {
+  for (let vanished = 0; vanished < 3; vanished++) {
+    if (!make && !isDir(dir, workspace)) throw new Failure('not-found');
+    let temp;
+    try {
+      temp = writeTemp(dir, workspace, writeBytes(lockToJson(info)), make);
+      for (let attempt = 0; attempt < 100; attempt++) {
+        try {
+          dir.linkAt(NOFOLLOW, temp, dir, `${workspace}/${LOCK}`);
+          return;
+        } catch (e) {
+          if (code(e) !== 'exist') throw e; // 'no-entry': deleted meanwhile, below
+          const current = holder(dir, workspace);
+          if (current === undefined) continue; // its holder just unlocked: try again
+          if (current.id === info.id) return; // a retry of a lock we hold
+          if (staleWriteLock(current) && takeOver(dir, workspace, current)) continue;
+          throw new Failure('locked', current);
+        }
       }
+      throw new Failure('unavailable', `the lock of "${workspace}" kept changing hands`);
+    } catch (e) {
+      if (code(e) !== 'no-entry') throw e; // lock it afresh
+    } finally {
+      if (temp !== undefined) remove(dir, temp);
     }
-    throw new Failure('unavailable', `the lock of "${workspace}" kept changing hands`);
-  } finally {
-    remove(dir, temp);
   }
+  throw new Failure('unavailable', `"${workspace}" was deleted three times while being locked; try again`);
 }
 
 /** Whether `current` is a lock this guest took for a write sent without
@@ -329,8 +355,7 @@ function staleWriteLock(current) {
  * writer removed it (false: another one is). */
 function takeOver(dir, workspace, stale) {
   const cutoff = now().seconds - STALE_AFTER_S;
-  const entries = dir.openAt(NOFOLLOW, workspace, { directory: true }, { read: true }).readDirectory();
-  for (let entry = entries.readDirectoryEntry(); entry; entry = entries.readDirectoryEntry()) {
+  for (const entry of entriesOf(dir, workspace)) {
     if (!entry.name.startsWith('.stale-')) continue;
     const marker = `${workspace}/${entry.name}`;
     try {
@@ -376,9 +401,10 @@ function writeTurn(dir, workspace, lockId, body) {
   const info = { id, operation: WRITE_LOCK, info: 'a write sent without a lock', who: 'wasmstate', version: '', created: new Date().toISOString(), path: '' };
   for (let attempt = 0; ; attempt++) {
     try {
-      takeLock(dir, workspace, info);
+      takeLock(dir, workspace, info, false);
       break;
     } catch (e) {
+      if (e instanceof Failure && e.tag === 'not-found') throw new Failure('unavailable', DELETED_MEANWHILE);
       if (!(e instanceof Failure && e.tag === 'locked' && e.val.operation === WRITE_LOCK)) throw e;
       // 5 s at most: such a lock is held for a few calls.
       if (attempt === 500) throw new Failure('unavailable', `another write to "${workspace}" held it for 5 s; try again (a write the server stopped mid-way leaves its lock, operation ${WRITE_LOCK}: it is removed ${STALE_AFTER_S / 3600n} h after it was taken, or force-unlock the workspace)`);
@@ -400,8 +426,7 @@ function writeTurn(dir, workspace, lockId, body) {
 function metadataVersions(dir, workspace) {
   if (!isDir(dir, `${workspace}/${META}`)) return [];
   const versions = [];
-  const entries = dir.openAt(NOFOLLOW, `${workspace}/${META}`, { directory: true }, { read: true }).readDirectory();
-  for (let entry = entries.readDirectoryEntry(); entry; entry = entries.readDirectoryEntry()) {
+  for (const entry of entriesOf(dir, `${workspace}/${META}`)) {
     const match = /^(\d+)\.json$/.exec(entry.name);
     if (match) versions.push(Number(match[1]));
   }
@@ -441,9 +466,7 @@ function sweepMetadata(dir, workspace, upto) {
 }
 
 function removeTree(dir, path) {
-  const folder = dir.openAt(NOFOLLOW, path, { directory: true }, { read: true });
-  const entries = folder.readDirectory();
-  for (let entry = entries.readDirectoryEntry(); entry; entry = entries.readDirectoryEntry()) {
+  for (const entry of entriesOf(dir, path)) {
     const child = `${path}/${entry.name}`;
     if (entry.type === 'directory') removeTree(dir, child);
     else dir.unlinkFileAt(child);
@@ -471,7 +494,12 @@ export const storage = {
       return writeTurn(dir, workspace, lockId, () => {
         const file = openRead(dir, `${workspace}/${STATE}`);
         if (!expected(file && versionOf(file)[0], expect)) return false;
-        dir.renameAt(temp, dir, `${workspace}/${STATE}`);
+        try {
+          dir.renameAt(temp, dir, `${workspace}/${STATE}`);
+        } catch (e) {
+          if (code(e) === 'no-entry') throw new Failure('unavailable', DELETED_MEANWHILE);
+          throw e;
+        }
         return true;
       });
     } finally {
@@ -526,12 +554,50 @@ export const workspaces = {
     }
   }),
 
+  // Under a lock of its own, as Terraform's CLI deletes a workspace: a
+  // client's lock is refused while it runs (423), never removed with the
+  // workspace; what lands once it let go is kept.
   deleteWorkspace: guarded((name) => {
     const dir = root();
-    if (!isDir(dir, name)) throw new Failure('not-found');
-    const current = holder(dir, name);
-    if (current !== undefined) throw new Failure('locked', current);
-    removeTree(dir, name); // its state, lock file and metadata
+    const about = 'a workspace delete; if none runs, force-unlock and delete again';
+    const info = { id: randomName() + randomName(), operation: DELETE_LOCK, info: about, who: 'wasmstate', version: '', created: new Date().toISOString(), path: '' };
+    try {
+      takeLock(dir, name, info, false);
+    } catch (e) {
+      if (e instanceof Failure && e.tag === 'locked' && e.val.operation === DELETE_LOCK) {
+        throw new Failure('unavailable', `another delete of "${name}" is under way; if none is, force-unlock it`);
+      }
+      throw e;
+    }
+    try {
+      if (holder(dir, name)?.id !== info.id) throw new Failure('unavailable', `the delete's lock of "${name}" was force-unlocked; delete it again`);
+      for (const entry of entriesOf(dir, name)) {
+        if (entry.name === LOCK) continue;
+        if (entry.type === 'directory') removeTree(dir, `${name}/${entry.name}`); // its metadata
+        else remove(dir, `${name}/${entry.name}`);
+      }
+    } finally {
+      try {
+        release(dir, name, info.id);
+      } catch (e) {
+        if (!(e instanceof Failure)) throw e; // force-unlocked meanwhile: not ours
+      }
+    }
+    // A refused lock's or a stopped write's temporary file may still be
+    // there (none of theirs was acknowledged): removed, and tried again.
+    for (let attempt = 0; attempt < 3; attempt++) {
+      try {
+        dir.removeDirectoryAt(name);
+        return;
+      } catch (e) {
+        if (code(e) === 'no-entry') return;
+        if (code(e) !== 'not-empty') throw e;
+      }
+      const left = entriesOf(dir, name).map((entry) => entry.name);
+      if (left.some((entry) => !entry.startsWith('.tmp-'))) break;
+      for (const entry of left) remove(dir, `${name}/${entry}`);
+    }
+    throw new Failure('unavailable', `a lock or write reached "${name}" as it was deleted; it is kept: delete it again`);
   }),
 
   readMetadata: guarded((name) => {

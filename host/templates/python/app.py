@@ -39,6 +39,7 @@ reported as `internal`, so a bug reads as a message, not a crash.
 
 import contextlib
 import datetime
+import errno
 import functools
 import json
 import os
@@ -59,6 +60,10 @@ META = "metadata"
 # The operation named in the lock this guest takes for a write sent
 # without one (a client sees it only if it asks while such a write runs).
 WRITE_LOCK = "wasmstate-guest-write"
+# The operation named in the lock a workspace delete takes while it runs.
+DELETE_LOCK = "wasmstate-guest-delete"
+# A write whose workspace a delete removed while it was under way.
+DELETED_MEANWHILE = "the workspace was deleted while this write was under way; nothing was stored"
 # Older than any request may run (the host stops each within its timeout,
 # at most an hour): superseded metadata versions are removed after it.
 STALE_AFTER_S = 2 * 3600
@@ -177,27 +182,41 @@ def check_lock(workspace, lock_id):
         raise Err(t.Error_LockMismatch(None))
 
 
-def take_lock(workspace, info):
+def take_lock(workspace, info, make=True):
     """Link a lock file holding `info` into place; `Error_Locked` when
-    someone else holds the lock."""
-    temp = write_temp(workspace, write_bytes(lock_to_json(info)))
-    try:
-        for _ in range(100):
-            try:
-                os.link(temp, path(workspace, LOCK))
-                return
-            except FileExistsError:
-                current = holder(workspace)
-                if current is None:
-                    continue  # its holder just unlocked: try again
-                if current.id == info.id:
-                    return  # a retry of a lock we hold
-                if stale_write_lock(current) and take_over(workspace, current):
-                    continue
-                raise Err(t.Error_Locked(current))
-        raise Err(t.Error_Unavailable(f"the lock of {workspace!r} kept changing hands"))
-    finally:
-        remove(temp)
+    someone else holds the lock. A workspace delete running beside it may
+    remove the workspace, temporary file and all: then the lock is taken
+    again, after the delete (`make` False: the workspace must exist)."""
+    for _ in range(3):
+        if not make and not os.path.isdir(path(workspace)):
+            raise Err(t.Error_NotFound())
+        temp = None
+        try:
+            temp = write_temp(workspace, write_bytes(lock_to_json(info)), make)
+            for _ in range(100):
+                try:
+                    os.link(temp, path(workspace, LOCK))
+                    return
+                except FileExistsError:
+                    current = holder(workspace)
+                    if current is None:
+                        continue  # its holder just unlocked: try again
+                    if current.id == info.id:
+                        return  # a retry of a lock we hold
+                    if stale_write_lock(current) and take_over(workspace, current):
+                        continue
+                    raise Err(t.Error_Locked(current))
+            raise Err(t.Error_Unavailable(f"the lock of {workspace!r} kept changing hands"))
+        except FileNotFoundError:
+            continue  # deleted meanwhile: lock it afresh
+        except Err as e:
+            if wasi_code(e) != fs.ErrorCode.NO_ENTRY:
+                raise
+            continue  # the same, met through WASI itself
+        finally:
+            if temp is not None:
+                remove(temp)
+    raise Err(t.Error_Unavailable(f"{workspace!r} was deleted three times while being locked; try again"))
 
 
 def stale_write_lock(current):
@@ -264,9 +283,11 @@ def write_turn(workspace, lock_id):
     info = t.LockInfo(os.urandom(16).hex(), WRITE_LOCK, "a write sent without a lock", "wasmstate", "", now, "")
     for _ in range(500):  # 5 s at most: such a lock is held for a few calls
         try:
-            take_lock(workspace, info)
+            take_lock(workspace, info, make=False)
             break
         except Err as e:
+            if isinstance(e.value, t.Error_NotFound):
+                raise Err(t.Error_Unavailable(DELETED_MEANWHILE))
             if not (isinstance(e.value, t.Error_Locked) and e.value.value.operation == WRITE_LOCK):
                 raise
             with monotonic_clock.subscribe_duration(10_000_000) as pause:
@@ -303,11 +324,12 @@ def expected(version, expect):
     return True
 
 
-def write_temp(workspace, fill):
+def write_temp(workspace, fill, make=True):
     """Create a new, uniquely named file beside the target and let
     `fill(descriptor)` write it; its path. The caller renames or links it
-    into place."""
-    os.makedirs(path(workspace), exist_ok=True)
+    into place. `make`: create the workspace's directory if missing."""
+    if make:
+        os.makedirs(path(workspace), exist_ok=True)
     create = fs.OpenFlags.CREATE | fs.OpenFlags.EXCLUSIVE
     while True:
         name = f"{workspace}/.tmp-{os.urandom(8).hex()}"
@@ -448,7 +470,10 @@ class Storage(exports.Storage):
                         stored, _ = version_of(file)
                 if not expected(stored, expect):
                     return False
-                os.replace(temp, path(workspace, STATE))
+                try:
+                    os.replace(temp, path(workspace, STATE))
+                except FileNotFoundError:
+                    raise Err(t.Error_Unavailable(DELETED_MEANWHILE))
                 return True
         finally:
             remove(temp)  # gone once renamed; left by a refused write
@@ -502,12 +527,55 @@ class Workspaces(exports.Workspaces):
 
     @guarded
     def delete_workspace(self, name):
-        if not os.path.isdir(path(name)):
-            raise Err(t.Error_NotFound())
-        current = holder(name)
-        if current is not None:
-            raise Err(t.Error_Locked(current))
-        shutil.rmtree(path(name))  # its state, lock file and metadata
+        # Under a lock of its own, as Terraform's CLI deletes a workspace:
+        # a client's lock is refused while it runs (423), never removed
+        # with the workspace; what lands once it let go is kept.
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        info = t.LockInfo(
+            os.urandom(16).hex(), DELETE_LOCK,
+            "a workspace delete; if none runs, force-unlock and delete again", "wasmstate", "", now, "",
+        )
+        try:
+            take_lock(name, info, make=False)
+        except Err as e:
+            if isinstance(e.value, t.Error_Locked) and e.value.value.operation == DELETE_LOCK:
+                raise Err(t.Error_Unavailable(f"another delete of {name!r} is under way; if none is, force-unlock it"))
+            raise
+        try:
+            current = holder(name)
+            if current is None or current.id != info.id:
+                raise Err(t.Error_Unavailable(f"the delete's lock of {name!r} was force-unlocked; delete it again"))
+            for entry in os.listdir(path(name)):
+                target = path(name, entry)
+                if entry == LOCK:
+                    continue
+                if os.path.isdir(target) and not os.path.islink(target):
+                    shutil.rmtree(target)  # its metadata
+                else:
+                    remove(target)
+        finally:
+            with contextlib.suppress(Err):  # force-unlocked meanwhile: not ours
+                release(name, info.id)
+        # A refused lock's or a stopped write's temporary file may still be
+        # there (none of theirs was acknowledged): removed, and tried again.
+        for _ in range(3):
+            try:
+                os.rmdir(path(name))
+                return
+            except FileNotFoundError:
+                return
+            except OSError as e:
+                if e.errno != errno.ENOTEMPTY:
+                    raise
+            try:
+                left = os.listdir(path(name))
+            except FileNotFoundError:
+                return
+            if any(not entry.startswith(".tmp-") for entry in left):
+                break
+            for entry in left:
+                remove(path(name, entry))
+        raise Err(t.Error_Unavailable(f"a lock or write reached {name!r} as it was deleted; it is kept: delete it again"))
 
     @guarded
     def read_metadata(self, name):

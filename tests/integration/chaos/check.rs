@@ -17,17 +17,37 @@ pub struct Anomaly {
     pub events: Vec<usize>,
 }
 
-/// Every violation in `events` (a whole run's history), on storage that
-/// keeps a history every replica reads (the strictest promise).
-#[cfg(test)]
-pub fn check(events: &[Event]) -> Vec<Anomaly> {
-    check_with(events, true)
+/// What the storage under test promises, where guests differ.
+#[derive(Debug, Clone, Copy)]
+pub struct Promises {
+    /// The storage keeps the history every replica reads, so every
+    /// replica reaches the same verdict on a state pushed again
+    /// ([`super::rules`]).
+    pub history_shared: bool,
+    /// A workspace delete takes the workspace's lock itself, so it never
+    /// ends a lock a client was granted. False for a guest built before
+    /// it did: its delete removed a lock granted while it ran.
+    pub delete_keeps_locks: bool,
 }
 
-/// Every violation in `events` (a whole run's history); `history_shared`:
-/// the storage keeps the history every replica reads, so every replica
-/// reaches the same verdict on a state pushed again ([`super::rules`]).
-pub fn check_with(events: &[Event], history_shared: bool) -> Vec<Anomaly> {
+impl Promises {
+    /// The strictest: what the first-party guests promise today.
+    pub const ALL: Promises = Promises {
+        history_shared: true,
+        delete_keeps_locks: true,
+    };
+}
+
+/// Every violation in `events` (a whole run's history), on storage that
+/// promises everything ([`Promises::ALL`]).
+#[cfg(test)]
+pub fn check(events: &[Event]) -> Vec<Anomaly> {
+    check_with(events, Promises::ALL)
+}
+
+/// Every violation in `events` (a whole run's history) on storage that
+/// promises `promises`.
+pub fn check_with(events: &[Event], promises: Promises) -> Vec<Anomaly> {
     let mut anomalies = Vec::new();
     let mut by_workspace: BTreeMap<&str, Vec<&Event>> = BTreeMap::new();
     for event in events {
@@ -50,10 +70,15 @@ pub fn check_with(events: &[Event], history_shared: bool) -> Vec<Anomaly> {
         torn_or_unknown_states(events, &mut anomalies);
         older_states(events, &mut anomalies);
         lost_writes(events, &mut anomalies);
-        super::locks::check(events, &kills, &mut anomalies);
+        super::locks::check(events, &kills, promises, &mut anomalies);
         super::rules::other_lineages(events, &mut anomalies);
         super::rules::races(events, &mut anomalies);
-        super::rules::refusals(events, &overridden(events), history_shared, &mut anomalies);
+        super::rules::refusals(
+            events,
+            &overridden(events),
+            promises.history_shared,
+            &mut anomalies,
+        );
     }
     anomalies
 }

@@ -2,7 +2,7 @@
 //! wasmstate counted as one; and while a lock is surely held, no write or
 //! delete from anyone else is accepted.
 
-use super::check::Anomaly;
+use super::check::{Anomaly, Promises};
 use super::history::{Event, Op};
 
 /// How long after a host was killed its PostgreSQL sessions' advisory
@@ -31,8 +31,10 @@ pub(super) struct Span {
     yields: bool,
 }
 
-/// Every holder's span in one workspace's `events`, sorted by `from`.
-pub(super) fn spans(events: &[&Event]) -> Vec<Span> {
+/// Every holder's span in one workspace's `events`, sorted by `from`;
+/// `delete_keeps_locks`: no workspace delete ends one (the delete takes
+/// the lock itself).
+pub(super) fn spans(events: &[&Event], delete_keeps_locks: bool) -> Vec<Span> {
     let mut spans = Vec::new();
     for lock in events.iter().filter(|e| e.outcome.is(200)) {
         let (id, native, yields) = match &lock.op {
@@ -44,14 +46,19 @@ pub(super) fn spans(events: &[&Event]) -> Vec<Span> {
         // effect can follow the grant's) ends the span, at the earliest
         // when it began. A native client's lock is its own: wasmstate's
         // workspace delete is refused while it is held, and its
-        // force-unlock reaches only a lock file.
+        // force-unlock reaches only a lock file. A workspace delete takes
+        // the lock itself, so it is refused while one is held and a lock
+        // granted while it runs is taken after it; a guest built before
+        // that removed a lock granted while its delete ran.
         let released = events
             .iter()
             .filter(|e| e.end > lock.start)
             .filter(|e| match &e.op {
                 Op::Unlock(other) => other == id,
                 Op::ForceUnlock => yields && e.outcome.may_have_applied(),
-                Op::DeleteWorkspace => !native && e.outcome.may_have_applied(),
+                Op::DeleteWorkspace => {
+                    !delete_keeps_locks && !native && e.outcome.may_have_applied()
+                }
                 _ => false,
             })
             .map(|e| e.start.max(lock.end))
@@ -75,8 +82,13 @@ pub(super) fn spans(events: &[&Event]) -> Vec<Span> {
 
 /// Both rules over one workspace's `events`; `kills` are when hosts were
 /// killed (any workspace).
-pub(super) fn check(events: &[&Event], kills: &[u64], anomalies: &mut Vec<Anomaly>) {
-    let spans = spans(events);
+pub(super) fn check(
+    events: &[&Event],
+    kills: &[u64],
+    promises: Promises,
+    anomalies: &mut Vec<Anomaly>,
+) {
+    let spans = spans(events, promises.delete_keeps_locks);
     double_holders(&spans, kills, anomalies);
     writes_under_another_lock(events, &spans, anomalies);
 }
@@ -226,6 +238,29 @@ mod tests {
         let mut killed = history.to_vec();
         killed.push(kill(9, 12));
         assert!(check(&killed).is_empty(), "{:?}", check(&killed));
+    }
+
+    #[test]
+    fn a_workspace_delete_ends_no_lock_unless_the_guest_predates_that() {
+        use super::super::check::{Promises, check_with};
+        // "a" granted while the delete ran, then "b" granted too: the
+        // delete removed "a"'s lock file.
+        let history = [
+            event(0, 0, 0, 10, Op::DeleteWorkspace),
+            event(1, 1, 2, 5, Op::Lock("a".into())),
+            event(2, 2, 20, 21, Op::Lock("b".into())),
+            event(3, 1, 30, 31, Op::Unlock("a".into())),
+        ];
+        let found = check(&history);
+        assert!(
+            found.iter().any(|a| a.what.contains("two holders")),
+            "{found:?}"
+        );
+        let before = Promises {
+            delete_keeps_locks: false,
+            ..Promises::ALL
+        };
+        assert!(check_with(&history, before).is_empty());
     }
 
     #[test]

@@ -81,11 +81,12 @@ struct Setup {
     /// host takes a lock for an unlocked write, and no client ever meets
     /// one.
     conditional: bool,
-    /// Whether every replica must serve a state deleted and pushed again
-    /// below a serial it served: true for every guest since sealed states
-    /// carry their life's start (docs/guarantees.md); false only for a
-    /// run that models storage where replicas cannot agree.
-    history_shared: bool,
+    /// What the guest promises where guests differ. `history_shared`:
+    /// every replica must serve a state deleted and pushed again below a
+    /// serial it served, true for every guest since sealed states carry
+    /// their life's start (docs/guarantees.md), false only for a run that
+    /// models storage where replicas cannot agree.
+    promises: check::Promises,
 }
 
 impl Setup {
@@ -108,7 +109,7 @@ impl Setup {
             native: None,
             reload_variants: Vec::new(),
             conditional: true,
-            history_shared: true,
+            promises: check::Promises::ALL,
         }
     }
 }
@@ -178,7 +179,7 @@ fn settle(setup: &Setup, recorder: &Arc<Recorder>, cluster: &Cluster, seed: u64)
                 if let Some(newest) = tried
                     .iter()
                     .find_map(|e| operators::refused_below(&e.outcome))
-                    .filter(|_| !setup.history_shared)
+                    .filter(|_| !setup.promises.history_shared)
                 {
                     operator.push_above(workspace, newest);
                     continue;
@@ -300,7 +301,7 @@ fn run(setup: Setup) -> Report {
         let lines: Vec<String> = events.iter().map(Event::to_string).collect();
         std::fs::write(format!("{path}.{seed}"), lines.join("\n") + "\n").unwrap();
     }
-    anomalies.splice(0..0, check::check_with(&events, setup.history_shared));
+    anomalies.splice(0..0, check::check_with(&events, setup.promises));
     let races = recorder.races.lock().unwrap().clone();
     Report {
         seed,
@@ -368,6 +369,8 @@ fn chaos_local_built_for_0_2_1_through_the_hosts_lock() {
         "[backends.{BACKEND}]\nguest = {V0_2_1_LOCAL_WASM:?}\ndir = {store:?}\n"
     ));
     setup.conditional = false;
+    // Its workspace delete removed a lock granted while it ran.
+    setup.promises.delete_keeps_locks = false;
     run_clean(setup);
 }
 

@@ -318,12 +318,16 @@ mod tests {
         // Where the storage keeps no history, exactly this is documented
         // (a replica cannot see the delete); a refusal without a delete
         // and a push of the older serial before it is not.
-        use super::super::check::check_with;
-        assert!(check_with(&history(refusal.clone()), false).is_empty());
+        use super::super::check::{Promises, check_with};
+        let unshared = Promises {
+            history_shared: false,
+            ..Promises::ALL
+        };
+        assert!(check_with(&history(refusal.clone()), unshared).is_empty());
         let mut no_delete = history(refusal.clone()).to_vec();
         no_delete.remove(3);
         assert!(
-            check_with(&no_delete, false)
+            check_with(&no_delete, unshared)
                 .iter()
                 .any(|a| a.what.contains("refused a state"))
         );

@@ -1,4 +1,5 @@
-//! Unlocked writers racing through two replicas of a template's backend.
+//! Requests racing through two replicas of a template's backend: two
+//! unlocked writers of one serial; a workspace delete and a lock.
 
 use crate::common::*;
 use std::path::Path;
@@ -12,12 +13,9 @@ fn racer_state(serial: u64, racer: usize) -> Vec<u8> {
     .into_bytes()
 }
 
-/// Two unlocked writes from one serial, sent at once to two servers on one
-/// directory (replicas), round after round: one 200 and one 409 each time,
-/// and the stored state is the one answered 200. Neither server takes a
-/// lock for them: the guest's conditional write (its `expect`) is what
-/// stands between them.
-pub(super) fn unlocked_racers_get_one_200_and_one_409(wasm: &Path) {
+/// Two servers of backend `race` (the guest `wasm`) on one directory, as
+/// replicas are; the directory lives as long as the first value.
+fn two_replicas(wasm: &Path) -> (tempfile::TempDir, [Server; 2]) {
     let root = tempdir();
     let store = root.path().join("store");
     let config = format!("[backends.race]\nguest = {wasm:?}\ndir = {store:?}\n");
@@ -25,6 +23,16 @@ pub(super) fn unlocked_racers_get_one_200_and_one_409(wasm: &Path) {
         Server::with_config(&root.path().join("a"), &config),
         Server::with_config(&root.path().join("b"), &config),
     ];
+    (root, servers)
+}
+
+/// Two unlocked writes from one serial, sent at once to two servers on one
+/// directory (replicas), round after round: one 200 and one 409 each time,
+/// and the stored state is the one answered 200. Neither server takes a
+/// lock for them: the guest's conditional write (its `expect`) is what
+/// stands between them.
+pub(super) fn unlocked_racers_get_one_200_and_one_409(wasm: &Path) {
+    let (_root, servers) = two_replicas(wasm);
     let urls: Vec<String> = servers
         .iter()
         .map(|s| s.state_url("race", "race"))
@@ -57,4 +65,80 @@ pub(super) fn unlocked_racers_get_one_200_and_one_409(wasm: &Path) {
             "serial {serial}: the stored state is not the write answered 200"
         );
     }
+}
+
+/// A workspace delete and a lock sent at once to two servers on one
+/// directory, round after round: the template deletes under a lock of its
+/// own, so the lock is refused naming the delete (423), taken first (the
+/// delete refused, 423), or taken after it; a lock answered 200 is held
+/// until its holder unlocks it, never removed by the delete.
+pub(super) fn a_lock_granted_during_a_workspace_delete_is_kept(wasm: &Path) {
+    let (_root, servers) = two_replicas(wasm);
+    let state = servers[0].state_url("race", "doomed");
+    let workspace = format!("{}/workspaces/race/doomed", servers[0].url);
+    let lock_url = servers[1].state_url("race", "doomed");
+    let mut granted = 0;
+    for round in 0..40u64 {
+        let created = send("POST", &state, Some(&racer_state(round + 1, 0)));
+        assert_eq!(created.status, 200, "round {round}: {}", created.text());
+        let id = format!("racer-{round}");
+        let start = std::sync::Barrier::new(2);
+        let (deleted, locked) = std::thread::scope(|scope| {
+            let delete = scope.spawn(|| {
+                start.wait();
+                send("DELETE", &workspace, None)
+            });
+            let lock = scope.spawn(|| {
+                let body = lock_info(&id, "racer@test");
+                start.wait();
+                send("LOCK", &lock_url, Some(&body))
+            });
+            (delete.join().unwrap(), lock.join().unwrap())
+        });
+        let answers = format!(
+            "round {round}: delete {} {}, lock {} {}",
+            deleted.status,
+            deleted.text(),
+            locked.status,
+            locked.text()
+        );
+        assert!(matches!(deleted.status, 200 | 423 | 503), "{answers}");
+        // 503: the lock's directory went three times under it (rare).
+        assert!(matches!(locked.status, 200 | 423 | 503), "{answers}");
+        if locked.status == 200 {
+            granted += 1;
+            // Still held: a second client is refused, naming the first.
+            let second = send("LOCK", &state, Some(&lock_info("second", "other@test")));
+            assert_eq!(
+                second.status,
+                423,
+                "{answers}; second lock: {}",
+                second.text()
+            );
+            assert!(
+                second.text().contains(&id),
+                "{answers}; second lock: {}",
+                second.text()
+            );
+            let unlocked = send("UNLOCK", &lock_url, Some(&lock_info(&id, "racer@test")));
+            assert_eq!(
+                unlocked.status,
+                200,
+                "{answers}; unlock: {}",
+                unlocked.text()
+            );
+        } else {
+            // Nobody holds it: the delete let go of its own lock.
+            let next = send("LOCK", &state, Some(&lock_info("next", "other@test")));
+            assert_eq!(next.status, 200, "{answers}; next lock: {}", next.text());
+            let unlocked = send("UNLOCK", &state, Some(&lock_info("next", "other@test")));
+            assert_eq!(
+                unlocked.status,
+                200,
+                "{answers}; unlock: {}",
+                unlocked.text()
+            );
+        }
+    }
+    assert!(granted > 0, "no lock was granted in 40 rounds");
 }

@@ -569,7 +569,21 @@ impl HostDirectoryEntryStream for GuestFs<'_> {
         stream: Resource<types::DirectoryEntryStream>,
     ) -> FsResult<Option<types::DirectoryEntry>> {
         self.core.hold().await.map_err(FsError::trap)?;
-        HostDirectoryEntryStream::read_directory_entry(&mut self.fs, stream).await
+        loop {
+            match HostDirectoryEntryStream::read_directory_entry(
+                &mut self.fs,
+                Resource::new_borrow(stream.rep()),
+            )
+            .await
+            {
+                // wasmtime-wasi asks each entry's type as it lists, so an
+                // entry another request removed in between (a temporary
+                // file, a workspace deleted) failed the whole listing: it
+                // is skipped, as a listing a moment later would not show it.
+                Err(e) if matches!(e.downcast_ref(), Some(ErrorCode::NoEntry)) => continue,
+                other => return other,
+            }
+        }
     }
 
     fn drop(&mut self, stream: Resource<types::DirectoryEntryStream>) -> wasmtime::Result<()> {

@@ -1,4 +1,5 @@
-//! The wall clock as RFC 3339 text, for lock info whose `Created` the
+//! The wall clock as RFC 3339 text, as Terraform's `LockInfo.Created`
+//! takes it: for a lock a guest takes itself, or one whose `Created` the
 //! locker gave in another form.
 
 /// Now, in UTC, as Go's `time.RFC3339Nano` writes it (trailing zeros of
