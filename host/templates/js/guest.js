@@ -585,7 +585,7 @@ export const workspaces = {
     }
     // A refused lock's or a stopped write's temporary file may still be
     // there (none of theirs was acknowledged): removed, and tried again.
-    for (let attempt = 0; attempt < 3; attempt++) {
+    for (let attempt = 0; attempt < 4; attempt++) {
       try {
         dir.removeDirectoryAt(name);
         return;
@@ -593,6 +593,7 @@ export const workspaces = {
         if (code(e) === 'no-entry') return;
         if (code(e) !== 'not-empty') throw e;
       }
+      if (attempt === 3) break;
       const left = entriesOf(dir, name).map((entry) => entry.name);
       if (left.some((entry) => !entry.startsWith('.tmp-'))) break;
       for (const entry of left) remove(dir, `${name}/${entry}`);

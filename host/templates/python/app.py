@@ -558,7 +558,7 @@ class Workspaces(exports.Workspaces):
                 release(name, info.id)
         # A refused lock's or a stopped write's temporary file may still be
         # there (none of theirs was acknowledged): removed, and tried again.
-        for _ in range(3):
+        for attempt in range(4):
             try:
                 os.rmdir(path(name))
                 return
@@ -567,6 +567,8 @@ class Workspaces(exports.Workspaces):
             except OSError as e:
                 if e.errno != errno.ENOTEMPTY:
                     raise
+            if attempt == 3:
+                break
             try:
                 left = os.listdir(path(name))
             except FileNotFoundError:
