@@ -303,13 +303,6 @@ fn swap_under(
     Ok(true)
 }
 
-/// Set the modification time of `temp` past `previous` (the time of the
-/// file it replaces) as the filesystem stores it, so that no version
-/// repeats even when the new file gets the old one's inode (see stamp.rs).
-/// A filesystem keeping whole seconds (ext3, ext4 with 128-byte inodes,
-/// some NFS servers) or two (FAT) drops a finer step: the stored time is
-/// read back and stepped further ([`stamp::COARSER_STEPS`]) until it is
-/// later.
 /// A write answered once a workspace delete removed its temporary file or
 /// directory (not stored; a retry writes it afresh).
 fn deleted_meanwhile(dir: &str) -> Error {
@@ -324,12 +317,24 @@ enum Vanished {
     Not(Error),
 }
 
-impl From<Error> for Vanished {
-    fn from(e: Error) -> Self {
-        Vanished::Not(e)
+impl Vanished {
+    /// `code` of a call on `temp` that `what` names: its file gone, or an
+    /// error.
+    fn of(code: ErrorCode, what: &str, temp: &str) -> Vanished {
+        match code {
+            ErrorCode::NoEntry => Vanished::Temp,
+            code => Vanished::Not(fs_error(code, what, temp)),
+        }
     }
 }
 
+/// Set the modification time of `temp` past `previous` (the time of the
+/// file it replaces) as the filesystem stores it, so that no version
+/// repeats even when the new file gets the old one's inode (see stamp.rs).
+/// A filesystem keeping whole seconds (ext3, ext4 with 128-byte inodes,
+/// some NFS servers) or two (FAT) drops a finer step: the stored time is
+/// read back and stepped further ([`stamp::COARSER_STEPS`]) until it is
+/// later.
 fn set_time_past(dir: &Dir, temp: &str, previous: Option<Nanos>) -> Result<(), Vanished> {
     let fd = dir.descriptor();
     let set = |when: Nanos| {
@@ -343,10 +348,7 @@ fn set_time_past(dir: &Dir, temp: &str, previous: Option<Nanos>) -> Result<(), V
             NewTimestamp::NoChange,
             NewTimestamp::Timestamp(when),
         )
-        .map_err(|e| match e {
-            ErrorCode::NoEntry => Vanished::Temp,
-            e => Vanished::Not(fs_error(e, "setting the time of", temp)),
-        })
+        .map_err(|e| Vanished::of(e, "setting the time of", temp))
     };
     set(stamp::next_modified(now(), previous))?;
     let Some(previous) = previous else {
@@ -355,10 +357,7 @@ fn set_time_past(dir: &Dir, temp: &str, previous: Option<Nanos>) -> Result<(), V
     for step in stamp::COARSER_STEPS {
         let stored = fd
             .stat_at(PathFlags::empty(), temp)
-            .map_err(|e| match e {
-                ErrorCode::NoEntry => Vanished::Temp,
-                e => Vanished::Not(fs_error(e, "inspecting", temp)),
-            })?
+            .map_err(|e| Vanished::of(e, "inspecting", temp))?
             .data_modification_timestamp;
         if nanos(stored) > previous {
             return Ok(());

@@ -127,46 +127,31 @@ fn seed() -> u64 {
         })
 }
 
-/// After the faults: every workspace, through every host, must take the
-/// lock, read, write and unlock again within a minute (a lock left behind
-/// by a client whose host was killed is force-unlocked, as an operator
-/// would). What does not is stuck.
 /// What host `server` says of the state at `url` now, for a stuck
 /// workspace's report: a GET and a LOCK, or that it did not answer (with
 /// the end of its log), never a panic that would hide the report.
 fn probe(server: &Server, url: &str) -> String {
-    let client = reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
-    let ask = |method: &[u8], body: Option<Vec<u8>>| {
-        let mut request = client.request(reqwest::Method::from_bytes(method).unwrap(), url);
-        if let Some(body) = body {
-            request = request
-                .header("content-type", "application/json")
-                .body(body);
+    let ask = |method: &str, body: Option<&[u8]>| match try_send_with(method, url, body, &[]) {
+        Ok(answer) => {
+            let text = answer.text();
+            let text: String = text.trim().chars().take(300).collect();
+            format!("{} {text}", answer.status)
         }
-        match request.send() {
-            Ok(answer) => {
-                let status = answer.status().as_u16();
-                let text = answer.text().unwrap_or_default();
-                format!(
-                    "{status} {}",
-                    text.trim().chars().take(300).collect::<String>()
-                )
-            }
-            Err(e) => {
-                let log = std::fs::read_to_string(&server.log).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(5).collect();
-                format!("no answer ({e}); its log ends: {:?}", tail)
-            }
+        Err(e) => {
+            let log = std::fs::read_to_string(&server.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            format!("no answer ({e}); its log ends: {tail:?}")
         }
     };
-    let get = ask(b"GET", None);
-    let lock = ask(b"LOCK", Some(lock_info("settle-probe", "chaos@checker")));
+    let get = ask("GET", None);
+    let lock = ask("LOCK", Some(&lock_info("settle-probe", "chaos@checker")));
     format!("GET {get}; LOCK {lock}")
 }
 
+/// After the faults: every workspace, through every host, must take the
+/// lock, read, write and unlock again within a minute (a lock left behind
+/// by a client whose host was killed is force-unlocked, as an operator
+/// would). What does not is stuck.
 fn settle(setup: &Setup, recorder: &Arc<Recorder>, cluster: &Cluster, seed: u64) -> Vec<Anomaly> {
     let mut stuck = Vec::new();
     // The workspace only created through the API must settle too.

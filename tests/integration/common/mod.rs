@@ -312,6 +312,16 @@ pub fn send(method: &str, url: &str, body: Option<&[u8]>) -> Answer {
 
 /// Send one request with extra headers.
 pub fn send_with(method: &str, url: &str, body: Option<&[u8]>, headers: &[(&str, &str)]) -> Answer {
+    try_send_with(method, url, body, headers).unwrap_or_else(|e| panic!("{method} {url}: {e}"))
+}
+
+/// [`send_with`], the server's failure to answer returned, not a panic.
+pub fn try_send_with(
+    method: &str,
+    url: &str,
+    body: Option<&[u8]>,
+    headers: &[(&str, &str)],
+) -> reqwest::Result<Answer> {
     let client = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()
@@ -330,17 +340,15 @@ pub fn send_with(method: &str, url: &str, body: Option<&[u8]>, headers: &[(&str,
         }
         request = request.body(body.to_vec());
     }
-    let response = request
-        .send()
-        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let response = request.send()?;
     let status = response.status().as_u16();
     let headers = response.headers().clone();
-    let body = response.bytes().unwrap().to_vec();
-    Answer {
+    let body = response.bytes()?.to_vec();
+    Ok(Answer {
         status,
         body,
         headers,
-    }
+    })
 }
 
 /// A LockInfo body as Terraform sends it.
