@@ -329,7 +329,12 @@ def write_temp(workspace, fill, make=True):
     `fill(descriptor)` write it; its path. The caller renames or links it
     into place. `make`: create the workspace's directory if missing."""
     if make:
-        os.makedirs(path(workspace), exist_ok=True)
+        # One level, and not `makedirs`: a delete removing the directory
+        # between its `mkdir` and its check made that raise
+        # FileExistsError; a directory gone again fails the open below,
+        # which a lock takes afresh.
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path(workspace))
     create = fs.OpenFlags.CREATE | fs.OpenFlags.EXCLUSIVE
     while True:
         name = f"{workspace}/.tmp-{os.urandom(8).hex()}"
