@@ -363,3 +363,30 @@ fn local_every_change_syncs_the_workspace_directory() {
         changes.len()
     );
 }
+
+/// A workspace that is a dangling symbolic link can hold no file: a write
+/// to it is a 500 naming what failed, not a 503 inviting a retry (which
+/// `local` answers when a delete removed the directory under the write:
+/// a race, where a retry helps), and nothing is stored.
+#[test]
+fn local_a_write_into_a_dangling_link_is_a_500_not_a_retry() {
+    let data = tempdir();
+    let store = data.path().join("store");
+    let server = local_server(data.path(), &store);
+    let url = server.state_url("default", "ws");
+    assert_eq!(send("POST", &url, Some(&state(1))).status, 200);
+    std::os::unix::fs::symlink("nowhere", store.join("gone")).unwrap();
+    let written = send(
+        "POST",
+        &server.state_url("default", "gone"),
+        Some(&state(1)),
+    );
+    assert_eq!(written.status, 500, "{}", written.text());
+    assert!(
+        written.text().contains("writing temporary file"),
+        "{}",
+        written.text()
+    );
+    assert!(!store.join("nowhere").exists(), "something was stored");
+    assert_eq!(send("GET", &url, None).body, state(1));
+}

@@ -99,20 +99,23 @@ fn ignore_missing(result: std::io::Result<()>, context: &str) -> Result<(), Erro
 }
 
 impl Local {
-    fn ensure_workspace(&self, workspace: &str) -> Result<(), Error> {
+    /// Create the workspace's directory unless it exists; whether it was
+    /// made now.
+    fn ensure_workspace(&self, workspace: &str) -> Result<bool, Error> {
         self.ensure_dir(workspace, ".")
     }
 
-    /// Create directory `dir` (inside `parent`) unless it exists.
-    fn ensure_dir(&self, dir: &str, parent: &str) -> Result<(), Error> {
+    /// Create directory `dir` (inside `parent`) unless it exists; whether
+    /// it was made now.
+    fn ensure_dir(&self, dir: &str, parent: &str) -> Result<bool, Error> {
         match self.root.create_dir(dir) {
-            Ok(()) => self.sync_dir(parent),
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
+            Ok(()) => self.sync_dir(parent).map(|()| true),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
             Err(e) => Err(Error::io("creating directory", e)),
         }
     }
 
-    fn ensure_metadata_dir(&self) -> Result<(), Error> {
+    fn ensure_metadata_dir(&self) -> Result<bool, Error> {
         let (parent, _) = METADATA_DIR.split_once('/').expect("two levels");
         self.ensure_dir(parent, ".")?;
         self.ensure_dir(METADATA_DIR, parent)
@@ -166,15 +169,21 @@ impl Local {
     }
 
     /// Write `body` to a fresh, uniquely named file in `dir` (made by
-    /// `make_dir` when missing: asked only then, to spare a call per write)
-    /// and return its path; the caller renames or links it into place.
+    /// `make_dir` when missing: asked only then, to spare a call per write;
+    /// it answers whether it made it now) and return its path; the caller
+    /// renames or links it into place.
     fn write_temp(
         &self,
         dir: &str,
         mut body: Body<'_, '_>,
-        make_dir: impl Fn() -> Result<(), Error>,
+        make_dir: impl Fn() -> Result<bool, Error>,
     ) -> Result<String, Error> {
-        let mut made = false;
+        // Made again when a workspace delete removed it between its making
+        // and the file's creation (a lock's first call, racing a delete):
+        // the file then lands in the workspace made afresh, after the
+        // delete, as if it had come a moment later.
+        const MAKES: usize = 3;
+        let (mut made, mut made_last) = (0, false);
         loop {
             let path = format!("{dir}/{TEMP_PREFIX}{:016x}", random_u64());
             let created = match &mut body {
@@ -186,9 +195,21 @@ impl Local {
                 // Both fail so only as the file is opened, before anything
                 // is taken from the body.
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
-                Err(e) if e.kind() == ErrorKind::NotFound && !made => {
-                    make_dir()?;
-                    made = true;
+                Err(e) if e.kind() == ErrorKind::NotFound && made < MAKES => {
+                    // `false`: another request made it meanwhile.
+                    made_last = make_dir()?;
+                    made += 1;
+                }
+                // The last make found it there, yet no file can be made in
+                // it (a dangling symbolic link, most likely): no retry helps.
+                Err(e) if e.kind() == ErrorKind::NotFound && !made_last => {
+                    return Err(Error::io("writing temporary file", e));
+                }
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    return Err(Error::Unavailable(format!(
+                        "{dir:?} was deleted {MAKES} times while this request wrote to it; \
+                         nothing was stored: send it again"
+                    )));
                 }
                 Err(e) => {
                     let _ = self.root.remove_file(&path);
@@ -207,7 +228,13 @@ impl Local {
         }
         let switched = switched?;
         if switched {
-            self.sync_dir(dir)?;
+            match self.sync_dir(dir) {
+                // Written, then its workspace deleted by a delete that came
+                // after it (and synced the removal): nothing is left to
+                // make durable, and the write did happen.
+                Err(_) if !self.root.is_dir(dir) => {}
+                other => other?,
+            }
         }
         Ok(switched)
     }
@@ -331,7 +358,10 @@ impl Backend for Local {
         // Checked first so a refused write costs nothing (no temp file, no
         // workspace made, no quota taken)...
         self.check_lock(workspace, lock_id)?;
+        // A workspace that is not there holds no lock: a write presenting
+        // one is refused before anything is made.
         let temp = self.write_temp(workspace, Body::State(state), || {
+            self.check_lock(workspace, lock_id)?;
             self.ensure_workspace(workspace)
         })?;
         // ...and again under the write marker, once the body is written

@@ -254,16 +254,21 @@ function randomName() {
  * the workspace's directory if missing. */
 function writeTemp(dir, workspace, fill, make = true) {
   if (make) ensureDir(dir, workspace);
+  // A delete may remove the directory between its making and the file's
+  // creation (nothing is taken from `fill` before the file opens): it is
+  // made again, twice more at most, as for a request a moment later.
+  let remade = 0;
   for (;;) {
     const temp = `${workspace}/.tmp-${randomName()}`;
     try {
       createFile(dir, temp, fill);
       return temp;
     } catch (e) {
-      if (code(e) !== 'exist') {
-        remove(dir, temp);
-        throw e;
-      }
+      if (code(e) === 'exist') continue;
+      remove(dir, temp);
+      if (!(make && code(e) === 'no-entry' && remade < 2)) throw e;
+      remade += 1;
+      ensureDir(dir, workspace);
     }
   }
 }
@@ -489,7 +494,13 @@ export const storage = {
   write: guarded((workspace, state, lockId, expect) => {
     const dir = root();
     checkLock(dir, workspace, lockId); // a refused write costs nothing
-    const temp = writeTemp(dir, workspace, writeState(state));
+    let temp;
+    try {
+      temp = writeTemp(dir, workspace, writeState(state));
+    } catch (e) {
+      if (code(e) === 'no-entry') throw new Failure('unavailable', DELETED_MEANWHILE);
+      throw e;
+    }
     try {
       return writeTurn(dir, workspace, lockId, () => {
         const file = openRead(dir, `${workspace}/${STATE}`);

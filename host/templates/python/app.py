@@ -241,7 +241,7 @@ def take_over(workspace, stale):
     swept after the same bound), so it is never won twice. Whether this
     writer removed it (False: another one is)."""
     cutoff = wall_clock.now().seconds - STALE_AFTER_S
-    for name in os.listdir(path(workspace)):
+    for name in listdir(path(workspace)) or []:
         if name.startswith(".stale-"):
             with contextlib.suppress(FileNotFoundError):
                 if os.stat(path(workspace, name)).st_mtime < cutoff:
@@ -336,12 +336,21 @@ def write_temp(workspace, fill, make=True):
         with contextlib.suppress(FileExistsError):
             os.mkdir(path(workspace))
     create = fs.OpenFlags.CREATE | fs.OpenFlags.EXCLUSIVE
+    remade = 0
     while True:
         name = f"{workspace}/.tmp-{os.urandom(8).hex()}"
         try:
             file = root().open_at(fs.PathFlags(0), name, create, fs.DescriptorFlags.WRITE)
         except Err as e:
             if wasi_code(e) == fs.ErrorCode.EXIST:
+                continue
+            # A delete may remove the directory between its making and this
+            # open (nothing is taken from `fill` yet): made again, twice
+            # more at most, as for a request a moment later.
+            if make and wasi_code(e) == fs.ErrorCode.NO_ENTRY and remade < 2:
+                remade += 1
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(path(workspace))
                 continue
             raise
         temp = os.path.join(ROOT, name)
@@ -399,12 +408,22 @@ def remove(file):
         pass
 
 
+def listdir(directory):
+    """`os.listdir`, or None when `directory` does not exist. A listing
+    that fails with FileNotFoundError while the directory is still there
+    (an entry another request removed as it was listed) is made again."""
+    for _ in range(100):
+        try:
+            return os.listdir(directory)
+        except FileNotFoundError:
+            if not os.path.isdir(directory):
+                return None
+    raise Err(t.Error_Unavailable(f"{directory!r} kept changing while it was listed; try again"))
+
+
 def metadata_versions(workspace):
     """The metadata versions on disk, as numbers."""
-    try:
-        names = os.listdir(path(workspace, META))
-    except FileNotFoundError:
-        return []
+    names = listdir(path(workspace, META)) or []
     return [int(name[:-5]) for name in names if name.endswith(".json") and name[:-5].isdigit()]
 
 
@@ -465,7 +484,12 @@ class Storage(exports.Storage):
     @guarded
     def write(self, workspace, state, lock_id, expect):
         check_lock(workspace, lock_id)  # a refused write costs nothing
-        temp = write_temp(workspace, write_state(state))
+        try:
+            temp = write_temp(workspace, write_state(state))
+        except Err as e:
+            if wasi_code(e) == fs.ErrorCode.NO_ENTRY:
+                raise Err(t.Error_Unavailable(DELETED_MEANWHILE))
+            raise
         try:
             with write_turn(workspace, lock_id):
                 file = open_state(workspace)
@@ -516,11 +540,10 @@ class Storage(exports.Storage):
 class Workspaces(exports.Workspaces):
     @guarded
     def list_workspaces(self):
-        return [
-            name
-            for name in os.listdir(ROOT)
-            if not name.startswith(".") and os.path.isdir(path(name))
-        ]
+        names = listdir(ROOT)
+        if names is None:
+            root()  # says no directory was granted
+        return [name for name in names or [] if not name.startswith(".") and os.path.isdir(path(name))]
 
     @guarded
     def create_workspace(self, name):
@@ -550,7 +573,10 @@ class Workspaces(exports.Workspaces):
             current = holder(name)
             if current is None or current.id != info.id:
                 raise Err(t.Error_Unavailable(f"the delete's lock of {name!r} was force-unlocked; delete it again"))
-            for entry in os.listdir(path(name)):
+            entries = listdir(path(name))
+            if entries is None:
+                raise Err(t.Error_Unavailable(f"{name!r} went away while its delete held its lock; delete it again"))
+            for entry in entries:
                 target = path(name, entry)
                 if entry == LOCK:
                     continue
@@ -574,9 +600,8 @@ class Workspaces(exports.Workspaces):
                     raise
             if attempt == 3:
                 break
-            try:
-                left = os.listdir(path(name))
-            except FileNotFoundError:
+            left = listdir(path(name))
+            if left is None:
                 return
             if any(not entry.startswith(".tmp-") for entry in left):
                 break
