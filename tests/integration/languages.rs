@@ -118,6 +118,16 @@ fn javascript_a_lock_granted_during_a_workspace_delete_is_kept() {
 }
 
 #[test]
+fn python_a_write_into_a_dangling_link_is_a_500() {
+    races::a_write_into_a_dangling_link_is_a_500(built("python"));
+}
+
+#[test]
+fn javascript_a_write_into_a_dangling_link_is_a_500() {
+    races::a_write_into_a_dangling_link_is_a_500(built("js"));
+}
+
+#[test]
 fn python_a_stopped_writes_lock_is_taken_over_only_when_stale() {
     stale::a_stopped_writes_lock_is_taken_over_only_when_stale(built("python"));
 }

@@ -167,15 +167,7 @@ function readFile(dir, path) {
   return out;
 }
 
-/** Create a new file and let `fill(file)` write it (`exist` when it is
- * there already). */
-function createFile(dir, path, fill) {
-  const file = dir.openAt(NOFOLLOW, path, { create: true, exclusive: true }, { write: true });
-  fill(file);
-  if (fsyncEnabled()) file.syncData();
-}
-
-/** A `fill` for `createFile`: these few bytes (a lock). */
+/** A `fill` for `writeTemp`: these few bytes (a lock). */
 function writeBytes(bytes) {
   return (file) => {
     let done = 0;
@@ -183,7 +175,7 @@ function writeBytes(bytes) {
   };
 }
 
-/** A `fill` for `createFile`: the state the host hands us, copied by the
+/** A `fill` for `writeTemp`: the state the host hands us, copied by the
  * host into the file's stream, then stamped with random nanoseconds (the
  * version `versionOf` reads). */
 function writeState(state) {
@@ -217,11 +209,14 @@ function isDir(dir, path) {
   }
 }
 
+/** Make directory `path` unless it exists; whether it was made now. */
 function ensureDir(dir, path) {
   try {
     dir.createDirectoryAt(path);
+    return true;
   } catch (e) {
     if (code(e) !== 'exist') throw e;
+    return false;
   }
 }
 
@@ -253,22 +248,36 @@ function randomName() {
  * `fill(file)`; the caller renames or links it into place. `make`: create
  * the workspace's directory if missing. */
 function writeTemp(dir, workspace, fill, make = true) {
-  if (make) ensureDir(dir, workspace);
+  let made = make && ensureDir(dir, workspace);
   // A delete may remove the directory between its making and the file's
-  // creation (nothing is taken from `fill` before the file opens): it is
-  // made again, twice more at most, as for a request a moment later.
+  // creation: it is made again, twice more at most, as for a request a
+  // moment later.
   let remade = 0;
   for (;;) {
     const temp = `${workspace}/.tmp-${randomName()}`;
+    let file;
     try {
-      createFile(dir, temp, fill);
-      return temp;
+      file = dir.openAt(NOFOLLOW, temp, { create: true, exclusive: true }, { write: true });
     } catch (e) {
       if (code(e) === 'exist') continue;
-      remove(dir, temp);
-      if (!(make && code(e) === 'no-entry' && remade < 2)) throw e;
+      if (!make || code(e) !== 'no-entry') throw e;
+      if (remade === 2 && !made) {
+        // Found there by the last make, yet refusing the file (a dangling
+        // link, most likely): not a race, and no retry helps.
+        throw new Failure('internal', `cannot create a file in ${workspace}: no-entry, though it exists`);
+      }
+      if (remade === 2) throw e;
       remade += 1;
-      ensureDir(dir, workspace);
+      made = ensureDir(dir, workspace);
+      continue;
+    }
+    try {
+      fill(file);
+      if (fsyncEnabled()) file.syncData();
+      return temp;
+    } catch (e) {
+      remove(dir, temp);
+      throw e;
     }
   }
 }

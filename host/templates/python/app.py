@@ -324,17 +324,22 @@ def expected(version, expect):
     return True
 
 
+def make_dir(workspace):
+    """Make the workspace's directory unless it exists; whether it was made
+    now. One level, and not `makedirs`: a delete removing the directory
+    between its `mkdir` and its check made that raise FileExistsError."""
+    try:
+        os.mkdir(path(workspace))
+        return True
+    except FileExistsError:
+        return False
+
+
 def write_temp(workspace, fill, make=True):
     """Create a new, uniquely named file beside the target and let
     `fill(descriptor)` write it; its path. The caller renames or links it
     into place. `make`: create the workspace's directory if missing."""
-    if make:
-        # One level, and not `makedirs`: a delete removing the directory
-        # between its `mkdir` and its check made that raise
-        # FileExistsError; a directory gone again fails the open below,
-        # which a lock takes afresh.
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path(workspace))
+    made = make and make_dir(workspace)
     create = fs.OpenFlags.CREATE | fs.OpenFlags.EXCLUSIVE
     remade = 0
     while True:
@@ -347,12 +352,17 @@ def write_temp(workspace, fill, make=True):
             # A delete may remove the directory between its making and this
             # open (nothing is taken from `fill` yet): made again, twice
             # more at most, as for a request a moment later.
-            if make and wasi_code(e) == fs.ErrorCode.NO_ENTRY and remade < 2:
-                remade += 1
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(path(workspace))
-                continue
-            raise
+            if not make or wasi_code(e) != fs.ErrorCode.NO_ENTRY:
+                raise
+            if remade == 2 and not made:
+                # Found there by the last make, yet refusing the file (a
+                # dangling link, most likely): not a race; no retry helps.
+                raise Err(t.Error_Internal(f"cannot create a file in {workspace!r}: no-entry, though it exists"))
+            if remade == 2:
+                raise
+            remade += 1
+            made = make_dir(workspace)
+            continue
         temp = os.path.join(ROOT, name)
         try:
             with file:
@@ -573,10 +583,8 @@ class Workspaces(exports.Workspaces):
             current = holder(name)
             if current is None or current.id != info.id:
                 raise Err(t.Error_Unavailable(f"the delete's lock of {name!r} was force-unlocked; delete it again"))
-            entries = listdir(path(name))
-            if entries is None:
-                raise Err(t.Error_Unavailable(f"{name!r} went away while its delete held its lock; delete it again"))
-            for entry in entries:
+            # None: deleted meanwhile by another delete (after a force-unlock).
+            for entry in listdir(path(name)) or []:
                 target = path(name, entry)
                 if entry == LOCK:
                     continue

@@ -1,5 +1,6 @@
 //! Requests racing through two replicas of a template's backend: two
-//! unlocked writers of one serial; a workspace delete and a lock.
+//! unlocked writers of one serial; a workspace delete and a lock; a write
+//! into a workspace that cannot hold a file.
 
 use crate::common::*;
 use std::path::Path;
@@ -154,4 +155,24 @@ pub(super) fn a_lock_granted_during_a_workspace_delete_is_kept(wasm: &Path) {
         }
     }
     assert!(granted > 0, "no lock was granted in 40 rounds");
+}
+
+/// A workspace that is a dangling symbolic link: a write to it is a 500
+/// naming the cause, not a 503 inviting a retry (which the template
+/// answers when a delete removed the directory under the write, a race a
+/// retry gets past), and nothing is stored.
+pub(super) fn a_write_into_a_dangling_link_is_a_500(wasm: &Path) {
+    let (root, servers) = two_replicas(wasm);
+    let store = root.path().join("store");
+    let first = send(
+        "POST",
+        &servers[0].state_url("race", "ws"),
+        Some(&racer_state(1, 0)),
+    );
+    assert_eq!(first.status, 200, "{}", first.text());
+    std::os::unix::fs::symlink("nowhere", store.join("gone")).unwrap();
+    let url = servers[0].state_url("race", "gone");
+    let written = send("POST", &url, Some(&racer_state(1, 0)));
+    assert_eq!(written.status, 500, "{}", written.text());
+    assert!(!store.join("nowhere").exists(), "something was stored");
 }
