@@ -126,6 +126,16 @@ impl Local {
         self.sync_in(&self.root, dir)
     }
 
+    /// [`Self::sync_dir`], where a directory a workspace delete removed
+    /// meanwhile needs none: that delete synced its removal, and nothing in
+    /// it is left to make durable.
+    fn sync_dir_unless_deleted(&self, dir: &str) -> Result<(), Error> {
+        match self.sync_dir(dir) {
+            Err(_) if !self.root.is_dir(dir) => Ok(()),
+            other => other,
+        }
+    }
+
     /// Make the entries of directory `path` of `dir` durable (with `fsync`
     /// on); `"."` is `dir` itself.
     fn sync_in(&self, dir: &Dir, path: &str) -> Result<(), Error> {
@@ -228,13 +238,8 @@ impl Local {
         }
         let switched = switched?;
         if switched {
-            match self.sync_dir(dir) {
-                // Written, then its workspace deleted by a delete that came
-                // after it (and synced the removal): nothing is left to
-                // make durable, and the write did happen.
-                Err(_) if !self.root.is_dir(dir) => {}
-                other => other?,
-            }
+            // Gone: written, then deleted by a delete that came after it.
+            self.sync_dir_unless_deleted(dir)?;
         }
         Ok(switched)
     }
@@ -392,11 +397,8 @@ impl Backend for Local {
         cas::switch(&self.root, &slot, None, &Expect::Any, || {
             self.check_lock(workspace, lock_id)
         })?;
-        match self.sync_dir(workspace) {
-            // No workspace, no state: deleting it succeeds.
-            Err(_) if !self.root.is_dir(workspace) => Ok(()),
-            other => other,
-        }
+        // No workspace, no state: deleting it succeeds.
+        self.sync_dir_unless_deleted(workspace)
     }
 
     fn lock(&self, workspace: &str, info: &LockInfo) -> Result<(), Error> {

@@ -138,7 +138,7 @@ fn probe(server: &Server, url: &str) -> String {
             format!("{} {text}", answer.status)
         }
         Err(e) => {
-            let log = std::fs::read_to_string(&server.log).unwrap_or_default();
+            let log = server.log_text();
             let tail: Vec<&str> = log.lines().rev().take(5).collect();
             format!("no answer ({e}); its log ends: {tail:?}")
         }

@@ -109,7 +109,7 @@ pub(super) fn a_lock_granted_during_a_workspace_delete_is_kept(wasm: &Path) {
                 "{answers}; logs: {}",
                 servers
                     .iter()
-                    .map(|s| std::fs::read_to_string(&s.log).unwrap_or_default())
+                    .map(Server::log_text)
                     .map(|log| log.lines().rev().take(12).collect::<Vec<_>>().join(" | "))
                     .collect::<Vec<_>>()
                     .join(" || ")
