@@ -444,11 +444,28 @@ pub fn free_port() -> u16 {
 
 /// Run `wasmstate` with `args`; (success, stdout + stderr).
 pub fn wasmstate(args: &[&str]) -> (bool, String) {
-    let out = Command::new(BIN).args(args).output().unwrap();
+    let out = Command::new(BIN)
+        .args(args)
+        .current_dir(cli_dir())
+        .output()
+        .unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
     )
+}
+
+/// Where [`wasmstate`] runs the CLI: a command that loads a guest keeps
+/// its compiled code in `./wasmstate-data`, which belongs in the target
+/// directory (shared by every call and run, as the compile cache is
+/// worth sharing), not in the source tree.
+fn cli_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli");
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    })
 }
 
 /// The digest `wasmstate guest inspect` prints for a component file.

@@ -45,12 +45,34 @@ pub(super) fn template(lang: &str, name: &str, dir: &Path, extra: &[&str]) {
     assert!(out.contains("next:"), "{out}");
 }
 
+/// Where this test run builds templates: a folder of its own under the
+/// target's temporary directory, as the built guests must outlive the
+/// tests that share them (a `TempDir` in a static is never dropped, and
+/// each build is about 20 MB). The folders of earlier runs whose process
+/// is gone are removed first, so what a run leaves is bounded by one run.
+fn builds_root() -> &'static Path {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let all = Path::new(env!("CARGO_TARGET_TMPDIR")).join("languages");
+        for entry in std::fs::read_dir(&all).into_iter().flatten().flatten() {
+            let pid = entry.file_name();
+            let alive = Path::new("/proc").join(&pid).exists();
+            if !alive && pid.to_str().is_some_and(|p| p.parse::<u32>().is_ok()) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        let own = all.join(std::process::id().to_string());
+        std::fs::create_dir_all(&own).unwrap();
+        own
+    })
+}
+
 /// Build the `lang` template (python or js) in a folder that lives as long
 /// as the test run, after `edit(dir)`; the component's path.
 pub(super) fn build_template(lang: &str, name: &str, edit: impl FnOnce(&Path)) -> PathBuf {
     let dir = tempfile::Builder::new()
         .prefix("wasmstate-lang-")
-        .tempdir()
+        .tempdir_in(builds_root())
         .unwrap()
         .keep()
         .join(name);
