@@ -128,6 +128,16 @@ fn javascript_a_write_into_a_dangling_link_is_a_500() {
 }
 
 #[test]
+fn python_a_metadata_write_racing_a_workspace_delete_is_never_a_500() {
+    races::a_metadata_write_racing_a_workspace_delete_is_never_a_500(built("python"));
+}
+
+#[test]
+fn javascript_a_metadata_write_racing_a_workspace_delete_is_never_a_500() {
+    races::a_metadata_write_racing_a_workspace_delete_is_never_a_500(built("js"));
+}
+
+#[test]
 fn python_a_stopped_writes_lock_is_taken_over_only_when_stale() {
     stale::a_stopped_writes_lock_is_taken_over_only_when_stale(built("python"));
 }

@@ -172,7 +172,7 @@ impl MetaStore {
         workspace: &str,
         change: impl Fn(&mut WorkspaceMeta) + Send + 'static,
     ) -> Result<WorkspaceMeta, TfeError> {
-        for _ in 0..MAX_TRIES {
+        for attempt in 0..MAX_TRIES {
             let (mut doc, mut meta, expect, from_file) = match self
                 .find(storage, backend, workspace)
                 .await?
@@ -193,6 +193,15 @@ impl MetaStore {
                     })?;
                     let meta = tfe_part(&doc);
                     (doc, meta, Expect::Version(stored.version), false)
+                }
+                // Gone since the last try, whose write it defeated: most
+                // likely deleted. Looked at before writing afresh, as a
+                // guest keeping metadata in the workspace's own directory
+                // would make the workspace again with it.
+                Found::Stored(None)
+                    if attempt > 0 && !self.still_there(storage, workspace).await =>
+                {
+                    return Err(deleted_meanwhile(backend, workspace));
                 }
                 Found::Stored(None) => {
                     let old = self.file.find(backend, workspace);
@@ -225,9 +234,7 @@ impl MetaStore {
                 // push) would come back with these tags.
                 if !self.still_there(storage, workspace).await {
                     self.forget_if_gone(storage, backend, workspace).await;
-                    return Err(TfeError::not_found(format!(
-                        "workspace {backend}/{workspace} was deleted meanwhile; nothing was changed"
-                    )));
+                    return Err(deleted_meanwhile(backend, workspace));
                 }
                 return Ok(meta);
             }
@@ -374,6 +381,13 @@ fn encode(doc: &Map<String, Value>) -> Result<String, TfeError> {
         )));
     }
     Ok(content)
+}
+
+/// The answer to a change of a workspace deleted while it was made.
+fn deleted_meanwhile(backend: &str, workspace: &str) -> TfeError {
+    TfeError::not_found(format!(
+        "workspace {backend}/{workspace} was deleted meanwhile; nothing was changed"
+    ))
 }
 
 fn check_count(meta: &WorkspaceMeta) -> Result<(), TfeError> {

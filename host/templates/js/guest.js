@@ -479,13 +479,18 @@ function sweepMetadata(dir, workspace, upto) {
   }
 }
 
-function removeTree(dir, path) {
-  for (const entry of entriesOf(dir, path)) {
-    const child = `${path}/${entry.name}`;
-    if (entry.type === 'directory') removeTree(dir, child);
-    else dir.unlinkFileAt(child);
+/**
+ * Empty and remove a workspace's metadata directory (files only). A version
+ * a racing write links in as this runs stays, with its directory: the delete
+ * then answers "delete it again".
+ */
+function removeMetadataDir(dir, path) {
+  for (const entry of entriesOf(dir, path)) remove(dir, `${path}/${entry.name}`);
+  try {
+    dir.removeDirectoryAt(path);
+  } catch (e) {
+    if (code(e) !== 'no-entry' && code(e) !== 'not-empty') throw e;
   }
-  dir.removeDirectoryAt(path);
 }
 
 export const storage = {
@@ -593,7 +598,7 @@ export const workspaces = {
       if (holder(dir, name)?.id !== info.id) throw new Failure('unavailable', `the delete's lock of "${name}" was force-unlocked; delete it again`);
       for (const entry of entriesOf(dir, name)) {
         if (entry.name === LOCK) continue;
-        if (entry.type === 'directory') removeTree(dir, `${name}/${entry.name}`); // its metadata
+        if (entry.type === 'directory') removeMetadataDir(dir, `${name}/${entry.name}`);
         else remove(dir, `${name}/${entry.name}`);
       }
     } finally {
@@ -634,14 +639,28 @@ export const workspaces = {
       const [number, version, current] = currentMetadata(dir, name);
       if (!expected(current === undefined ? undefined : version, expect)) return false;
       if (content === undefined && current === undefined) return true; // nothing to remove
-      ensureDir(dir, name);
-      ensureDir(dir, `${name}/${META}`);
       const document = `${randomName()}\n${content ?? ''}`; // no document: removed
-      const temp = writeTemp(dir, name, writeBytes(new TextEncoder().encode(document)));
+      // Only a first version makes the directories (a workspace is made so).
+      // Any later one found them there, and only a delete removes them: then
+      // its link fails, and the version it replaces is gone, so it looks
+      // again (and answers false).
+      const first = number === 0;
+      let temp;
+      try {
+        if (first) {
+          ensureDir(dir, name);
+          ensureDir(dir, `${name}/${META}`);
+        }
+        temp = writeTemp(dir, name, writeBytes(new TextEncoder().encode(document)), first);
+      } catch (e) {
+        if (code(e) === 'no-entry') continue; // a delete removed the workspace: look again
+        throw e;
+      }
       try {
         dir.linkAt(NOFOLLOW, temp, dir, `${name}/${META}/${number + 1}.json`);
       } catch (e) {
-        if (code(e) === 'exist') continue;
+        // A racing writer made it first, or a delete took the directory.
+        if (code(e) === 'exist' || code(e) === 'no-entry') continue;
         throw e;
       } finally {
         remove(dir, temp);

@@ -43,7 +43,6 @@ import errno
 import functools
 import json
 import os
-import shutil
 import traceback
 
 from componentize_py_types import Err
@@ -431,6 +430,21 @@ def listdir(directory):
     raise Err(t.Error_Unavailable(f"{directory!r} kept changing while it was listed; try again"))
 
 
+def remove_metadata_dir(directory):
+    """Empty and remove a workspace's metadata directory (files only). A
+    version a racing write links in as this runs stays, with its
+    directory: the delete then answers "delete it again"."""
+    for entry in listdir(directory) or []:
+        remove(os.path.join(directory, entry))
+    try:
+        os.rmdir(directory)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        if e.errno != errno.ENOTEMPTY:
+            raise
+
+
 def metadata_versions(workspace):
     """The metadata versions on disk, as numbers."""
     names = listdir(path(workspace, META)) or []
@@ -589,7 +603,7 @@ class Workspaces(exports.Workspaces):
                 if entry == LOCK:
                     continue
                 if os.path.isdir(target) and not os.path.islink(target):
-                    shutil.rmtree(target)  # its metadata
+                    remove_metadata_dir(target)
                 else:
                     remove(target)
         finally:
@@ -633,13 +647,28 @@ class Workspaces(exports.Workspaces):
                 return False
             if content is None and current is None:
                 return True  # nothing to remove
-            os.makedirs(path(name, META), exist_ok=True)
             document = f"{os.urandom(8).hex()}\n{content or ''}"  # no document: removed
-            temp = write_temp(name, write_bytes(document.encode()))
+            # Only a first version makes the directories (a workspace is
+            # made so). Any later one found them there, and only a delete
+            # removes them: then its link fails, and the version it
+            # replaces is gone, so it looks again (and answers false).
+            first = number == 0
+            try:
+                if first:
+                    make_dir(name)
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(path(name, META))
+                temp = write_temp(name, write_bytes(document.encode()), make=first)
+            except FileNotFoundError:
+                continue  # a delete removed the workspace: look again
+            except Err as e:
+                if wasi_code(e) != fs.ErrorCode.NO_ENTRY:
+                    raise
+                continue  # the same, around the temporary file
             try:
                 os.link(temp, path(name, f"{META}/{number + 1}.json"))
-            except FileExistsError:
-                continue
+            except (FileExistsError, FileNotFoundError):
+                continue  # a racing writer made it first, or a delete took the directory
             finally:
                 remove(temp)
             sweep_metadata(name, number)

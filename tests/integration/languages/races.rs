@@ -1,6 +1,6 @@
 //! Requests racing through two replicas of a template's backend: two
-//! unlocked writers of one serial; a workspace delete and a lock; a write
-//! into a workspace that cannot hold a file.
+//! unlocked writers of one serial; a workspace delete and a lock, or its
+//! metadata's write; a write into a workspace that cannot hold a file.
 
 use crate::common::*;
 use std::path::Path;
@@ -17,14 +17,49 @@ fn racer_state(serial: u64, racer: usize) -> Vec<u8> {
 /// Two servers of backend `race` (the guest `wasm`) on one directory, as
 /// replicas are; the directory lives as long as the first value.
 fn two_replicas(wasm: &Path) -> (tempfile::TempDir, [Server; 2]) {
+    two_replicas_with(wasm, "")
+}
+
+/// [`two_replicas`], with `extra` in their config.
+fn two_replicas_with(wasm: &Path, extra: &str) -> (tempfile::TempDir, [Server; 2]) {
     let root = tempdir();
     let store = root.path().join("store");
-    let config = format!("[backends.race]\nguest = {wasm:?}\ndir = {store:?}\n");
+    let config = format!("[backends.race]\nguest = {wasm:?}\ndir = {store:?}\n{extra}");
     let servers = [
         Server::with_config(&root.path().join("a"), &config),
         Server::with_config(&root.path().join("b"), &config),
     ];
     (root, servers)
+}
+
+/// `first` and `second` (each named) sent at once, from a barrier; their
+/// answers, and a line saying both for a failed assertion.
+fn at_once(
+    round: u64,
+    first: (&str, impl FnOnce() -> Answer + Send),
+    second: (&str, impl FnOnce() -> Answer + Send),
+) -> (Answer, Answer, String) {
+    let start = std::sync::Barrier::new(2);
+    let ((first_name, first), (second_name, second)) = (first, second);
+    let (a, b) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| {
+            start.wait();
+            first()
+        });
+        let b = scope.spawn(|| {
+            start.wait();
+            second()
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let line = format!(
+        "round {round}: {first_name} {} {}, {second_name} {} {}",
+        a.status,
+        a.text(),
+        b.status,
+        b.text()
+    );
+    (a, b, line)
 }
 
 /// Two unlocked writes from one serial, sent at once to two servers on one
@@ -83,25 +118,11 @@ pub(super) fn a_lock_granted_during_a_workspace_delete_is_kept(wasm: &Path) {
         let created = send("POST", &state, Some(&racer_state(round + 1, 0)));
         assert_eq!(created.status, 200, "round {round}: {}", created.text());
         let id = format!("racer-{round}");
-        let start = std::sync::Barrier::new(2);
-        let (deleted, locked) = std::thread::scope(|scope| {
-            let delete = scope.spawn(|| {
-                start.wait();
-                send("DELETE", &workspace, None)
-            });
-            let lock = scope.spawn(|| {
-                let body = lock_info(&id, "racer@test");
-                start.wait();
-                send("LOCK", &lock_url, Some(&body))
-            });
-            (delete.join().unwrap(), lock.join().unwrap())
-        });
-        let answers = format!(
-            "round {round}: delete {} {}, lock {} {}",
-            deleted.status,
-            deleted.text(),
-            locked.status,
-            locked.text()
+        let body = lock_info(&id, "racer@test");
+        let (deleted, locked, answers) = at_once(
+            round,
+            ("delete", || send("DELETE", &workspace, None)),
+            ("lock", || send("LOCK", &lock_url, Some(&body))),
         );
         // A guest's 500 says what failed only in its server's log.
         let answers = match deleted.status == 500 || locked.status == 500 {
@@ -175,4 +196,79 @@ pub(super) fn a_write_into_a_dangling_link_is_a_500(wasm: &Path) {
     let written = send("POST", &url, Some(&racer_state(1, 0)));
     assert_eq!(written.status, 500, "{}", written.text());
     assert!(!store.join("nowhere").exists(), "something was stored");
+}
+
+/// A workspace deleted through one replica while the other adds a tag
+/// (the TFE door's read-modify-write of the workspace's metadata, kept in
+/// the workspace's directory by the templates), round after round: neither
+/// is a 500 (the delete removes the tag write's temporary file and its
+/// metadata directory under it, or the write links a version into the
+/// directory the delete is emptying); a delete that met a write answers
+/// 503 and the next one completes. (A tag change whose conditional write
+/// the delete defeated looks whether the workspace is still there before
+/// it writes afresh, but not with that write: one deleted between the two
+/// is made again, so a workspace may be back after a round; it is deleted
+/// again before the next.)
+pub(super) fn a_metadata_write_racing_a_workspace_delete_is_never_a_500(wasm: &Path) {
+    let (token, sha) = generate_token();
+    let tokens =
+        format!("[[tokens]]\nname = \"ci\"\nsha256 = \"{sha}\"\ngrants = [\"race:*:admin\"]\n");
+    let (_root, servers) = two_replicas_with(wasm, &tokens);
+    let api = |server: &Server, method: &str, path: &str, body: Option<&str>| {
+        send_with(
+            method,
+            &format!("{}/api/v2/{path}", server.url),
+            body.map(str::as_bytes),
+            &[
+                ("Authorization", &format!("Bearer {token}")),
+                ("Content-Type", "application/vnd.api+json"),
+            ],
+        )
+    };
+    let delete = || {
+        api(
+            &servers[0],
+            "DELETE",
+            "organizations/race/workspaces/doomed",
+            None,
+        )
+    };
+    let create = r#"{"data":{"type":"workspaces","attributes":{"name":"doomed"}}}"#;
+    let tag = r#"{"data":[{"type":"tags","attributes":{"name":"racer"}}]}"#;
+    let mut tagged = 0;
+    for round in 0..30u64 {
+        let created = api(
+            &servers[0],
+            "POST",
+            "organizations/race/workspaces",
+            Some(create),
+        );
+        assert_eq!(created.status, 201, "round {round}: {}", created.text());
+        let id = created.json()["data"]["id"].as_str().unwrap().to_string();
+        let path = format!("workspaces/{id}/relationships/tags");
+        let (deleted, tags, answers) = at_once(
+            round,
+            ("delete", delete),
+            ("tag", || api(&servers[1], "POST", &path, Some(tag))),
+        );
+        assert!(matches!(deleted.status, 204 | 503), "{answers}");
+        assert!(matches!(tags.status, 204 | 404 | 409 | 503), "{answers}");
+        if deleted.status == 503 {
+            // The write that reached the workspace was kept: shown until
+            // the next delete, which completes.
+            let doc = api(&servers[1], "GET", &format!("workspaces/{id}"), None);
+            assert_eq!(doc.status, 200, "{answers}; read: {}", doc.text());
+            let again = delete();
+            assert_eq!(again.status, 204, "{answers}; again: {}", again.text());
+        }
+        if tags.status == 204 {
+            tagged += 1;
+        }
+        let left = api(&servers[1], "GET", &format!("workspaces/{id}"), None);
+        if left.status == 200 {
+            let again = delete();
+            assert_eq!(again.status, 204, "{answers}; again: {}", again.text());
+        }
+    }
+    assert!(tagged > 0, "no tag landed in 30 rounds");
 }

@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Workspaces and their metadata in memory, as a 0.3.0 guest keeps them
 /// (`keeps_none`: as a guest built before 0.3.0 answers). `interfere`:
-/// so many next conditional writes find another writer got there first.
+/// so many next conditional writes find another writer got there first;
+/// `deleting`: so many find the workspace deleted by then. `writes`
+/// counts the metadata writes.
 #[derive(Default)]
 struct Memory {
     keeps_none: bool,
@@ -13,6 +15,8 @@ struct Memory {
     metadata: Mutex<BTreeMap<String, Metadata>>,
     versions: AtomicUsize,
     interfere: AtomicUsize,
+    deleting: AtomicUsize,
+    writes: AtomicUsize,
 }
 
 impl Memory {
@@ -85,12 +89,17 @@ impl Storage for Memory {
         if self.keeps_none {
             return Err(StorageError::NoMetadata("built for 0.2.1".into()));
         }
-        if self
-            .interfere
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        let next = |counter: &AtomicUsize| {
+            counter
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        };
+        if next(&self.interfere) {
             self.put(ws, r#"{"tfe":{"tags":["theirs"]},"other":1}"#);
+        }
+        if next(&self.deleting) {
+            self.delete_workspace(ws).await?;
         }
         let current = self.metadata.lock().unwrap().get(ws).cloned();
         let fits = match (&expect, &current) {
@@ -163,6 +172,34 @@ async fn a_change_retries_on_a_concurrent_writer_and_keeps_other_keys() {
         .await
         .unwrap_err();
     assert_eq!(many.status(), StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+/// A delete between a change's read and its write: the write is defeated,
+/// and the next try, finding no metadata, asks whether the workspace is
+/// still there before writing any afresh (a guest keeping metadata in the
+/// workspace's directory would make the workspace again with it).
+#[tokio::test]
+async fn a_change_of_a_workspace_deleted_meanwhile_writes_nothing_afresh() {
+    let storage = Memory::with(&["w"]);
+    storage.put("w", r#"{"tfe":{"tags":["old"]}}"#);
+    let store = MetaStore::open(None);
+    storage.deleting.store(1, Ordering::SeqCst);
+    let refused = store
+        .update(&storage, "b", "w", add("late"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.status(), StatusCode::NOT_FOUND);
+    assert!(
+        format!("{refused:?}").contains("deleted meanwhile"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        storage.writes.load(Ordering::SeqCst),
+        1,
+        "only the defeated write"
+    );
+    assert!(storage.content("w").is_none());
+    assert!(storage.workspaces.lock().unwrap().is_empty());
 }
 
 #[tokio::test]
