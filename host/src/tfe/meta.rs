@@ -201,6 +201,7 @@ impl MetaStore {
                 Found::Stored(None)
                     if attempt > 0 && !self.still_there(storage, workspace).await =>
                 {
+                    self.forget_if_gone(storage, backend, workspace).await;
                     return Err(deleted_meanwhile(backend, workspace));
                 }
                 Found::Stored(None) => {

@@ -480,12 +480,25 @@ function sweepMetadata(dir, workspace, upto) {
 }
 
 /**
+ * After a missing entry under a metadata write: a first version's workspace
+ * that is gone was deleted meanwhile (503); anything else looks again.
+ */
+function goneUnlessThere(dir, workspace, first) {
+  if (first && !isDir(dir, workspace)) {
+    throw new Failure('unavailable', `workspace "${workspace}" was deleted meanwhile; nothing was stored`);
+  }
+}
+
+/**
  * Empty and remove a workspace's metadata directory (files only). A version
  * a racing write links in as this runs stays, with its directory: the delete
  * then answers "delete it again".
  */
 function removeMetadataDir(dir, path) {
-  for (const entry of entriesOf(dir, path)) remove(dir, `${path}/${entry.name}`);
+  const number = (name) => (/^\d+\.json$/.test(name) ? Number(name.slice(0, -5)) : -1);
+  // Oldest first, so no reader takes an older version for the newest.
+  const entries = entriesOf(dir, path).sort((a, b) => number(a.name) - number(b.name));
+  for (const entry of entries) remove(dir, `${path}/${entry.name}`);
   try {
     dir.removeDirectoryAt(path);
   } catch (e) {
@@ -640,28 +653,28 @@ export const workspaces = {
       if (!expected(current === undefined ? undefined : version, expect)) return false;
       if (content === undefined && current === undefined) return true; // nothing to remove
       const document = `${randomName()}\n${content ?? ''}`; // no document: removed
-      // Only a first version makes the directories (a workspace is made so).
-      // Any later one found them there, and only a delete removes them: then
-      // its link fails, and the version it replaces is gone, so it looks
-      // again (and answers false).
+      // The workspace itself is never made here (a state write or
+      // createWorkspace makes it): a delete may have removed it, and making it
+      // again would bring it back. A first version makes the metadata
+      // directory; any later one found it there, so only a delete removed it
+      // (with the version it replaces): it looks again, and answers false.
       const first = number === 0;
       let temp;
       try {
-        if (first) {
-          ensureDir(dir, name);
-          ensureDir(dir, `${name}/${META}`);
-        }
-        temp = writeTemp(dir, name, writeBytes(new TextEncoder().encode(document)), first);
+        if (first) ensureDir(dir, `${name}/${META}`);
+        temp = writeTemp(dir, name, writeBytes(new TextEncoder().encode(document)), false);
       } catch (e) {
-        if (code(e) === 'no-entry') continue; // a delete removed the workspace: look again
-        throw e;
+        if (code(e) !== 'no-entry') throw e;
+        goneUnlessThere(dir, name, first);
+        continue;
       }
       try {
         dir.linkAt(NOFOLLOW, temp, dir, `${name}/${META}/${number + 1}.json`);
       } catch (e) {
-        // A racing writer made it first, or a delete took the directory.
-        if (code(e) === 'exist' || code(e) === 'no-entry') continue;
-        throw e;
+        if (code(e) === 'exist') continue; // a racing writer made it first
+        if (code(e) !== 'no-entry') throw e;
+        goneUnlessThere(dir, name, first);
+        continue;
       } finally {
         remove(dir, temp);
       }

@@ -430,11 +430,24 @@ def listdir(directory):
     raise Err(t.Error_Unavailable(f"{directory!r} kept changing while it was listed; try again"))
 
 
+def gone_unless_there(workspace, first):
+    """After a missing entry under a metadata write: a first version's
+    workspace that is gone was deleted meanwhile (503); anything else
+    looks again."""
+    if first and not os.path.isdir(path(workspace)):
+        raise Err(t.Error_Unavailable(f"workspace {workspace!r} was deleted meanwhile; nothing was stored"))
+
+
 def remove_metadata_dir(directory):
     """Empty and remove a workspace's metadata directory (files only). A
     version a racing write links in as this runs stays, with its
     directory: the delete then answers "delete it again"."""
-    for entry in listdir(directory) or []:
+    # Oldest version first, so no reader takes an older one for the newest.
+    def newest_last(entry):
+        number = version_number(entry)
+        return -1 if number is None else number
+
+    for entry in sorted(listdir(directory) or [], key=newest_last):
         remove(os.path.join(directory, entry))
     try:
         os.rmdir(directory)
@@ -448,7 +461,14 @@ def remove_metadata_dir(directory):
 def metadata_versions(workspace):
     """The metadata versions on disk, as numbers."""
     names = listdir(path(workspace, META)) or []
-    return [int(name[:-5]) for name in names if name.endswith(".json") and name[:-5].isdigit()]
+    return [n for n in map(version_number, names) if n is not None]
+
+
+def version_number(name):
+    """The number of a metadata version's file (`N.json`); None for any
+    other name."""
+    stem = name[:-5]
+    return int(stem) if name.endswith(".json") and stem.isascii() and stem.isdecimal() else None
 
 
 def sweep_metadata(workspace, upto):
@@ -648,27 +668,33 @@ class Workspaces(exports.Workspaces):
             if content is None and current is None:
                 return True  # nothing to remove
             document = f"{os.urandom(8).hex()}\n{content or ''}"  # no document: removed
-            # Only a first version makes the directories (a workspace is
-            # made so). Any later one found them there, and only a delete
-            # removes them: then its link fails, and the version it
-            # replaces is gone, so it looks again (and answers false).
+            # The workspace itself is never made here (a state write or
+            # create-workspace makes it): a delete may have removed it, and
+            # making it again would bring it back. A first version makes
+            # the metadata directory; any later one found it there, so
+            # only a delete removed it (with the version it replaces): it
+            # looks again, and answers false.
             first = number == 0
             try:
                 if first:
-                    make_dir(name)
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(path(name, META))
-                temp = write_temp(name, write_bytes(document.encode()), make=first)
+                temp = write_temp(name, write_bytes(document.encode()), make=False)
             except FileNotFoundError:
-                continue  # a delete removed the workspace: look again
+                gone_unless_there(name, first)
+                continue
             except Err as e:
                 if wasi_code(e) != fs.ErrorCode.NO_ENTRY:
                     raise
-                continue  # the same, around the temporary file
+                gone_unless_there(name, first)
+                continue
             try:
                 os.link(temp, path(name, f"{META}/{number + 1}.json"))
-            except (FileExistsError, FileNotFoundError):
-                continue  # a racing writer made it first, or a delete took the directory
+            except FileExistsError:
+                continue  # a racing writer made it first
+            except FileNotFoundError:
+                gone_unless_there(name, first)
+                continue
             finally:
                 remove(temp)
             sweep_metadata(name, number)

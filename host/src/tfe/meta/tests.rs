@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// (`keeps_none`: as a guest built before 0.3.0 answers). `interfere`:
 /// so many next conditional writes find another writer got there first;
 /// `deleting`: so many find the workspace deleted by then. `writes`
-/// counts the metadata writes.
+/// counts the metadata writes; `writes_make_workspaces`: a write makes its
+/// workspace, as a guest keeping metadata in the workspace's directory does.
 #[derive(Default)]
 struct Memory {
     keeps_none: bool,
@@ -17,6 +18,7 @@ struct Memory {
     interfere: AtomicUsize,
     deleting: AtomicUsize,
     writes: AtomicUsize,
+    writes_make_workspaces: bool,
 }
 
 impl Memory {
@@ -111,7 +113,12 @@ impl Storage for Memory {
             return Ok(false);
         }
         match content {
-            Some(content) => self.put(ws, &content),
+            Some(content) => {
+                if self.writes_make_workspaces {
+                    self.workspaces.lock().unwrap().insert(ws.into());
+                }
+                self.put(ws, &content)
+            }
             None => {
                 self.metadata.lock().unwrap().remove(ws);
             }
@@ -180,7 +187,10 @@ async fn a_change_retries_on_a_concurrent_writer_and_keeps_other_keys() {
 /// workspace's directory would make the workspace again with it).
 #[tokio::test]
 async fn a_change_of_a_workspace_deleted_meanwhile_writes_nothing_afresh() {
-    let storage = Memory::with(&["w"]);
+    let storage = Memory {
+        writes_make_workspaces: true,
+        ..Memory::with(&["w"])
+    };
     storage.put("w", r#"{"tfe":{"tags":["old"]}}"#);
     let store = MetaStore::open(None);
     storage.deleting.store(1, Ordering::SeqCst);
