@@ -324,8 +324,8 @@ def expected(version, expect):
 
 
 def make_dir(workspace):
-    """Make the workspace's directory unless it exists; whether it was made
-    now. One level, and not `makedirs`: a delete removing the directory
+    """Make the workspace's directory (or one beneath it: `ws/metadata`)
+    unless it exists; whether it was made now. One level, and not `makedirs`: a delete removing the directory
     between its `mkdir` and its check made that raise FileExistsError."""
     try:
         os.mkdir(path(workspace))
@@ -677,8 +677,7 @@ class Workspaces(exports.Workspaces):
             first = number == 0
             try:
                 if first:
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(path(name, META))
+                    make_dir(os.path.join(name, META))
                 temp = write_temp(name, write_bytes(document.encode()), make=False)
             except FileNotFoundError:
                 gone_unless_there(name, first)
