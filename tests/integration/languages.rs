@@ -137,6 +137,48 @@ fn javascript_a_metadata_write_racing_a_workspace_delete_is_never_a_500() {
     races::a_metadata_write_racing_a_workspace_delete_is_never_a_500(built("js"));
 }
 
+/// The `lang` template, built to wait before it writes a metadata version
+/// whose document has the tag [`races::HELD_TAG`], while `<dir>/.hold` is
+/// there (after making `<dir>/.held`, which says it got there): a race's
+/// order, made to happen.
+fn held_before_metadata_writes(lang: &str) -> PathBuf {
+    let held = races::HELD_TAG;
+    match lang {
+        "python" => build_template(lang, "py-held", |dir| {
+            let at = "            document = f\"{os.urandom(8).hex()}\\n{content or ''}\"  # no document: removed\n";
+            let pause = format!(
+                "            if '\"{held}\"' in (content or \"\"):\n\
+                 \x20               open(os.path.join(ROOT, \".held\"), \"w\").close()\n\
+                 \x20               while os.path.isdir(os.path.join(ROOT, \".hold\")):\n\
+                 \x20                   monotonic_clock.subscribe_duration(1_000_000).block()\n"
+            );
+            edit_file(&dir.join("app.py"), at, &format!("{at}{pause}"));
+        }),
+        _ => build_template(lang, "js-held", |dir| {
+            let at = "      const document = `${randomName()}\\n${content ?? ''}`; // no document: removed\n";
+            let pause = format!(
+                "      if (content?.includes('\"{held}\"')) {{\n\
+                 \x20       dir.openAt(NOFOLLOW, '.held', {{ create: true }}, {{ write: true }});\n\
+                 \x20       while (isDir(dir, '.hold')) subscribeDuration(1_000_000n).block();\n\
+                 \x20     }}\n"
+            );
+            edit_file(&dir.join("guest.js"), at, &format!("{at}{pause}"));
+        }),
+    }
+}
+
+#[test]
+fn python_a_metadata_write_of_a_deleted_workspace_never_lands_on_its_successor() {
+    let wasm = held_before_metadata_writes("python");
+    races::a_metadata_write_of_a_deleted_workspace_never_lands_on_its_successor(&wasm);
+}
+
+#[test]
+fn javascript_a_metadata_write_of_a_deleted_workspace_never_lands_on_its_successor() {
+    let wasm = held_before_metadata_writes("js");
+    races::a_metadata_write_of_a_deleted_workspace_never_lands_on_its_successor(&wasm);
+}
+
 #[test]
 fn python_a_stopped_writes_lock_is_taken_over_only_when_stale() {
     stale::a_stopped_writes_lock_is_taken_over_only_when_stale(built("python"));

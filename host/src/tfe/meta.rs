@@ -221,10 +221,27 @@ impl MetaStore {
                 KEY.into(),
                 serde_json::to_value(&meta).expect("metadata serialises"),
             );
-            if self
-                .write(storage, backend, workspace, &doc, expect)
-                .await?
+            let content = encode(&doc)?;
+            let written = match storage
+                .write_metadata(workspace, Some(content), expect)
+                .await
             {
+                Ok(written) => written,
+                // A storage that found the workspace gone under its write
+                // (the templates' "deleted meanwhile") stored nothing: the
+                // same 404 as a retry that finds it gone, not a 503 whose
+                // retry would answer it. Only the storage's own
+                // unavailability: a key service's or an overload's is not
+                // about the workspace.
+                Err(StorageError::Unavailable(_))
+                    if !self.still_there(storage, workspace).await =>
+                {
+                    self.forget_if_gone(storage, backend, workspace).await;
+                    return Err(deleted_meanwhile(backend, workspace));
+                }
+                Err(e) => return Err(ApiError::from_storage(backend, e).into()),
+            };
+            if written {
                 if from_file {
                     self.forget_file(backend, workspace).await;
                 }
@@ -338,22 +355,6 @@ impl MetaStore {
         {
             tracing::warn!(backend, workspace, error = %e, "forgetting a workspace's TFE tags in the data directory failed");
         }
-    }
-
-    /// Write `doc` if the stored metadata is as `expect` says.
-    async fn write<S: Storage>(
-        &self,
-        storage: &S,
-        backend: &str,
-        workspace: &str,
-        doc: &Map<String, Value>,
-        expect: Expect,
-    ) -> Result<bool, TfeError> {
-        let content = encode(doc)?;
-        storage
-            .write_metadata(workspace, Some(content), expect)
-            .await
-            .map_err(|e| ApiError::from_storage(backend, e).into())
     }
 }
 

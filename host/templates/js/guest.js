@@ -436,26 +436,55 @@ function writeTurn(dir, workspace, lockId, body) {
   }
 }
 
-/** The metadata versions on disk, as numbers. */
-function metadataVersions(dir, workspace) {
-  if (!isDir(dir, `${workspace}/${META}`)) return [];
-  const versions = [];
-  for (const entry of entriesOf(dir, `${workspace}/${META}`)) {
-    const match = /^(\d+)\.json$/.exec(entry.name);
-    if (match) versions.push(Number(match[1]));
+/**
+ * The workspace's metadata directory, opened (`undefined` when there is
+ * none). A write reads the newest version and links the next through this
+ * one descriptor: a delete that removes the directory meanwhile makes the
+ * link fail (nothing can be made in a removed directory), where a path would
+ * reach a directory made again since, by a create or a first version, and
+ * put a version of the deleted workspace on top of it.
+ */
+function openMetadata(dir, workspace) {
+  try {
+    return dir.openAt(NOFOLLOW, `${workspace}/${META}`, { directory: true }, { read: true });
+  } catch (e) {
+    if (code(e) === 'no-entry') return undefined;
+    throw e;
   }
-  return versions;
+}
+
+/** The metadata versions in the opened metadata directory, as numbers. A
+ * listing that meets an entry removed as it was listed (a delete, a sweep)
+ * is made again. */
+function metadataVersions(meta) {
+  for (let attempt = 0; attempt < 100; attempt++) {
+    const versions = [];
+    try {
+      const entries = meta.readDirectory();
+      for (let entry = entries.readDirectoryEntry(); entry; entry = entries.readDirectoryEntry()) {
+        const match = /^(\d+)\.json$/.exec(entry.name);
+        if (match) versions.push(Number(match[1]));
+      }
+    } catch (e) {
+      if (code(e) !== 'no-entry') throw e;
+      continue;
+    }
+    return versions;
+  }
+  throw new Failure('unavailable', 'a metadata directory kept changing while it was listed; try again');
 }
 
 /** [newest number or 0, its version, its document or `undefined` when
- * removed]. The version adds the file's random token to its number, so it
- * never comes back after the workspace is deleted and made again. */
-function currentMetadata(dir, workspace) {
+ * removed], in the opened metadata directory `meta` (`undefined`: none).
+ * The version adds the file's random token to its number, so it never
+ * comes back after the workspace is deleted and made again. */
+function currentMetadata(meta, workspace) {
+  if (meta === undefined) return [0, undefined, undefined];
   for (let attempt = 0; attempt < 100; attempt++) {
-    const versions = metadataVersions(dir, workspace);
+    const versions = metadataVersions(meta);
     if (versions.length === 0) return [0, undefined, undefined];
     const newest = Math.max(...versions);
-    const bytes = readFile(dir, `${workspace}/${META}/${newest}.json`);
+    const bytes = readFile(meta, `${newest}.json`);
     if (bytes === undefined) continue; // removed as superseded meanwhile: look again
     const text = new TextDecoder().decode(bytes);
     const newline = text.indexOf('\n');
@@ -466,25 +495,30 @@ function currentMetadata(dir, workspace) {
 
 /** Remove metadata versions up to `upto` (superseded) written longer ago
  * than any request runs: no writer that read one of them as the newest can
- * still be linking its successor. */
-function sweepMetadata(dir, workspace, upto) {
+ * still be linking its successor. Best effort: it runs after the write it
+ * follows was stored, and a later write sweeps again. */
+function sweepMetadata(meta, upto) {
   const cutoff = now().seconds - STALE_AFTER_S;
-  for (const version of metadataVersions(dir, workspace)) {
-    const old = `${workspace}/${META}/${version}.json`;
-    try {
-      if (version <= upto && dir.statAt(NOFOLLOW, old).dataModificationTimestamp.seconds < cutoff) remove(dir, old);
-    } catch (e) {
-      if (code(e) !== 'no-entry') throw e;
+  try {
+    for (const version of metadataVersions(meta)) {
+      const old = `${version}.json`;
+      try {
+        const written = meta.statAt(NOFOLLOW, old).dataModificationTimestamp;
+        if (version <= upto && written !== undefined && written.seconds < cutoff) remove(meta, old);
+      } catch {
+        // removed meanwhile
+      }
     }
+  } catch (e) {
+    log('warn', `removing superseded metadata versions failed: ${code(e) ?? e?.tag ?? e}`);
   }
 }
 
-/**
- * After a missing entry under a metadata write: a first version's workspace
- * that is gone was deleted meanwhile (503); anything else looks again.
- */
-function goneUnlessThere(dir, workspace, first) {
-  if (first && !isDir(dir, workspace)) {
+/** After a first metadata version's directory could not be made: a
+ * workspace that is gone was deleted meanwhile (503); anything else looks
+ * again. */
+function goneUnlessThere(dir, workspace) {
+  if (!isDir(dir, workspace)) {
     throw new Failure('unavailable', `workspace "${workspace}" was deleted meanwhile; nothing was stored`);
   }
 }
@@ -640,7 +674,7 @@ export const workspaces = {
   }),
 
   readMetadata: guarded((name) => {
-    const [, version, content] = currentMetadata(root(), name);
+    const [, version, content] = currentMetadata(openMetadata(root(), name), name);
     return content === undefined ? undefined : { content, version };
   }),
 
@@ -649,36 +683,43 @@ export const workspaces = {
     // Version n+1 is linked into place, which fails if a racing writer made
     // it first: then look again (an `expect` it no longer meets answers false).
     for (let attempt = 0; attempt < 100; attempt++) {
-      const [number, version, current] = currentMetadata(dir, name);
+      const meta = openMetadata(dir, name);
+      const [number, version, current] = currentMetadata(meta, name);
       if (!expected(current === undefined ? undefined : version, expect)) return false;
       if (content === undefined && current === undefined) return true; // nothing to remove
+      if (meta === undefined) {
+        // A first version makes the metadata directory, then looks again
+        // through it. The workspace itself is never made here (a state
+        // write or createWorkspace makes it): a delete may have removed it,
+        // and making it again would bring it back.
+        try {
+          ensureDir(dir, `${name}/${META}`);
+        } catch (e) {
+          if (code(e) !== 'no-entry') throw e;
+          goneUnlessThere(dir, name);
+        }
+        continue;
+      }
       const document = `${randomName()}\n${content ?? ''}`; // no document: removed
-      // The workspace itself is never made here (a state write or
-      // createWorkspace makes it): a delete may have removed it, and making it
-      // again would bring it back. A first version makes the metadata
-      // directory; any later one found it there, so only a delete removed it
-      // (with the version it replaces): it looks again, and answers false.
-      const first = number === 0;
       let temp;
       try {
-        if (first) ensureDir(dir, `${name}/${META}`);
         temp = writeTemp(dir, name, writeBytes(new TextEncoder().encode(document)), false);
       } catch (e) {
         if (code(e) !== 'no-entry') throw e;
-        goneUnlessThere(dir, name, first);
-        continue;
+        continue; // the workspace was deleted meanwhile: look again
       }
       try {
-        dir.linkAt(NOFOLLOW, temp, dir, `${name}/${META}/${number + 1}.json`);
+        dir.linkAt(NOFOLLOW, temp, meta, `${number + 1}.json`);
       } catch (e) {
         if (code(e) === 'exist') continue; // a racing writer made it first
+        // A delete removed the temporary file or the metadata directory
+        // read above (even if one was made again since): look again.
         if (code(e) !== 'no-entry') throw e;
-        goneUnlessThere(dir, name, first);
         continue;
       } finally {
         remove(dir, temp);
       }
-      sweepMetadata(dir, name, number);
+      sweepMetadata(meta, number);
       return true;
     }
     throw new Failure('unavailable', `the metadata of "${name}" kept changing; try again`);

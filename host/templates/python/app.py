@@ -430,11 +430,11 @@ def listdir(directory):
     raise Err(t.Error_Unavailable(f"{directory!r} kept changing while it was listed; try again"))
 
 
-def gone_unless_there(workspace, first):
-    """After a missing entry under a metadata write: a first version's
+def gone_unless_there(workspace):
+    """After a first metadata version's directory could not be made: a
     workspace that is gone was deleted meanwhile (503); anything else
     looks again."""
-    if first and not os.path.isdir(path(workspace)):
+    if not os.path.isdir(path(workspace)):
         raise Err(t.Error_Unavailable(f"workspace {workspace!r} was deleted meanwhile; nothing was stored"))
 
 
@@ -458,10 +458,55 @@ def remove_metadata_dir(directory):
             raise
 
 
-def metadata_versions(workspace):
-    """The metadata versions on disk, as numbers."""
-    names = listdir(path(workspace, META)) or []
-    return [n for n in map(version_number, names) if n is not None]
+def open_metadata(workspace):
+    """The workspace's metadata directory, opened (None when there is
+    none). A write reads the newest version and links the next through
+    this one descriptor: a delete that removes the directory meanwhile
+    makes the link fail (nothing can be made in a removed directory), where
+    a path would reach a directory made again since, by a create or a first
+    version, and put a version of the deleted workspace on top of it."""
+    try:
+        return root().open_at(fs.PathFlags(0), f"{workspace}/{META}", fs.OpenFlags.DIRECTORY, fs.DescriptorFlags.READ)
+    except Err as e:
+        if wasi_code(e) == fs.ErrorCode.NO_ENTRY:
+            return None
+        raise
+
+
+def metadata_versions(meta):
+    """The metadata versions in the opened metadata directory, as numbers.
+    A listing that meets an entry removed as it was listed (a delete, a
+    sweep) is made again."""
+    for _ in range(100):
+        names = []
+        try:
+            with meta.read_directory() as entries:
+                while (entry := entries.read_directory_entry()) is not None:
+                    names.append(entry.name)
+        except Err as e:
+            if wasi_code(e) != fs.ErrorCode.NO_ENTRY:
+                raise
+            continue
+        return [n for n in map(version_number, names) if n is not None]
+    raise Err(t.Error_Unavailable("a metadata directory kept changing while it was listed; try again"))
+
+
+def read_small(directory, name):
+    """The whole of small file `name` in the opened `directory`; None when
+    it is missing."""
+    try:
+        file = directory.open_at(fs.PathFlags(0), name, fs.OpenFlags(0), fs.DescriptorFlags.READ)
+    except Err as e:
+        if wasi_code(e) == fs.ErrorCode.NO_ENTRY:
+            return None
+        raise
+    data = b""
+    with file:
+        while True:
+            chunk, end = file.read(64 << 10, len(data))
+            data += chunk
+            if end or not chunk:
+                return data
 
 
 def version_number(name):
@@ -471,32 +516,39 @@ def version_number(name):
     return int(stem) if name.endswith(".json") and stem.isascii() and stem.isdecimal() else None
 
 
-def sweep_metadata(workspace, upto):
+def sweep_metadata(meta, upto):
     """Remove metadata versions up to `upto` (superseded) written longer
     ago than any request runs: no writer that read one of them as the
-    newest can still be linking its successor."""
+    newest can still be linking its successor. Best effort: it runs after
+    the write it follows was stored, and a later write sweeps again."""
     cutoff = wall_clock.now().seconds - STALE_AFTER_S
-    for version in metadata_versions(workspace):
-        old = path(workspace, f"{META}/{version}.json")
-        with contextlib.suppress(FileNotFoundError):
-            if version <= upto and os.stat(old).st_mtime < cutoff:
-                remove(old)
+    try:
+        for version in metadata_versions(meta):
+            old = f"{version}.json"
+            with contextlib.suppress(Err):  # removed meanwhile
+                written = meta.stat_at(fs.PathFlags(0), old).data_modification_timestamp
+                if version <= upto and written is not None and written.seconds < cutoff:
+                    meta.unlink_file_at(old)
+    except Err as e:
+        host.log(host.LogLevel.WARN, f"removing superseded metadata versions failed: {e.value}")
 
 
-def current_metadata(workspace):
+def current_metadata(meta, workspace):
     """(newest number or 0, its version or None, its document or None when
-    removed). The version adds the file's random token to its number, so it
-    never comes back after the workspace is deleted and made again."""
+    removed), in the opened metadata directory `meta` (None: none). The
+    version adds the file's random token to its number, so it never comes
+    back after the workspace is deleted and made again."""
+    if meta is None:
+        return 0, None, None
     for _ in range(100):
-        versions = metadata_versions(workspace)
+        versions = metadata_versions(meta)
         if not versions:
             return 0, None, None
         newest = max(versions)
-        try:
-            with open(path(workspace, f"{META}/{newest}.json"), "rb") as f:
-                token, _, document = f.read().decode().partition("\n")
-        except FileNotFoundError:
+        raw = read_small(meta, f"{newest}.json")
+        if raw is None:
             continue  # removed as superseded meanwhile: look again
+        token, _, document = raw.decode().partition("\n")
         return newest, f"{newest}.{token}", document or None
     raise Err(t.Error_Unavailable(f"the metadata of {workspace!r} kept changing"))
 
@@ -653,7 +705,7 @@ class Workspaces(exports.Workspaces):
 
     @guarded
     def read_metadata(self, name):
-        _, version, content = current_metadata(name)
+        _, version, content = current_metadata(open_metadata(name), name)
         return None if content is None else t.Metadata(content, version)
 
     @guarded
@@ -662,41 +714,43 @@ class Workspaces(exports.Workspaces):
         # made it first: then look again (an `expect` it no longer meets
         # answers False).
         for _ in range(100):
-            number, version, current = current_metadata(name)
+            meta = open_metadata(name)
+            number, version, current = current_metadata(meta, name)
             if not expected(None if current is None else version, expect):
                 return False
             if content is None and current is None:
                 return True  # nothing to remove
-            document = f"{os.urandom(8).hex()}\n{content or ''}"  # no document: removed
-            # The workspace itself is never made here (a state write or
-            # create-workspace makes it): a delete may have removed it, and
-            # making it again would bring it back. A first version makes
-            # the metadata directory; any later one found it there, so
-            # only a delete removed it (with the version it replaces): it
-            # looks again, and answers false.
-            first = number == 0
-            try:
-                if first:
+            if meta is None:
+                # A first version makes the metadata directory, then looks
+                # again through it. The workspace itself is never made here
+                # (a state write or create-workspace makes it): a delete may
+                # have removed it, and making it again would bring it back.
+                try:
                     make_dir(os.path.join(name, META))
-                temp = write_temp(name, write_bytes(document.encode()), make=False)
-            except FileNotFoundError:
-                gone_unless_there(name, first)
+                except FileNotFoundError:
+                    gone_unless_there(name)
                 continue
+            document = f"{os.urandom(8).hex()}\n{content or ''}"  # no document: removed
+            try:
+                temp = write_temp(name, write_bytes(document.encode()), make=False)
             except Err as e:
                 if wasi_code(e) != fs.ErrorCode.NO_ENTRY:
                     raise
-                gone_unless_there(name, first)
-                continue
+                continue  # the workspace was deleted meanwhile: look again
             try:
-                os.link(temp, path(name, f"{META}/{number + 1}.json"))
-            except FileExistsError:
-                continue  # a racing writer made it first
-            except FileNotFoundError:
-                gone_unless_there(name, first)
+                root().link_at(fs.PathFlags(0), os.path.relpath(temp, ROOT), meta, f"{number + 1}.json")
+            except Err as e:
+                if wasi_code(e) == fs.ErrorCode.EXIST:
+                    continue  # a racing writer made it first
+                # A delete removed the temporary file or the metadata
+                # directory read above (even if one was made again since):
+                # look again.
+                if wasi_code(e) != fs.ErrorCode.NO_ENTRY:
+                    raise
                 continue
             finally:
                 remove(temp)
-            sweep_metadata(name, number)
+            sweep_metadata(meta, number)
             return True
         raise Err(t.Error_Unavailable(f"the metadata of {name!r} kept changing; try again"))
 

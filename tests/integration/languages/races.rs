@@ -4,6 +4,7 @@
 
 use crate::common::*;
 use std::path::Path;
+use std::time::Duration;
 
 /// A state of `serial` that differs per `racer`: the second of two such
 /// writes is a conflict, never a harmless repeat.
@@ -198,6 +199,127 @@ pub(super) fn a_write_into_a_dangling_link_is_a_500(wasm: &Path) {
     assert!(!store.join("nowhere").exists(), "something was stored");
 }
 
+/// [`two_replicas`] with a token that may administer backend `race`
+/// through the TFE API; the token.
+fn two_replicas_at_the_tfe_door(wasm: &Path) -> (tempfile::TempDir, [Server; 2], String) {
+    let (token, sha) = generate_token();
+    let tokens =
+        format!("[[tokens]]\nname = \"ci\"\nsha256 = \"{sha}\"\ngrants = [\"race:*:admin\"]\n");
+    // A minute per guest call: a call held by a test's pause spins on one
+    // of the machine's cores while the other replica serves the race.
+    let config = format!("timeout_ms = 60000\n{tokens}");
+    let (root, servers) = two_replicas_with(wasm, &config);
+    (root, servers, token)
+}
+
+/// A TFE API request (`/api/v2/{path}`) to `server` with `token`.
+fn tfe(server: &Server, token: &str, method: &str, path: &str, body: Option<&str>) -> Answer {
+    send_with(
+        method,
+        &format!("{}/api/v2/{path}", server.url),
+        body.map(str::as_bytes),
+        &[
+            ("Authorization", &format!("Bearer {token}")),
+            ("Content-Type", "application/vnd.api+json"),
+        ],
+    )
+}
+
+/// The tag body of a TFE tag change adding `name`.
+fn tag_body(name: &str) -> String {
+    format!(r#"{{"data":[{{"type":"tags","attributes":{{"name":"{name}"}}}}]}}"#)
+}
+
+/// The tags of workspace `name` of backend `race`.
+fn tags_of(server: &Server, token: &str, name: &str) -> Vec<String> {
+    let read = tfe(
+        server,
+        token,
+        "GET",
+        &format!("organizations/race/workspaces/{name}"),
+        None,
+    );
+    assert_eq!(read.status, 200, "{}", read.text());
+    let tags = &read.json()["data"]["attributes"]["tag-names"];
+    let tags = tags
+        .as_array()
+        .unwrap_or_else(|| panic!("no tag-names: {}", read.text()));
+    tags.iter()
+        .map(|t| t.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// A tag change that read a workspace's metadata, then waited (the
+/// template built with [`HELD_TAG`]'s pause) while the workspace was
+/// deleted and made again by the same name with tags of its own: its
+/// version never lands on the new workspace's metadata (the new tags
+/// would be lost and the deleted workspace's brought back); the change
+/// is applied to what the new workspace has.
+pub(super) fn a_metadata_write_of_a_deleted_workspace_never_lands_on_its_successor(wasm: &Path) {
+    let (root, servers, token) = two_replicas_at_the_tfe_door(wasm);
+    let store = root.path().join("store");
+    let api = |server: &Server, method: &str, path: &str, body: Option<&str>| {
+        tfe(server, &token, method, path, body)
+    };
+    let create = r#"{"data":{"type":"workspaces","attributes":{"name":"reborn"}}}"#;
+    let made_with = |tag: &str| {
+        let created = api(
+            &servers[0],
+            "POST",
+            "organizations/race/workspaces",
+            Some(create),
+        );
+        assert_eq!(created.status, 201, "{}", created.text());
+        let id = created.json()["data"]["id"].as_str().unwrap().to_string();
+        let tagged = api(
+            &servers[0],
+            "POST",
+            &format!("workspaces/{id}/relationships/tags"),
+            Some(&tag_body(tag)),
+        );
+        assert_eq!(tagged.status, 204, "{}", tagged.text());
+        id
+    };
+    let id = made_with("old");
+    std::fs::create_dir(store.join(".hold")).unwrap();
+    std::thread::scope(|scope| {
+        let held = scope.spawn(|| {
+            let path = format!("workspaces/{id}/relationships/tags");
+            api(&servers[1], "POST", &path, Some(&tag_body(HELD_TAG)))
+        });
+        wait_until(
+            "the tag change to read the metadata",
+            Duration::from_secs(60),
+            || store.join(".held").exists() || held.is_finished(),
+        );
+        assert!(!held.is_finished(), "the tag change did not wait");
+        let deleted = api(
+            &servers[0],
+            "DELETE",
+            "organizations/race/workspaces/reborn",
+            None,
+        );
+        assert_eq!(deleted.status, 204, "{}", deleted.text());
+        made_with("new");
+        std::fs::remove_dir(store.join(".hold")).unwrap();
+        let held = held.join().unwrap();
+        assert!(matches!(held.status, 204 | 404), "{}", held.text());
+    });
+    let tags = tags_of(&servers[1], &token, "reborn");
+    assert!(
+        tags.contains(&"new".to_string()),
+        "the new workspace's tag was lost: {tags:?}"
+    );
+    assert!(
+        !tags.contains(&"old".to_string()),
+        "the deleted workspace's tag came back: {tags:?}"
+    );
+}
+
+/// The tag whose metadata write waits in the templates built by
+/// `languages::held_before_metadata_writes`.
+pub(super) const HELD_TAG: &str = "held";
+
 /// A workspace deleted through one replica while the other adds a tag
 /// (the TFE door's read-modify-write of the workspace's metadata, kept in
 /// the workspace's directory by the templates; the workspace made with
@@ -208,20 +330,9 @@ pub(super) fn a_write_into_a_dangling_link_is_a_500(wasm: &Path) {
 /// 503 and the next one completes; and after each round the workspace is
 /// gone (a metadata write never makes its workspace again).
 pub(super) fn a_metadata_write_racing_a_workspace_delete_is_never_a_500(wasm: &Path) {
-    let (token, sha) = generate_token();
-    let tokens =
-        format!("[[tokens]]\nname = \"ci\"\nsha256 = \"{sha}\"\ngrants = [\"race:*:admin\"]\n");
-    let (_root, servers) = two_replicas_with(wasm, &tokens);
+    let (_root, servers, token) = two_replicas_at_the_tfe_door(wasm);
     let api = |server: &Server, method: &str, path: &str, body: Option<&str>| {
-        send_with(
-            method,
-            &format!("{}/api/v2/{path}", server.url),
-            body.map(str::as_bytes),
-            &[
-                ("Authorization", &format!("Bearer {token}")),
-                ("Content-Type", "application/vnd.api+json"),
-            ],
-        )
+        tfe(server, &token, method, path, body)
     };
     let delete = || {
         api(
@@ -232,7 +343,7 @@ pub(super) fn a_metadata_write_racing_a_workspace_delete_is_never_a_500(wasm: &P
         )
     };
     let create = r#"{"data":{"type":"workspaces","attributes":{"name":"doomed"}}}"#;
-    let tag = r#"{"data":[{"type":"tags","attributes":{"name":"racer"}}]}"#;
+    let tag = tag_body("racer");
     let mut tagged = 0;
     for round in 0..30u64 {
         // Made through the TFE API (with metadata), or, every other round,
@@ -269,7 +380,7 @@ pub(super) fn a_metadata_write_racing_a_workspace_delete_is_never_a_500(wasm: &P
         let (deleted, tags, answers) = at_once(
             round,
             ("delete", delete),
-            ("tag", || api(&servers[1], "POST", &path, Some(tag))),
+            ("tag", || api(&servers[1], "POST", &path, Some(&tag))),
         );
         assert!(matches!(deleted.status, 204 | 503), "{answers}");
         assert!(matches!(tags.status, 204 | 404 | 409 | 503), "{answers}");

@@ -19,6 +19,8 @@ struct Memory {
     deleting: AtomicUsize,
     writes: AtomicUsize,
     writes_make_workspaces: bool,
+    refuses_when_gone: bool,
+    busy: AtomicUsize,
 }
 
 impl Memory {
@@ -102,6 +104,14 @@ impl Storage for Memory {
         }
         if next(&self.deleting) {
             self.delete_workspace(ws).await?;
+        }
+        if next(&self.busy) {
+            return Err(StorageError::Unavailable("busy".into()));
+        }
+        if self.refuses_when_gone && !self.workspaces.lock().unwrap().contains(ws) {
+            return Err(StorageError::Unavailable(format!(
+                "workspace {ws:?} was deleted meanwhile; nothing was stored"
+            )));
         }
         let current = self.metadata.lock().unwrap().get(ws).cloned();
         let fits = match (&expect, &current) {
@@ -192,13 +202,20 @@ async fn a_change_of_a_workspace_deleted_meanwhile_writes_nothing_afresh() {
         ..Memory::with(&["w"])
     };
     storage.put("w", r#"{"tfe":{"tags":["old"]}}"#);
+    deleted_under_the_first_write_is_a_404(&storage).await;
+    assert!(storage.workspaces.lock().unwrap().is_empty());
+}
+
+/// A change of `w` on `storage`, whose first write meets a delete: a 404
+/// saying so, after that write alone, and no metadata left.
+async fn deleted_under_the_first_write_is_a_404(storage: &Memory) {
     let store = MetaStore::open(None);
     storage.deleting.store(1, Ordering::SeqCst);
     let refused = store
-        .update(&storage, "b", "w", add("late"))
+        .update(storage, "b", "w", add("late"))
         .await
         .unwrap_err();
-    assert_eq!(refused.status(), StatusCode::NOT_FOUND);
+    assert_eq!(refused.status(), StatusCode::NOT_FOUND, "{refused:?}");
     assert!(
         format!("{refused:?}").contains("deleted meanwhile"),
         "{refused:?}"
@@ -209,7 +226,27 @@ async fn a_change_of_a_workspace_deleted_meanwhile_writes_nothing_afresh() {
         "only the defeated write"
     );
     assert!(storage.content("w").is_none());
-    assert!(storage.workspaces.lock().unwrap().is_empty());
+}
+
+/// A first change of a workspace (no metadata yet) deleted between the
+/// host's look and the guest's write, by a guest that says so (503, as
+/// the templates do): a 404 on the first try, as a retry would answer,
+/// and nothing stored.
+#[tokio::test]
+async fn a_first_change_refused_as_deleted_meanwhile_is_a_404() {
+    let storage = Memory {
+        refuses_when_gone: true,
+        ..Memory::with(&["w"])
+    };
+    deleted_under_the_first_write_is_a_404(&storage).await;
+    // A storage that is unavailable with the workspace there: a 503.
+    let storage = Memory::with(&["w"]);
+    storage.busy.store(1, Ordering::SeqCst);
+    let busy = MetaStore::open(None)
+        .update(&storage, "b", "w", add("late"))
+        .await
+        .unwrap_err();
+    assert_eq!(busy.status(), StatusCode::SERVICE_UNAVAILABLE, "{busy:?}");
 }
 
 #[tokio::test]
