@@ -388,7 +388,7 @@ fn encode(doc: &Map<String, Value>) -> Result<String, TfeError> {
 /// The answer to a change of a workspace deleted while it was made.
 fn deleted_meanwhile(backend: &str, workspace: &str) -> TfeError {
     TfeError::not_found(format!(
-        "workspace {backend}/{workspace} was deleted meanwhile; nothing was changed"
+        "workspace {backend}/{workspace} was deleted meanwhile; nothing of this change was kept"
     ))
 }
 

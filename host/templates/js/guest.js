@@ -505,11 +505,12 @@ function sweepMetadata(meta, upto) {
       try {
         const written = meta.statAt(NOFOLLOW, old).dataModificationTimestamp;
         if (version <= upto && written !== undefined && written.seconds < cutoff) remove(meta, old);
-      } catch {
-        // removed meanwhile
+      } catch (e) {
+        if (code(e) === undefined) throw e; // a WASI error: removed meanwhile
       }
     }
   } catch (e) {
+    // The write it follows was stored: never a failure.
     log('warn', `removing superseded metadata versions failed: ${code(e) ?? e?.tag ?? e}`);
   }
 }
@@ -717,7 +718,13 @@ export const workspaces = {
         if (code(e) !== 'no-entry') throw e;
         continue;
       } finally {
-        remove(dir, temp);
+        try {
+          remove(dir, temp);
+        } catch (e) {
+          // Best effort once linked: a temporary file left behind is
+          // removed with its workspace, or by a workspace delete.
+          if (code(e) === undefined) throw e;
+        }
       }
       sweepMetadata(meta, number);
       return true;

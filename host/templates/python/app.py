@@ -529,8 +529,8 @@ def sweep_metadata(meta, upto):
                 written = meta.stat_at(fs.PathFlags(0), old).data_modification_timestamp
                 if version <= upto and written is not None and written.seconds < cutoff:
                     meta.unlink_file_at(old)
-    except Err as e:
-        host.log(host.LogLevel.WARN, f"removing superseded metadata versions failed: {e.value}")
+    except Exception as e:  # the write it follows was stored: never a failure
+        host.log(host.LogLevel.WARN, f"removing superseded metadata versions failed: {getattr(e, 'value', e)}")
 
 
 def current_metadata(meta, workspace):
@@ -749,7 +749,10 @@ class Workspaces(exports.Workspaces):
                     raise
                 continue
             finally:
-                remove(temp)
+                # Best effort once linked: a temporary file left behind is
+                # removed with its workspace, or by a workspace delete.
+                with contextlib.suppress(OSError):
+                    remove(temp)
             sweep_metadata(meta, number)
             return True
         raise Err(t.Error_Unavailable(f"the metadata of {name!r} kept changing; try again"))

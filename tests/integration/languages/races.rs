@@ -281,7 +281,7 @@ pub(super) fn a_metadata_write_of_a_deleted_workspace_never_lands_on_its_success
         id
     };
     let id = made_with("old");
-    std::fs::create_dir(store.join(".hold")).unwrap();
+    let hold = Hold::new(store.join(".hold"));
     std::thread::scope(|scope| {
         let held = scope.spawn(|| {
             let path = format!("workspaces/{id}/relationships/tags");
@@ -292,7 +292,14 @@ pub(super) fn a_metadata_write_of_a_deleted_workspace_never_lands_on_its_success
             Duration::from_secs(60),
             || store.join(".held").exists() || held.is_finished(),
         );
-        assert!(!held.is_finished(), "the tag change did not wait");
+        if held.is_finished() {
+            let early = held.join().unwrap();
+            panic!(
+                "the tag change did not wait: {} {}",
+                early.status,
+                early.text()
+            );
+        }
         let deleted = api(
             &servers[0],
             "DELETE",
@@ -301,7 +308,7 @@ pub(super) fn a_metadata_write_of_a_deleted_workspace_never_lands_on_its_success
         );
         assert_eq!(deleted.status, 204, "{}", deleted.text());
         made_with("new");
-        std::fs::remove_dir(store.join(".hold")).unwrap();
+        drop(hold);
         let held = held.join().unwrap();
         assert!(matches!(held.status, 204 | 404), "{}", held.text());
     });
@@ -314,6 +321,24 @@ pub(super) fn a_metadata_write_of_a_deleted_workspace_never_lands_on_its_success
         !tags.contains(&"old".to_string()),
         "the deleted workspace's tag came back: {tags:?}"
     );
+}
+
+/// A directory whose presence holds a template's paused call; removed
+/// when dropped, so a failed assertion does not leave the call waiting
+/// until its deadline.
+struct Hold(std::path::PathBuf);
+
+impl Hold {
+    fn new(path: std::path::PathBuf) -> Self {
+        std::fs::create_dir(&path).unwrap();
+        Hold(path)
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
 }
 
 /// The tag whose metadata write waits in the templates built by
