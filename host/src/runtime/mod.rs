@@ -251,7 +251,9 @@ impl Runtime {
                 contract: version,
                 metrics: self.metrics.clone(),
                 name: Arc::from(name.as_str()),
-                pre: versions::GuestPre::new(version, pre)?,
+                pre: versions::GuestPre::new(version, pre)
+                    .map_err(anyhow::Error::from)
+                    .with_context(context)?,
                 ready: ready::Ready::new(self.ready.clone(), instance::READY_IDLE),
                 engine: self.engine.clone(),
                 tasks: self.tasks.clone(),

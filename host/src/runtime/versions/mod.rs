@@ -24,12 +24,13 @@ macro_rules! host_versions {
     };
 }
 
+mod latest;
 pub mod since_v0_1_0;
 pub mod since_v0_2_1;
 
+use self::latest::{Latest, LatestPre};
 use super::bindings::exports::wasmstate::backend::storage::StateHead;
 use super::bindings::wasmstate::backend::types::{Diagnostic, Error, Expect, LockInfo, Metadata};
-use super::bindings::{Backend as Latest, BackendPre as LatestPre};
 use super::chunks::{StateSink, StateSource};
 use super::sandbox::Sandbox;
 use crate::backend::Version;
@@ -58,7 +59,7 @@ pub fn add_to_linker(linker: &mut Linker<Sandbox>) -> wasmtime::Result<()> {
 /// A linked guest of one contract version, ready to instantiate.
 pub enum GuestPre {
     /// Built against the current `wit/`.
-    Latest(LatestPre<Sandbox>),
+    Latest(LatestPre),
     /// Built against 0.2.1 or 0.2.0.
     V0_2_1(since_v0_2_1::BackendPre<Sandbox>),
     /// Built against 0.1.0.
