@@ -201,8 +201,7 @@ impl MetaStore {
                 Found::Stored(None)
                     if attempt > 0 && !self.still_there(storage, workspace).await =>
                 {
-                    self.forget_if_gone(storage, backend, workspace).await;
-                    return Err(deleted_meanwhile(backend, workspace));
+                    return Err(self.refuse_as_deleted(storage, backend, workspace).await);
                 }
                 Found::Stored(None) => {
                     let old = self.file.find(backend, workspace);
@@ -236,8 +235,7 @@ impl MetaStore {
                 Err(StorageError::Unavailable(_))
                     if !self.still_there(storage, workspace).await =>
                 {
-                    self.forget_if_gone(storage, backend, workspace).await;
-                    return Err(deleted_meanwhile(backend, workspace));
+                    return Err(self.refuse_as_deleted(storage, backend, workspace).await);
                 }
                 Err(e) => return Err(ApiError::from_storage(backend, e).into()),
             };
@@ -251,8 +249,7 @@ impl MetaStore {
                 // created again by that name (at the http door, by a state
                 // push) would come back with these tags.
                 if !self.still_there(storage, workspace).await {
-                    self.forget_if_gone(storage, backend, workspace).await;
-                    return Err(deleted_meanwhile(backend, workspace));
+                    return Err(self.refuse_as_deleted(storage, backend, workspace).await);
                 }
                 return Ok(meta);
             }
@@ -332,6 +329,18 @@ impl MetaStore {
             tracing::warn!(backend, workspace, error = %e, "workspace deleted; removing its TFE metadata failed");
         }
         self.forget_file(backend, workspace).await;
+    }
+
+    /// The answer to a change of a workspace found deleted meanwhile,
+    /// after forgetting what this change or an earlier one left of it.
+    async fn refuse_as_deleted<S: Storage>(
+        &self,
+        storage: &S,
+        backend: &str,
+        workspace: &str,
+    ) -> TfeError {
+        self.forget_if_gone(storage, backend, workspace).await;
+        deleted_meanwhile(backend, workspace)
     }
 
     /// Whether `workspace` still exists (when the storage cannot say:

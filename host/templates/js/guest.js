@@ -453,6 +453,13 @@ function openMetadata(dir, workspace) {
   }
 }
 
+/** The number of a metadata version's file (`N.json`); `undefined` for
+ * any other name. */
+function versionNumber(name) {
+  const match = /^(\d+)\.json$/.exec(name);
+  return match ? Number(match[1]) : undefined;
+}
+
 /** The metadata versions in the opened metadata directory, as numbers. A
  * listing that meets an entry removed as it was listed (a delete, a sweep)
  * is made again. */
@@ -462,8 +469,8 @@ function metadataVersions(meta) {
     try {
       const entries = meta.readDirectory();
       for (let entry = entries.readDirectoryEntry(); entry; entry = entries.readDirectoryEntry()) {
-        const match = /^(\d+)\.json$/.exec(entry.name);
-        if (match) versions.push(Number(match[1]));
+        const number = versionNumber(entry.name);
+        if (number !== undefined) versions.push(number);
       }
     } catch (e) {
       if (code(e) !== 'no-entry') throw e;
@@ -530,7 +537,7 @@ function goneUnlessThere(dir, workspace) {
  * then answers "delete it again".
  */
 function removeMetadataDir(dir, path) {
-  const number = (name) => (/^\d+\.json$/.test(name) ? Number(name.slice(0, -5)) : -1);
+  const number = (name) => versionNumber(name) ?? -1;
   // Oldest first, so no reader takes an older version for the newest.
   const entries = entriesOf(dir, path).sort((a, b) => number(a.name) - number(b.name));
   for (const entry of entries) remove(dir, `${path}/${entry.name}`);

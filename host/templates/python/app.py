@@ -325,8 +325,9 @@ def expected(version, expect):
 
 def make_dir(workspace):
     """Make the workspace's directory (or one beneath it: `ws/metadata`)
-    unless it exists; whether it was made now. One level, and not `makedirs`: a delete removing the directory
-    between its `mkdir` and its check made that raise FileExistsError."""
+    unless it exists; whether it was made now. One level, and not
+    `makedirs`: a delete removing the directory between its `mkdir` and its
+    check made that raise FileExistsError."""
     try:
         os.mkdir(path(workspace))
         return True
