@@ -240,6 +240,13 @@ impl Core {
         self.turns.acquire(&self.turn, self.deadline()).await
     }
 
+    /// Take the turn if it is free now (or held already); `false` if it
+    /// would have to wait. For host work that cannot wait (a synchronous
+    /// call) yet occupies a core like wasm does.
+    pub fn try_hold(&self) -> bool {
+        self.made_ahead.load(Ordering::Relaxed) || self.turns.try_acquire(&self.turn)
+    }
+
     /// Whether this is the only guest call under way on the server (not
     /// known: no).
     pub fn alone_on_server(&self) -> bool {

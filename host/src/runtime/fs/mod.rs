@@ -17,9 +17,11 @@
 //!   whose charge or credit depends on a size measured before it is
 //!   measured, made and settled under the quota's lock ([`ledger`]).
 //!
-//! Every other method is passed through unchanged. File streams are
-//! wrapped the same way ([`streams`]).
+//! Every other method is passed through unchanged. File streams are this
+//! module's own: writes charged the same way ([`streams`]), reads made
+//! here, holding the turn ([`input`]).
 
+mod input;
 mod ledger;
 mod open;
 mod streams;
@@ -28,9 +30,10 @@ mod sync;
 use super::quota::{DirQuota, Holder, Identity, InstanceFiles};
 use super::sandbox::Sandbox;
 use super::turns::Core;
+use input::GuestInput;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use streams::{GuestInput, GuestOutput, Target};
+use streams::{GuestOutput, Target};
 use sync::{Flush, sync_off_the_turn};
 use wasmtime::component::{HasData, Resource};
 use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemCtxView};
@@ -521,13 +524,19 @@ impl HostDescriptor for GuestFs<'_> {
     ) -> FsResult<Resource<DynInputStream>> {
         let file = self.file_of(&fd)?;
         let hold = self.stream_hold(&fd, file.as_ref());
+        // wasmtime-wasi's stream, made only for its checks (a directory is
+        // `is-directory`), then this module's in its place.
         let stream = HostDescriptor::read_via_stream(&mut self.fs, fd, offset)?;
-        let inner: DynInputStream = self.fs.table.delete(stream)?;
-        let wrapped: DynInputStream = Box::new(GuestInput {
-            inner,
-            core: self.core.clone(),
-            held: hold.as_ref().map(StreamHold::owner),
-        });
+        let Some(file) = file else {
+            return Ok(stream);
+        };
+        let _checked: DynInputStream = self.fs.table.delete(stream)?;
+        let wrapped: DynInputStream = Box::new(GuestInput::new(
+            file,
+            offset,
+            self.core.clone(),
+            hold.as_ref().map(StreamHold::owner),
+        ));
         let pushed = self.fs.table.push(wrapped)?;
         if let Some(hold) = hold {
             hold.enter();

@@ -1,6 +1,6 @@
-//! A guest's file streams: writes charged to the directory's quota and
-//! made under its lock, and blocking reads and writes (which run inline)
-//! holding the instance's turn.
+//! A guest's file output streams: writes charged to the directory's quota
+//! and made under its lock, and blocking writes (which run inline) holding
+//! the instance's turn. Input streams: [`super::input`].
 //!
 //! wasmtime-wasi's file output stream measured nothing: the size a charge
 //! was measured against could change before its bytes landed (another
@@ -20,9 +20,7 @@ use super::ENOSPC;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use wasmtime_wasi::p2::{
-    DynInputStream, InputStream, OutputStream, Pollable, StreamError, StreamResult,
-};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError, StreamResult};
 
 /// Most bytes one `write` may hand over, as `check-write` says (what
 /// wasmtime-wasi's file streams allow too). A larger one traps.
@@ -242,60 +240,5 @@ impl Pollable for GuestOutput {
                 Err(e) => Output::Failed(std::io::Error::other(e)),
             };
         }
-    }
-}
-
-/// A file's input stream whose blocking reads (which run inline) hold the
-/// instance's turn.
-pub(super) struct GuestInput {
-    pub(super) inner: DynInputStream,
-    pub(super) core: Core,
-    /// This stream's place in the backend's register of open files.
-    pub(super) held: Option<(Arc<DirQuota>, Holder)>,
-}
-
-impl Drop for GuestInput {
-    fn drop(&mut self) {
-        if let Some((quota, holder)) = self.held.take() {
-            quota.release(holder);
-        }
-    }
-}
-
-#[wasmtime_wasi::async_trait]
-impl InputStream for GuestInput {
-    fn read(&mut self, size: usize) -> StreamResult<bytes::Bytes> {
-        self.inner.read(size)
-    }
-
-    async fn blocking_read(&mut self, size: usize) -> StreamResult<bytes::Bytes> {
-        self.core
-            .hold()
-            .await
-            .map_err(|t| StreamError::Trap(t.into()))?;
-        self.inner.blocking_read(size).await
-    }
-
-    fn skip(&mut self, n: usize) -> StreamResult<usize> {
-        self.inner.skip(n)
-    }
-
-    async fn blocking_skip(&mut self, n: usize) -> StreamResult<usize> {
-        self.core
-            .hold()
-            .await
-            .map_err(|t| StreamError::Trap(t.into()))?;
-        self.inner.blocking_skip(n).await
-    }
-
-    async fn cancel(&mut self) {
-        self.inner.cancel().await
-    }
-}
-
-#[wasmtime_wasi::async_trait]
-impl Pollable for GuestInput {
-    async fn ready(&mut self) {
-        self.inner.ready().await
     }
 }
