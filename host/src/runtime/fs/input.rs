@@ -152,6 +152,21 @@ impl GuestInput {
         Ok(skipped as usize)
     }
 
+    /// Whether a non-blocking read or skip can answer now: with what
+    /// `ready` read, or holding the turn (taken now if it is free).
+    fn may_read_now(&self) -> bool {
+        self.ahead.is_some() || self.core.try_hold()
+    }
+
+    /// A non-blocking answer without the turn: `nothing` (not the end),
+    /// unless the stream is closed.
+    fn not_ready<T>(&self, nothing: T) -> StreamResult<T> {
+        match self.closed {
+            true => Err(StreamError::Closed),
+            false => Ok(nothing),
+        }
+    }
+
     fn failed(&mut self, e: std::io::Error) -> StreamError {
         self.closed = true;
         StreamError::LastOperationFailed(e.into())
@@ -169,15 +184,11 @@ impl Drop for GuestInput {
 #[wasmtime_wasi::async_trait]
 impl InputStream for GuestInput {
     fn read(&mut self, size: usize) -> StreamResult<bytes::Bytes> {
-        if self.ahead.is_some() {
-            return self.read_holding(size);
-        }
-        match self.core.try_hold() {
-            true => self.read_now(size),
+        if !self.may_read_now() {
             // Not ready yet: `ready` waits for the turn.
-            false if !self.closed => Ok(bytes::Bytes::new()),
-            false => Err(StreamError::Closed),
+            return self.not_ready(bytes::Bytes::new());
         }
+        self.read_holding(size)
     }
 
     async fn blocking_read(&mut self, size: usize) -> StreamResult<bytes::Bytes> {
@@ -189,14 +200,10 @@ impl InputStream for GuestInput {
     }
 
     fn skip(&mut self, n: usize) -> StreamResult<usize> {
-        if self.ahead.is_some() {
-            return self.skip_holding(n);
+        if !self.may_read_now() {
+            return self.not_ready(0);
         }
-        match self.core.try_hold() {
-            true => self.skip_now(n),
-            false if !self.closed => Ok(0),
-            false => Err(StreamError::Closed),
-        }
+        self.skip_holding(n)
     }
 
     async fn blocking_skip(&mut self, n: usize) -> StreamResult<usize> {
